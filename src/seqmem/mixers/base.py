@@ -1,0 +1,150 @@
+"""The mixer contract shared by every token mixer in seqmem.
+
+A mixer maps ``x: (batch, time, d_model)`` to ``y`` of the same shape and returns a ``state`` that lets it
+continue the sequence later: ``y, state = mixer(x, state)``.  ``state`` is a ``dict[str, Tensor]`` whose tensors
+all have the batch as their first dimension, so it can be moved (:func:`state_to`), saved with ``torch.save`` or
+safetensors, and checked against the batch it is fed with.
+
+Every mixer has two implementations selected by ``impl``:
+
+* ``"reference"`` — the recurrent loop that reads like the paper;
+* ``"fast"`` — the chunked / parallel training form.
+
+Both share parameter names, so ``load_state_dict`` moves weights between them.  The properties promised by the
+contract (causality, streaming under any split, token-by-token decoding, reference == fast, ``state_size``) are
+tested for every registered mixer by ``tests/test_contract.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+State = dict[str, Tensor]
+IMPLS = ("reference", "fast")
+
+
+def count_state(state: State | None) -> int:
+    """Numbers held per sequence in ``state``: every tensor's size divided by the batch (its first dimension)."""
+    if not state:
+        return 0
+    total = 0
+    for v in state.values():
+        b = v.shape[0]
+        total += v.numel() // max(b, 1)
+    return total
+
+
+def state_to(state: State | None, device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+    """Move a mixer state to ``device`` (and cast its floating tensors to ``dtype``)."""
+    if state is None:
+        return None
+    out = {}
+    for k, v in state.items():
+        v = v.to(device) if device is not None else v
+        if dtype is not None and v.is_floating_point():
+            v = v.to(dtype)
+        out[k] = v
+    return out
+
+
+def check_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: tuple | list) -> Any:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
+class Mixer(nn.Module):
+    """Base class of every token mixer.
+
+    Subclasses implement :meth:`_forward` (validated input in, ``(y, state)`` out) and :meth:`state_size`.
+    They may set ``contract_configs``: a list of option dicts with which the contract tests build the mixer
+    (use small chunk/block sizes there so the tests cut through chunks); the default is ``[{}]``.
+    """
+
+    contract_configs: ClassVar[list[dict[str, Any]]] = [{}]
+    #: ``name`` is filled in by :func:`seqmem.registry.register`.
+    name: ClassVar[str] = "mixer"
+
+    def __init__(self, d_model: int, n_heads: int = 4, impl: str = "fast") -> None:
+        super().__init__()
+        self.d_model = check_positive_int("d_model", d_model)
+        self.n_heads = check_positive_int("n_heads", n_heads)
+        self.impl = check_choice("impl", impl, IMPLS)
+
+    # -- contract ---------------------------------------------------------------------------------------------
+    def forward(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        self._check_input(x)
+        if state is not None:
+            self._check_state(state, x)
+        return self._forward(x, state)
+
+    def _forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
+        raise NotImplementedError
+
+    def state_size(self, seq_len: int) -> int:
+        """Numbers per sequence held in ``state`` after ``seq_len`` tokens (equals ``count_state(state)``)."""
+        raise NotImplementedError
+
+    def state_keys(self) -> set[str] | None:
+        """The keys of a state produced by this mixer (``None``: not checked)."""
+        return None
+
+    # -- validation -------------------------------------------------------------------------------------------
+    def _check_input(self, x: Tensor) -> None:
+        if not isinstance(x, Tensor):
+            raise ValueError(f"{type(self).__name__}: x must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3:
+            raise ValueError(
+                f"{type(self).__name__}: x must have shape (batch, time, d_model={self.d_model}), "
+                f"got shape {tuple(x.shape)}"
+            )
+        if x.shape[-1] != self.d_model:
+            raise ValueError(
+                f"{type(self).__name__}: x has width {x.shape[-1]} but the mixer was built with d_model={self.d_model}"
+            )
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            raise ValueError(f"{type(self).__name__}: empty input of shape {tuple(x.shape)} (batch and time must be >= 1)")
+        if not x.is_floating_point():
+            raise ValueError(f"{type(self).__name__}: x must be a floating-point tensor, got dtype {x.dtype}")
+        p = next(self.parameters(), None)
+        if p is not None:
+            if p.device != x.device:
+                raise ValueError(
+                    f"{type(self).__name__}: x is on {x.device} but the mixer's parameters are on {p.device}; "
+                    "move one of them (mixer.to(device))"
+                )
+            if p.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
+                raise ValueError(
+                    f"{type(self).__name__}: x has dtype {x.dtype} but the mixer's parameters are {p.dtype}; "
+                    "cast one of them (mixer.to(dtype)) or run under torch.autocast"
+                )
+
+    def _check_state(self, state: State, x: Tensor) -> None:
+        name = type(self).__name__
+        if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+            raise ValueError(f"{name}: state must be the dict of tensors returned by a previous call")
+        keys = self.state_keys()
+        if keys is not None and set(state) != keys:
+            raise ValueError(
+                f"{name}: state has keys {sorted(state)} but this mixer expects {sorted(keys)} "
+                "(a state from another mixer?)"
+            )
+        for k, v in state.items():
+            if v.shape[0] != x.shape[0]:
+                raise ValueError(
+                    f"{name}: state[{k!r}] is for batch size {v.shape[0]} but x has batch size {x.shape[0]}"
+                )
+            if v.device != x.device:
+                raise ValueError(f"{name}: state[{k!r}] is on {v.device} but x is on {x.device}; use seqmem.state_to")
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, impl={self.impl!r}"

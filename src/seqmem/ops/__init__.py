@@ -1,0 +1,21 @@
+"""Pure functional ops on ``(batch, time, heads, dim)`` tensors.
+
+Every op takes ``mode="recurrent"`` (the reference loop) or ``mode="chunk"`` (the fast form) and returns
+``(output, final_state)``.  Each module in this package lists its public functions in ``__all__``; they are
+re-exported here, so ``seqmem.ops.delta_rule`` works for every op file without editing this one.  Name op
+*files* differently from the functions they export (``delta.py`` exports ``delta_rule``).
+"""
+
+import importlib as _importlib
+import pkgutil as _pkgutil
+
+__all__: list[str] = []
+for _m in sorted(_pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    if _m.name.startswith("_"):
+        continue
+    _mod = _importlib.import_module(f"{__name__}.{_m.name}")
+    for _name in getattr(_mod, "__all__", []):
+        if _name in __all__:
+            raise ImportError(f"seqmem.ops: {_name!r} is exported by two op modules")
+        globals()[_name] = getattr(_mod, _name)
+        __all__.append(_name)

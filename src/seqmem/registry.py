@@ -1,0 +1,90 @@
+"""Name → mixer registry.  ``@register("name", **defaults)`` on a :class:`~seqmem.mixers.base.Mixer` subclass.
+
+The same class may be registered under several names with different default options (variants).  Every module in
+``seqmem.mixers`` is imported on first use, so a new mixer file only needs its ``@register`` line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any
+
+from seqmem.mixers.base import Mixer
+
+
+@dataclass(frozen=True)
+class MixerEntry:
+    name: str
+    cls: type[Mixer]
+    defaults: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    def valid_options(self) -> list[str]:
+        opts: list[str] = []
+        for klass in self.cls.__mro__:
+            if klass is object or not issubclass(klass, Mixer):
+                continue
+            for pname, p in inspect.signature(klass.__init__).parameters.items():
+                if pname in ("self", "d_model") or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                    continue
+                if pname not in opts:
+                    opts.append(pname)
+        return opts
+
+
+_REGISTRY: dict[str, MixerEntry] = {}
+_LOADED = False
+
+
+def register(name: str, description: str = "", **defaults: Any):
+    """Class decorator registering a mixer under ``name`` with default options ``defaults``."""
+
+    def deco(cls: type[Mixer]) -> type[Mixer]:
+        if name in _REGISTRY and _REGISTRY[name].cls is not cls:
+            raise ValueError(f"mixer name {name!r} registered twice ({_REGISTRY[name].cls} and {cls})")
+        doc = description or (inspect.getdoc(cls) or "").split("\n")[0]
+        _REGISTRY[name] = MixerEntry(name, cls, dict(defaults), doc)
+        return cls
+
+    return deco
+
+
+def _load_all() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    import seqmem.mixers as pkg
+
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        if not mod.name.startswith("_") and mod.name != "base":
+            importlib.import_module(f"seqmem.mixers.{mod.name}")
+    _LOADED = True
+
+
+def list_mixers() -> list[str]:
+    """Names of all registered mixers, sorted."""
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def get_entry(name: str) -> MixerEntry:
+    _load_all()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown mixer {name!r}; registered mixers: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def build_mixer(name: str, d_model: int, **options: Any) -> Mixer:
+    """Build the mixer registered as ``name``; unknown options raise ``ValueError`` listing the valid ones."""
+    entry = get_entry(name)
+    valid = entry.valid_options()
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(f"mixer {name!r} got unknown option(s) {unknown}; valid options: {valid}")
+    kwargs = {**entry.defaults, **options}
+    mixer = entry.cls(d_model, **kwargs)
+    mixer.registered_name = name
+    return mixer

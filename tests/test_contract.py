@@ -1,0 +1,193 @@
+"""The mixer contract, tested for EVERY registered mixer (a new mixer gets these tests by registering).
+
+Properties (issue #2 §2): causality; streaming under any split (including splits that cut internal chunks);
+token-by-token decoding; impl="reference" == impl="fast" in outputs, final states and gradients; state_size equals
+the numbers held in the state; batch independence; T = 1; clear errors for bad input.
+Weights are the mixer's own initialisation plus a random perturbation, so zero-initialised projections cannot make
+a test vacuous; every test also checks the output is not identically zero.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from conftest import assert_rel_close
+
+import seqmem
+from seqmem import build_mixer, count_state, get_entry, list_mixers
+
+B, T, D, H = 2, 37, 16, 2
+TOL = {torch.float64: 1e-9, torch.float32: 2e-4}
+SPLITS = [[1, 36], [16, 21], [5, 11, 3, 18], [8, 8, 8, 8, 5], [36, 1], [2, 7, 13, 15]]
+
+CASES = [
+    pytest.param(name, cfg, id=f"{name}" + (f"-{i}" if i else ""))
+    for name in list_mixers()
+    for i, cfg in enumerate(get_entry(name).cls.contract_configs)
+]
+
+
+def make(name: str, cfg: dict, impl: str = "fast", dtype=torch.float64, seed: int = 0):
+    cfg = dict(cfg)
+    d = cfg.pop("d_model", D)
+    cfg.setdefault("n_heads", H)
+    torch.manual_seed(seed)
+    m = build_mixer(name, d, impl=impl, **cfg).to(dtype)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return m
+
+
+def inputs(m, dtype=torch.float64, b=B, t=T, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(b, t, m.d_model, generator=g, dtype=dtype)
+
+
+def run_pieces(m, x, sizes):
+    ys, state = [], None
+    i = 0
+    for s in sizes:
+        y, state = m(x[:, i : i + s], state)
+        ys.append(y)
+        i += s
+    assert i == x.shape[1]
+    return torch.cat(ys, 1), state
+
+
+@pytest.mark.parametrize("name,cfg", CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_causality(name, cfg, dtype):
+    m = make(name, cfg, dtype=dtype)
+    x = inputs(m, dtype)
+    y, _ = m(x)
+    assert y.shape == x.shape
+    assert y.abs().max() > 1e-6, "output identically zero: the test would be vacuous"
+    for t in (0, 9, 20):
+        x2 = x.clone()
+        x2[:, t + 1 :] = torch.randn_like(x2[:, t + 1 :])
+        y2, _ = m(x2)
+        assert_rel_close(y2[:, : t + 1], y[:, : t + 1], TOL[dtype], f"{name}: y[:, :{t + 1}] changed with future input")
+    assert (y2 - y).abs().max() > 0, "output does not depend on the input"
+
+
+@pytest.mark.parametrize("name,cfg", CASES)
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_streaming_splits(name, cfg, impl, dtype):
+    m = make(name, cfg, impl=impl, dtype=dtype)
+    x = inputs(m, dtype)
+    y, state = m(x)
+    for sizes in SPLITS:
+        ys, state_s = run_pieces(m, x, sizes)
+        assert_rel_close(ys, y, TOL[dtype], f"{name}/{impl}: split {sizes}")
+        assert set(state_s) == set(state)
+        for k in state:
+            assert_rel_close(state_s[k].double(), state[k].double(), TOL[dtype] * 10, f"{name}: state[{k}] split {sizes}")
+
+
+@pytest.mark.parametrize("name,cfg", CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_token_by_token_decoding(name, cfg, dtype):
+    m = make(name, cfg, dtype=dtype)
+    x = inputs(m, dtype)
+    y, _ = m(x)
+    yd, _ = run_pieces(m, x, [1] * T)
+    assert_rel_close(yd, y, TOL[dtype], f"{name}: token-by-token decoding")
+
+
+@pytest.mark.parametrize("name,cfg", CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_reference_equals_fast(name, cfg, dtype):
+    ref = make(name, cfg, impl="reference", dtype=dtype)
+    fast = make(name, cfg, impl="fast", dtype=dtype)
+    fast.load_state_dict(ref.state_dict())  # same parameter names in both impls
+    x = inputs(ref, dtype).requires_grad_(True)
+    w = torch.randn(x.shape, dtype=dtype, generator=torch.Generator().manual_seed(5))
+    outs = {}
+    for tag, m in (("reference", ref), ("fast", fast)):
+        y, st = m(x)
+        gx, *gp = torch.autograd.grad((y * w).sum(), [x, *m.parameters()], allow_unused=True)
+        outs[tag] = (y, st, gx, gp)
+    yr, sr, gxr, gpr = outs["reference"]
+    yf, sf, gxf, gpf = outs["fast"]
+    tol = TOL[dtype]
+    assert_rel_close(yf, yr, tol, f"{name}: output fast vs reference")
+    assert set(sf) == set(sr), f"{name}: state keys differ between impls"
+    for k in sr:
+        assert_rel_close(sf[k].double(), sr[k].double(), tol * 10, f"{name}: state[{k}] fast vs reference")
+    assert_rel_close(gxf, gxr, tol * 10, f"{name}: grad wrt x")
+    for (pname, _), a, b in zip(ref.named_parameters(), gpf, gpr):
+        assert (a is None) == (b is None), f"{name}: grad of {pname} missing in one impl"
+        if a is not None and b.abs().max() > 0:
+            assert_rel_close(a, b, tol * 10, f"{name}: grad wrt {pname}")
+
+
+@pytest.mark.parametrize("name,cfg", CASES)
+def test_state_size_and_portability(name, cfg):
+    m = make(name, cfg)
+    for n in (1, 7, 16, T):
+        _, state = m(inputs(m, t=n))
+        assert isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values())
+        assert count_state(state) == m.state_size(n), f"{name}: state holds {count_state(state)} != state_size({n})"
+    # saved and loaded (tensors only inside), then continued: same as not saving
+    x = inputs(m)
+    y, _ = m(x)
+    y1, st = m(x[:, :20])
+    buf = io.BytesIO()
+    torch.save(st, buf)
+    buf.seek(0)
+    st2 = torch.load(buf, weights_only=True)
+    y2, _ = m(x[:, 20:], seqmem.state_to(st2, "cpu"))
+    assert_rel_close(torch.cat([y1, y2], 1), y, TOL[torch.float64], f"{name}: continue from a saved state")
+
+
+@pytest.mark.parametrize("name,cfg", CASES)
+def test_batch_independence_and_t1(name, cfg):
+    m = make(name, cfg)
+    x = inputs(m, b=3)
+    y, _ = m(x)
+    for i in range(3):
+        yi, _ = m(x[i : i + 1])
+        assert_rel_close(yi, y[i : i + 1], TOL[torch.float64], f"{name}: batch element {i}")
+    y1, st = m(x[:, :1])
+    assert y1.shape == (3, 1, m.d_model) and torch.isfinite(y1).all()
+
+
+@pytest.mark.parametrize("name,cfg", CASES)
+def test_bad_input_raises(name, cfg):
+    m = make(name, cfg)
+    x = inputs(m)
+    with pytest.raises(ValueError):
+        m(x[0])  # 2-D
+    with pytest.raises(ValueError):
+        m(torch.randn(B, 5, m.d_model + 1, dtype=torch.float64))  # wrong width
+    with pytest.raises(ValueError):
+        m(torch.zeros(B, 5, m.d_model, dtype=torch.long))  # integer dtype
+    with pytest.raises(ValueError):
+        m(x.float())  # dtype differs from parameters
+    with pytest.raises(ValueError):
+        m(x[:, :0])  # empty
+    _, st = m(x[:, :5])
+    with pytest.raises(ValueError):
+        m(inputs(m, b=B + 1, t=3), st)  # state from another batch size
+
+
+def test_registry_errors():
+    with pytest.raises(ValueError, match="registered mixers"):
+        build_mixer("no_such_mixer", 16)
+    name = list_mixers()[0]
+    with pytest.raises(ValueError, match="valid options"):
+        build_mixer(name, 16, not_an_option=1)
+    with pytest.raises(ValueError):
+        build_mixer(name, 16, impl="turbo")
+    with pytest.raises(ValueError):
+        build_mixer(name, -3)
+
+
+def test_core_baselines_registered():
+    for name in ("attention", "swa", "linear_attention", "deltanet", "gated_deltanet", "mamba2"):
+        assert name in list_mixers()
