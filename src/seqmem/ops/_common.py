@@ -1,0 +1,88 @@
+"""Shared validation and helpers of the core ops (private: not re-exported)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+MODES = ("recurrent", "chunk")
+
+
+def check_mode(op: str, mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"{op}: mode must be one of {list(MODES)}, got {mode!r}")
+    return mode
+
+
+def check_chunk_size(op: str, chunk_size: int) -> int:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"{op}: chunk_size must be a positive integer, got {chunk_size!r}")
+    return chunk_size
+
+
+def check_tensor(op: str, name: str, x, shape: tuple, dims: str) -> Tensor:
+    """``x``: a floating tensor of ``len(shape)`` dims whose sizes match the non-None entries of ``shape``."""
+    if not isinstance(x, Tensor):
+        raise ValueError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != len(shape):
+        raise ValueError(f"{op}: {name} must have shape ({dims}), got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{op}: {name} must be a floating-point tensor, got dtype {x.dtype}")
+    for got, want in zip(x.shape, shape):
+        if want is not None and got != want:
+            want_s = tuple("?" if w is None else w for w in shape)
+            raise ValueError(f"{op}: {name} must have shape ({dims}) = {want_s}, got {tuple(x.shape)}")
+    return x
+
+
+def check_same_device(op: str, **tensors: Tensor | None) -> None:
+    devs = {n: t.device for n, t in tensors.items() if t is not None}
+    if len(set(devs.values())) > 1:
+        raise ValueError(f"{op}: all tensors must be on one device, got {devs}")
+
+
+def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
+    """float64 if any input is float64, else float32 (half/bfloat16 inputs are computed in float32)."""
+    if any(t is not None and t.dtype == torch.float64 for t in tensors):
+        return torch.float64
+    return torch.float32
+
+
+def check_scale(op: str, scale, dk: int) -> float:
+    if scale is None:
+        return dk**-0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise ValueError(f"{op}: scale must be a number or None, got {scale!r}")
+    return float(scale)
+
+
+def to_chunks(x: Tensor, chunk_size: int) -> Tensor:
+    """``(b, h, t, ...)`` -> ``(b, h, n_chunks, chunk_size, ...)``, zero-padding the time axis at the end."""
+    t = x.shape[2]
+    n = -(-t // chunk_size)
+    pad = n * chunk_size - t
+    if pad:
+        widths = [0, 0] * (x.dim() - 3) + [0, pad]
+        x = F.pad(x, widths)
+    return x.reshape(*x.shape[:2], n, chunk_size, *x.shape[3:])
+
+
+def from_chunks(x: Tensor, t: int) -> Tensor:
+    """Inverse of :func:`to_chunks`: ``(b, h, n, c, ...)`` -> ``(b, h, t, ...)`` dropping the padding."""
+    return x.reshape(*x.shape[:2], x.shape[2] * x.shape[3], *x.shape[4:])[:, :, :t]
+
+
+def segsum(a: Tensor) -> Tensor:
+    """Stable segment sums of log decays: ``out[..., i, j] = sum_{j < m <= i} a[..., m]`` (j <= i), else -inf.
+
+    Computed by a masked cumulative sum (as in Mamba-2's ``ssd_minimal``), never as a difference of cumulative
+    sums, so ``exp(out)`` is the exact decay from position ``j`` to position ``i``.
+    """
+    c = a.shape[-1]
+    x = a[..., :, None].expand(*a.shape, c)  # x[..., i, j] = a[..., i]
+    strict = torch.tril(torch.ones(c, c, dtype=torch.bool, device=a.device), diagonal=-1)
+    x = x.masked_fill(~strict, 0.0)
+    out = torch.cumsum(x, dim=-2)
+    incl = torch.tril(torch.ones(c, c, dtype=torch.bool, device=a.device), diagonal=0)
+    return out.masked_fill(~incl, float("-inf"))

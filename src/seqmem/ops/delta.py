@@ -1,0 +1,175 @@
+"""The delta rule (DeltaNet; Schlag et al. 2021, Yang et al. 2024) and gated delta rule (Yang et al. 2025).
+
+flash-linear-attention conventions: tensors ``(batch, time, heads, dim)``, state ``S`` of shape
+``(batch, heads, d_k, d_v)``, output ``o_t = S_t^T (scale * q_t)``; keys are *not* normalised inside the op.
+
+* delta rule:  ``S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T``
+  ``= (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``;
+* gated delta rule:  ``S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T`` with ``a_t = exp(g_t)``
+  (``g`` is the log decay, normally <= 0).
+
+``mode="chunk"`` is the exact chunkwise form (Yang et al. 2024, "Parallelizing Linear Transformers with the
+Delta Rule over Sequence Length", the UT transform): inside a chunk the pseudo-values
+``u_t = beta_t (v_t - a_t S_{t-1}^T k_t)`` satisfy
+``S_t = gamma_t S_0 + sum_{i<=t} (gamma_t / gamma_i) k_i u_i^T`` (``gamma_t`` = decay from the chunk start),
+hence the unit-lower-triangular system
+``(I + tril(diag(beta) (K K^T * D), -1)) U = diag(beta) V - diag(beta * gamma) K S_0`` with
+``D[t, i] = gamma_t / gamma_i`` computed as ``exp`` of a segment sum of ``g`` (never a ratio of cumulative
+products).  The two right-hand sides not involving ``S_0`` (``W`` and ``U'``) are solved for all chunks at
+once; only ``U = U' - W S_0`` and the state update run in the loop over chunks.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from seqmem.ops._common import (
+    check_chunk_size,
+    check_mode,
+    check_same_device,
+    check_scale,
+    check_tensor,
+    compute_dtype,
+    from_chunks,
+    segsum,
+    to_chunks,
+)
+
+__all__ = ["delta_rule", "gated_delta_rule"]
+
+
+def _check(op, q, k, v, beta, g, initial_state, scale, mode, chunk_size):
+    check_mode(op, mode)
+    check_chunk_size(op, chunk_size)
+    check_tensor(op, "q", q, (None, None, None, None), "batch, time, heads, d_k")
+    b, t, h, dk = q.shape
+    check_tensor(op, "k", k, (b, t, h, dk), "batch, time, heads, d_k")
+    check_tensor(op, "v", v, (b, t, h, None), "batch, time, heads, d_v")
+    dv = v.shape[-1]
+    check_tensor(op, "beta", beta, (b, t, h), "batch, time, heads")
+    if g is not None:
+        check_tensor(op, "g", g, (b, t, h), "batch, time, heads")
+    if initial_state is not None:
+        check_tensor(op, "initial_state", initial_state, (b, h, dk, dv), "batch, heads, d_k, d_v")
+    check_same_device(op, q=q, k=k, v=v, beta=beta, g=g, initial_state=initial_state)
+    return b, t, h, dk, dv, check_scale(op, scale, dk)
+
+
+def _delta_core(q, k, v, beta, g, scale, initial_state, mode, chunk_size):
+    """Shared implementation; ``g`` None means no decay (plain delta rule)."""
+    b, t, h, dk = q.shape
+    dv = v.shape[-1]
+    cd = compute_dtype(q, k, v, beta, g, initial_state)
+    qh = q.to(cd).transpose(1, 2) * scale  # (b, h, t, dk)
+    kh = k.to(cd).transpose(1, 2)
+    vh = v.to(cd).transpose(1, 2)
+    bh = beta.to(cd).transpose(1, 2)  # (b, h, t)
+    gh = None if g is None else g.to(cd).transpose(1, 2)
+    S = q.new_zeros(b, h, dk, dv, dtype=cd) if initial_state is None else initial_state.to(cd)
+
+    if mode == "recurrent":
+        outs = []
+        for i in range(t):
+            k_i, v_i, b_i = kh[:, :, i], vh[:, :, i], bh[:, :, i, None]
+            if gh is not None:
+                S = torch.exp(gh[:, :, i])[..., None, None] * S
+            pred = torch.einsum("bhkv,bhk->bhv", S, k_i)  # S^T k
+            S = S + k_i[..., :, None] * (b_i * (v_i - pred))[..., None, :]
+            outs.append(torch.einsum("bhk,bhkv->bhv", qh[:, :, i], S))
+        o = torch.stack(outs, dim=2) if outs else vh.new_zeros(b, h, 0, dv)
+        return o.transpose(1, 2).to(v.dtype), S
+
+    if t == 0:
+        return v.new_zeros(b, 0, h, dv), S
+    C = chunk_size
+    # padding: k = v = q = beta = g = 0 on the padded tail leaves the state unchanged (exact)
+    qc, kc, vc = (to_chunks(x, C) for x in (qh, kh, vh))  # (b, h, n, C, d)
+    bc = to_chunks(bh, C)  # (b, h, n, C)
+    n = qc.shape[2]
+    eye = torch.eye(C, dtype=cd, device=q.device)
+    strict = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device), diagonal=-1)
+    incl = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device))
+    kk = kc @ kc.transpose(-1, -2)
+    qk = qc @ kc.transpose(-1, -2)
+    if gh is not None:
+        gc = to_chunks(gh, C)
+        decay = torch.exp(segsum(gc))  # D[t, i] = prod_{i < m <= t} a_m, 0 above the diagonal
+        gamma = torch.exp(torch.cumsum(gc, dim=-1))  # decay from the chunk start to t (inclusive)
+        last = decay[..., -1, :]  # decay from i to the chunk end
+        kk = kk * decay
+        qk = qk * decay
+        k_rhs = kc * (bc * gamma)[..., None]
+        q_in = qc * gamma[..., None]
+        g_tot = gamma[..., -1]  # (b, h, n)
+        k_out = kc * last[..., None]
+    else:
+        k_rhs = kc * bc[..., None]
+        q_in = qc
+        k_out = kc
+    M = eye + (kk * bc[..., None]).masked_fill(~strict, 0.0)  # unit lower triangular
+    W = torch.linalg.solve_triangular(M, k_rhs, upper=False, unitriangular=True)
+    Up = torch.linalg.solve_triangular(M, vc * bc[..., None], upper=False, unitriangular=True)
+    qk = qk.masked_fill(~incl, 0.0)
+    outs = []
+    for c in range(n):
+        u = Up[:, :, c] - W[:, :, c] @ S  # (b, h, C, dv)
+        outs.append(q_in[:, :, c] @ S + qk[:, :, c] @ u)
+        if gh is not None:
+            S = g_tot[:, :, c, None, None] * S
+        S = S + k_out[:, :, c].transpose(-1, -2) @ u
+    o = torch.stack(outs, dim=2)
+    return from_chunks(o, t).transpose(1, 2).to(v.dtype), S
+
+
+def delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+) -> tuple[Tensor, Tensor]:
+    """Delta rule: ``S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``, ``o_t = S_t^T (scale q_t)``.
+
+    Args:
+        q, k: ``(batch, time, heads, d_k)``; v: ``(batch, time, heads, d_v)``; beta: ``(batch, time, heads)``.
+        scale: multiplies ``q`` (default ``d_k ** -0.5``).
+        initial_state: ``(batch, heads, d_k, d_v)`` or None (zeros).
+        mode: ``"recurrent"`` (per-token loop) or ``"chunk"`` (exact UT/WY chunkwise form).
+        chunk_size: chunk length of ``mode="chunk"``; any sequence length works.
+
+    Returns:
+        ``(o (batch, time, heads, d_v), final_state (batch, heads, d_k, d_v))``.
+    """
+    *_, scale = _check("delta_rule", q, k, v, beta, None, initial_state, scale, mode, chunk_size)
+    return _delta_core(q, k, v, beta, None, scale, initial_state, mode, chunk_size)
+
+
+def gated_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+) -> tuple[Tensor, Tensor]:
+    """Gated delta rule (Gated DeltaNet, Yang et al. 2025, eq. 10).
+
+    ``S_t = e^{g_t} (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``, ``o_t = S_t^T (scale q_t)``.
+
+    Args:
+        q, k: ``(batch, time, heads, d_k)``; v: ``(batch, time, heads, d_v)``;
+        beta, g: ``(batch, time, heads)`` (``g`` = log decay; the chunked form is stable for ``g <= 0``).
+        scale, initial_state, mode, chunk_size: as in :func:`delta_rule`.
+
+    Returns:
+        ``(o (batch, time, heads, d_v), final_state (batch, heads, d_k, d_v))``.
+    """
+    *_, scale = _check("gated_delta_rule", q, k, v, beta, g, initial_state, scale, mode, chunk_size)
+    return _delta_core(q, k, v, beta, g, scale, initial_state, mode, chunk_size)

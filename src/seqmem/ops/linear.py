@@ -1,0 +1,89 @@
+"""Causal linear attention (Katharopoulos et al., 2020), flash-linear-attention conventions.
+
+``S_t = S_{t-1} + k_t v_t^T`` (state ``(batch, heads, d_k, d_v)``), ``o_t = S_t^T (scale * q_t)``.
+No feature map and no normaliser inside the op (apply the feature map to ``q``/``k`` before calling; a
+normaliser ``phi(q_t) . sum_i phi(k_i)`` is obtained exactly by appending a column of ones to ``v``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from seqmem.ops._common import (
+    check_chunk_size,
+    check_mode,
+    check_same_device,
+    check_scale,
+    check_tensor,
+    compute_dtype,
+    from_chunks,
+    to_chunks,
+)
+
+__all__ = ["linear_attention"]
+
+
+def linear_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+) -> tuple[Tensor, Tensor]:
+    """Causal (unnormalised) linear attention.
+
+    Args:
+        q, k: ``(batch, time, heads, d_k)``; v: ``(batch, time, heads, d_v)``.
+        scale: multiplies ``q`` (default ``d_k ** -0.5``).
+        initial_state: ``(batch, heads, d_k, d_v)`` or None (zeros).
+        mode: ``"recurrent"`` (per-token loop) or ``"chunk"`` (chunkwise-parallel, exact).
+        chunk_size: chunk length of ``mode="chunk"`` (any sequence length works).
+
+    Returns:
+        ``(o, final_state)``: ``o`` ``(batch, time, heads, d_v)`` in ``v``'s dtype, ``final_state``
+        ``(batch, heads, d_k, d_v)`` in the compute dtype (float64 for float64 inputs, else float32).
+    """
+    op = "linear_attention"
+    check_mode(op, mode)
+    check_chunk_size(op, chunk_size)
+    check_tensor(op, "q", q, (None, None, None, None), "batch, time, heads, d_k")
+    b, t, h, dk = q.shape
+    check_tensor(op, "k", k, (b, t, h, dk), "batch, time, heads, d_k")
+    check_tensor(op, "v", v, (b, t, h, None), "batch, time, heads, d_v")
+    dv = v.shape[-1]
+    if initial_state is not None:
+        check_tensor(op, "initial_state", initial_state, (b, h, dk, dv), "batch, heads, d_k, d_v")
+    check_same_device(op, q=q, k=k, v=v, initial_state=initial_state)
+    scale = check_scale(op, scale, dk)
+    cd = compute_dtype(q, k, v, initial_state)
+
+    qh = q.to(cd).transpose(1, 2) * scale  # (b, h, t, dk)
+    kh = k.to(cd).transpose(1, 2)
+    vh = v.to(cd).transpose(1, 2)
+    S = q.new_zeros(b, h, dk, dv, dtype=cd) if initial_state is None else initial_state.to(cd)
+
+    if mode == "recurrent":
+        outs = []
+        for i in range(t):
+            S = S + kh[:, :, i, :, None] * vh[:, :, i, None, :]
+            outs.append(torch.einsum("bhk,bhkv->bhv", qh[:, :, i], S))
+        o = torch.stack(outs, dim=2) if outs else vh.new_zeros(b, h, 0, dv)
+        return o.transpose(1, 2).to(v.dtype), S
+
+    if t == 0:
+        return v.new_zeros(b, 0, h, dv), S
+    C = chunk_size
+    qc, kc, vc = (to_chunks(x, C) for x in (qh, kh, vh))  # (b, h, n, C, d)
+    causal = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device))
+    attn = (qc @ kc.transpose(-1, -2)).masked_fill(~causal, 0.0)
+    o_intra = attn @ vc
+    kv = kc.transpose(-1, -2) @ vc  # (b, h, n, dk, dv): each chunk's contribution to the state
+    # state at the start of every chunk: S0 + exclusive cumulative sum of the chunk contributions
+    csum = torch.cumsum(kv, dim=2)
+    starts = S[:, :, None] + torch.cat([torch.zeros_like(kv[:, :, :1]), csum[:, :, :-1]], dim=2)
+    o = o_intra + qc @ starts
+    final = S + csum[:, :, -1]
+    return from_chunks(o, t).transpose(1, 2).to(v.dtype), final

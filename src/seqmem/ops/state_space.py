@@ -1,0 +1,101 @@
+"""Mamba-2 state-space duality (SSD; Dao & Gu, 2024), scalar-decay selective SSM per head.
+
+``h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T``, ``y_t = h_t C_t`` with ``h`` of shape
+``(batch, heads, p, n)``.  ``mode="chunk"`` is the block decomposition of the semiseparable matrix
+(``ssd_minimal`` of the Mamba-2 paper, Listing 1): diagonal blocks computed as masked attention with decays
+``exp(segsum(dt A))``, chunk states, a recurrence over chunk states, and the off-diagonal contribution
+``C_t . (decay * state)``.  No ``D`` skip here (the Mamba-2 block adds it).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from seqmem.ops._common import (
+    check_chunk_size,
+    check_mode,
+    check_same_device,
+    check_tensor,
+    compute_dtype,
+    from_chunks,
+    segsum,
+    to_chunks,
+)
+
+__all__ = ["ssd"]
+
+
+def ssd(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    initial_state: Tensor | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+) -> tuple[Tensor, Tensor]:
+    """Selective state space with scalar decay per head (Mamba-2 SSD, paper eq. (1)/(5) and Listing 1).
+
+    Args:
+        x: ``(batch, time, heads, p)``; dt: ``(batch, time, heads)`` (already positive, e.g. after softplus);
+        A: ``(heads,)`` (negative); B, C: ``(batch, time, heads, n)`` (expand groups to heads before calling).
+        initial_state: ``(batch, heads, p, n)`` or None (zeros).
+        mode: ``"recurrent"`` (per-token loop) or ``"chunk"`` (exact block decomposition).
+        chunk_size: block length of ``mode="chunk"``; any sequence length works.
+
+    Returns:
+        ``(y (batch, time, heads, p), final_state (batch, heads, p, n))``.
+    """
+    op = "ssd"
+    check_mode(op, mode)
+    check_chunk_size(op, chunk_size)
+    check_tensor(op, "x", x, (None, None, None, None), "batch, time, heads, p")
+    b, t, h, p = x.shape
+    check_tensor(op, "dt", dt, (b, t, h), "batch, time, heads")
+    check_tensor(op, "A", A, (h,), "heads")
+    check_tensor(op, "B", B, (b, t, h, None), "batch, time, heads, n")
+    n = B.shape[-1]
+    check_tensor(op, "C", C, (b, t, h, n), "batch, time, heads, n")
+    if initial_state is not None:
+        check_tensor(op, "initial_state", initial_state, (b, h, p, n), "batch, heads, p, n")
+    check_same_device(op, x=x, dt=dt, A=A, B=B, C=C, initial_state=initial_state)
+    cd = compute_dtype(x, dt, A, B, C, initial_state)
+
+    xh = x.to(cd).transpose(1, 2)  # (b, h, t, p)
+    dth = dt.to(cd).transpose(1, 2)  # (b, h, t)
+    Bh = B.to(cd).transpose(1, 2)  # (b, h, t, n)
+    Ch = C.to(cd).transpose(1, 2)
+    a = dth * A.to(cd)[None, :, None]  # log decay per step (b, h, t)
+    xdt = xh * dth[..., None]
+    S = x.new_zeros(b, h, p, n, dtype=cd) if initial_state is None else initial_state.to(cd)
+
+    if mode == "recurrent":
+        ys = []
+        for i in range(t):
+            S = torch.exp(a[:, :, i])[..., None, None] * S + xdt[:, :, i, :, None] * Bh[:, :, i, None, :]
+            ys.append(torch.einsum("bhpn,bhn->bhp", S, Ch[:, :, i]))
+        y = torch.stack(ys, dim=2) if ys else xh.new_zeros(b, h, 0, p)
+        return y.transpose(1, 2).to(x.dtype), S
+
+    if t == 0:
+        return x.new_zeros(b, 0, h, p), S
+    L = chunk_size
+    xc, Bc, Cc = (to_chunks(z, L) for z in (xdt, Bh, Ch))  # (b, h, nc, L, .)
+    ac = to_chunks(a, L)  # (b, h, nc, L); padded steps have dt = 0: decay 1 and no input (exact)
+    decay = torch.exp(segsum(ac))  # (b, h, nc, L, L): lower-triangular semiseparable mask
+    # 1. diagonal blocks (intra-chunk outputs)
+    y_diag = ((Cc @ Bc.transpose(-1, -2)) * decay) @ xc
+    # 2. each chunk's own state (from zero), decayed to the chunk end
+    to_end = decay[..., -1, :]  # (b, h, nc, L)
+    chunk_states = (xc * to_end[..., None]).transpose(-1, -2) @ Bc  # (b, h, nc, p, n)
+    from_start = torch.exp(torch.cumsum(ac, dim=-1))  # decay from the chunk start to t (inclusive)
+    chunk_decay = from_start[..., -1]  # (b, h, nc)
+    # 3. recurrence over chunks, 4. off-diagonal outputs C_t . (from_start_t * state at chunk start)
+    ys = []
+    for c in range(xc.shape[2]):
+        ys.append((Cc[:, :, c] @ S.transpose(-1, -2)) * from_start[:, :, c, :, None])
+        S = chunk_decay[:, :, c, None, None] * S + chunk_states[:, :, c]
+    y = y_diag + torch.stack(ys, dim=2)
+    return from_chunks(y, t).transpose(1, 2).to(x.dtype), S
