@@ -1,11 +1,14 @@
 """Spectral Koopman Attention (SKA) mixer from Echo (Sridhar & Johansen 2026), on the seqmem mixer contract.
 
 Per head: rank-``r`` key/query projections (orthogonal init), values of width ``P = d_model / n_heads``, the
-chunk-causal statistics and whitened Koopman readout of :func:`seqmem.ops.spectral_koopman_attention`, a learnable
-output scale ``η`` (init 1.5, §3.2.3) and a zero-initialised output projection (App. F: SKA starts as a no-op).
+chunk-causal statistics and whitened Koopman readout of :func:`seqmem.ops.spectral_koopman_attention`, a
+learnable
+output scale ``η`` (init 1.5, §3.2.3) and a zero-initialised output projection (App. F: SKA starts as a
+no-op).
 ``γ ∈ [1, 1.5]`` (eq. 12) is parametrised ``γ = 1 + 0.5·sigmoid(ρ)`` (the paper gives no parametrisation).
 
-The state holds the committed statistics, the previous key, the normalisation state and the pending sums of the
+The state holds the committed statistics, the previous key, the normalisation state and the pending sums of
+the
 current partial chunk plus a position counter, so streaming and token-by-token decoding reproduce the training
 forward exactly (the paper's per-token inclusive decoder of §3.5 does not; notes/echo.md §7.6).
 """
@@ -25,11 +28,14 @@ from seqmem.registry import register
 
 @register("ska")
 class SKAMixer(Mixer):
-    """Spectral Koopman Attention (Echo): chunk-causal ridge/Koopman retrieval from constant-size statistics."""
+    """Spectral Koopman Attention (Echo): chunk-causal ridge/Koopman retrieval from constant-size
+    statistics."""
 
-    # The paper's sequence-max normalisation (norm="seqmax") is deliberately NOT in the contract configs: it divides
+    # The paper's sequence-max normalisation (norm="seqmax") is deliberately NOT in the contract configs: it
+    # divides
     # every key by a maximum over the whole input, so outputs depend on future tokens (not causal) and a split
-    # sequence differs from the full forward (the max is frozen at the first piece). See tests/ops/test_ska.py for
+    # sequence differs from the full forward (the max is frozen at the first piece). See
+    # tests/ops/test_ska.py for
     # the test that demonstrates the leak.
     contract_configs: ClassVar[list[dict]] = [
         {"rank": 4, "chunk_size": 8},
@@ -93,7 +99,8 @@ class SKAMixer(Mixer):
 
     def state_size(self, seq_len: int) -> int:
         """Per head: committed ``G, M`` (2r²), ``C_v`` (Pr), previous key (r), norm (1) — the paper's
-        ``2r² + Pr + r + 1`` — plus the pending partial-chunk sums (2r² + Pr + 1); plus one position counter."""
+        ``2r² + Pr + r + 1`` — plus the pending partial-chunk sums (2r² + Pr + 1); plus one position
+        counter."""
         r, P = self.rank, self.head_dim
         return self.n_heads * (4 * r * r + 2 * P * r + r + 2) + 1
 

@@ -1,13 +1,15 @@
 """Spectral Koopman Attention (SKA), Echo (Sridhar & Johansen 2026), as functional ops.
 
-Per head, keys ``z_t`` and queries ``z^q_t`` in ``R^r``, values ``v_t`` in ``R^P``.  SKA keeps the additive statistics
+Per head, keys ``z_t`` and queries ``z^q_t`` in ``R^r``, values ``v_t`` in ``R^P``.  SKA keeps the additive
+statistics
 
 * ``G = Σ ẑ_t ẑ_tᵀ`` (+ ``εI``)            eq. (4)/(8)
 * ``M = Σ ẑ_t ẑ_{t-1}ᵀ``                    eq. (5)/(9)
 * ``C_v = Σ v_t ẑ_tᵀ``                      eq. (6)/(10)
 
 and reads a query through the whitened Koopman operator (App. F): ``G̃ = LLᵀ``, ``A_w = L⁻¹ M L⁻ᵀ``, spectral
-normalisation ``Â = γ A_w / max(σ_max(A_w), 1)`` with detached power iterations (eq. 12), power filter of order
+normalisation ``Â = γ A_w / max(σ_max(A_w), 1)`` with detached power iterations (eq. 12), power filter of
+order
 ``K`` and ridge readout ``ŷ = η C_v G̃⁻¹ L Âᴷ L⁻¹ q`` (eq. 13, Prop. I.8).
 
 Collapse identity (notes/echo.md §2.7): since ``Â = c·L⁻¹ M L⁻ᵀ`` with the scalar ``c = γ/max(σ,1)``,
@@ -16,18 +18,24 @@ Collapse identity (notes/echo.md §2.7): since ``Â = c·L⁻¹ M L⁻ᵀ`` with
 
 which the fast path evaluates as ``u = L⁻¹q; u ← c A_w u (K times); ŷ = η C_v L⁻ᵀ u`` (no explicit ``B_v``).
 
-Chunk-causal training (eqs. 7–10): tokens of chunk ``c`` (size ``S``) read statistics committed by chunks ``< c``
+Chunk-causal training (eqs. 7–10): tokens of chunk ``c`` (size ``S``) read statistics committed by chunks
+``< c``
 only (so chunk 0 outputs 0).  Both ``mode="chunk"`` (parallel) and ``mode="recurrent"`` (a per-token loop that
-commits the statistics at the same chunk boundaries) return the same outputs and the same final state, which holds
-the committed statistics plus the pending sums of the current partial chunk, so any split of a sequence continues
+commits the statistics at the same chunk boundaries) return the same outputs and the same final state, which
+holds
+the committed statistics plus the pending sums of the current partial chunk, so any split of a sequence
+continues
 exactly.
 
 Key normalisation ``norm``:
 
-* ``"prefix_max"`` (default, causal, ours): chunk ``c`` divides keys/queries by ``m_c = max_{t < first(c)} ‖z_t‖``.
-  By the adaptive-ridge identity (notes §2.3) this equals raw statistics with ridge ``ε m_c²``, so we store RAW
+* ``"prefix_max"`` (default, causal, ours): chunk ``c`` divides keys/queries by ``m_c = max_{t < first(c)}
+‖z_t‖``.
+  By the adaptive-ridge identity (notes §2.3) this equals raw statistics with ridge ``ε m_c²``, so we store
+  RAW
   statistics and normalise when reading; this is the paper's footnote rescale rule, done exactly.
-* ``"seqmax"`` (paper eq. 3, NON-CAUSAL): one ``m = max_t ‖z_t‖`` over the whole input of the first call (it sees
+* ``"seqmax"`` (paper eq. 3, NON-CAUSAL): one ``m = max_t ‖z_t‖`` over the whole input of the first call (it
+sees
   future tokens); later calls reuse that frozen ``m`` (the paper's decoding rule, §3.5).
 * ``"none"``: ``m = 1``.
 """
@@ -55,9 +63,9 @@ MODES = ("chunk", "recurrent")
 STATE_KEYS = ("G", "M", "Cv", "z_prev", "m", "G_pend", "M_pend", "Cv_pend", "m_pend", "pos")
 
 
-# ------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # operator core on fixed statistics
-# ------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 def ska_spectral_scale(A: Tensor, iters: int = 6) -> Tensor:
     """``1 / max(σ_max(A), 1)`` by ``iters`` detached power iterations from ``v₀ = 1/√r`` (eq. 12, App. D.2).
 
@@ -78,7 +86,8 @@ def ska_spectral_scale(A: Tensor, iters: int = 6) -> Tensor:
 
 
 def _cholesky(Gt: Tensor) -> Tensor:
-    """Cholesky of the symmetrised ``G̃`` with the paper's jittered fallback ``G̃ + 1e-4 I`` where it fails."""
+    """Cholesky of the symmetrised ``G̃`` with the paper's jittered fallback ``G̃ + 1e-4 I`` where it
+    fails."""
     Gt = 0.5 * (Gt + Gt.mT)
     L, info = torch.linalg.cholesky_ex(Gt)
     if bool((info > 0).any()):
@@ -148,7 +157,8 @@ def ska_readout_appf(
     spec_iters: int = 6,
     operator_form: str = "whitened",
 ) -> Tensor:
-    """SKA readout exactly as the steps of App. F (4–10): ``B_v = C_v G̃⁻¹``, ``w_q = L⁻¹q``, ``w_f = A'ᴷ w_q``,
+    """SKA readout exactly as the steps of App. F (4–10): ``B_v = C_v G̃⁻¹``, ``w_q = L⁻¹q``, ``w_f = A'ᴷ
+    w_q``,
     ``ŷ = η B_v L w_f``.  Same signature and result as :func:`ska_readout` (used by the reference loop)."""
     L = _cholesky(Gt)  # step 4
     Aw = _whitened_operator(L, M)  # step 5
@@ -166,18 +176,24 @@ def ska_readout_appf(
 
 
 def ska_ridge_readout(Gt: Tensor, Cv: Tensor, q: Tensor) -> Tensor:
-    """Ridge-regression retrieval ``C_v G̃⁻¹ q`` = ``B* q`` with ``B* = argmin Σ‖v−Bk‖² + ε‖B‖²`` (Prop. I.2)."""
+    """Ridge-regression retrieval ``C_v G̃⁻¹ q`` = ``B* q`` with ``B* = argmin Σ‖v−Bk‖² + ε‖B‖²`` (Prop.
+    I.2)."""
     return Cv @ torch.linalg.solve(Gt, q)
 
 
-def ska_statistics(k: Tensor, v: Tensor, mask: Tensor | None = None, eps: float = 1e-3) -> tuple[Tensor, Tensor, Tensor]:
+def ska_statistics(
+    k: Tensor, v: Tensor, mask: Tensor | None = None, eps: float = 1e-3
+) -> tuple[Tensor, Tensor, Tensor]:
     """Prefix / masked statistics, eqs. (4)–(6) and (53): ``(G̃, M, C_v)`` over all (masked) tokens.
 
-    ``k`` (B, T, H, r), ``v`` (B, T, H, P), ``mask`` (B, T) in {0, 1} (None: all ones).  Keys are used as given
+    ``k`` (B, T, H, r), ``v`` (B, T, H, P), ``mask`` (B, T) in {0, 1} (None: all ones).  Keys are used as
+    given
     (normalise them first if wanted).  Returns ``G̃`` (B, H, r, r), ``M`` (B, H, r, r), ``C_v`` (B, H, P, r).
     """
     if k.dim() != 4 or v.dim() != 4 or k.shape[:3] != v.shape[:3]:
-        raise ValueError(f"ska_statistics: k (B,T,H,r) and v (B,T,H,P) must agree, got {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"ska_statistics: k (B,T,H,r) and v (B,T,H,P) must agree, got {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     w = torch.ones(k.shape[:2], dtype=k.dtype, device=k.device) if mask is None else mask.to(k.dtype)
     if w.shape != k.shape[:2]:
         raise ValueError(f"ska_statistics: mask must have shape {tuple(k.shape[:2])}, got {tuple(w.shape)}")
@@ -188,11 +204,14 @@ def ska_statistics(k: Tensor, v: Tensor, mask: Tensor | None = None, eps: float 
     return G, M, Cv
 
 
-# ------------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # chunk-causal SKA over a sequence, with a streaming state
-# ------------------------------------------------------------------------------------------------------------------
-def ska_init_state(batch: int, heads: int, rank: int, head_dim: int, dtype=torch.float32, device=None) -> dict:
-    """Empty SKA state: committed raw statistics, pending sums of the partial chunk, previous key, norms, position."""
+# ------------------------------------------------------------------------------------------------------------
+def ska_init_state(
+    batch: int, heads: int, rank: int, head_dim: int, dtype=torch.float32, device=None
+) -> dict:
+    """Empty SKA state: committed raw statistics, pending sums of the partial chunk, previous key, norms,
+    position."""
     z = dict(dtype=dtype, device=device)
     return {
         "G": torch.zeros(batch, heads, rank, rank, **z),
@@ -222,7 +241,8 @@ def _validate(q, k, v, chunk_size, power, eps, norm, spec_iters, operator_form, 
         raise ValueError("spectral_koopman_attention: q, k (B,T,H,r) and v (B,T,H,P) must be 4-D")
     if q.shape != k.shape or k.shape[:3] != v.shape[:3]:
         raise ValueError(
-            f"spectral_koopman_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} disagree"
+            f"spectral_koopman_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, "
+            f"v {tuple(v.shape)} disagree"
         )
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
@@ -256,11 +276,15 @@ def spectral_koopman_attention(
     initial_state: dict | None = None,
     mode: str = "chunk",
 ) -> tuple[Tensor, dict]:
-    """Chunk-causal SKA (eqs. 7–10 + App. F), ``q, k`` (B, T, H, r), ``v`` (B, T, H, P) → ``(o (B,T,H,P), state)``.
+    """Chunk-causal SKA (eqs. 7–10 + App. F), ``q, k`` (B, T, H, r), ``v`` (B, T, H, P) → ``(o (B,T,H,P),
+    state)``.
 
-    Token ``t`` (global position ``pos``) reads the statistics of all tokens in chunks before ``pos // chunk_size``.
-    Statistics are accumulated in at least float32.  ``mode="recurrent"`` is the per-token loop (App. F steps per
-    token, commits at chunk boundaries); ``mode="chunk"`` the parallel form (exclusive prefix sums + collapse).
+    Token ``t`` (global position ``pos``) reads the statistics of all tokens in chunks before ``pos //
+    chunk_size``.
+    Statistics are accumulated in at least float32.  ``mode="recurrent"`` is the per-token loop (App. F
+    steps per
+    token, commits at chunk boundaries); ``mode="chunk"`` the parallel form (exclusive prefix sums +
+    collapse).
     """
     _validate(q, k, v, chunk_size, power, eps, norm, spec_iters, operator_form, mode)
     B, T, H, r = k.shape
@@ -289,7 +313,8 @@ def spectral_koopman_attention(
 
 
 def _normalised_stats(G, M, Cv, m, eps, norm):
-    """Raw statistics and norm ``m`` → (G̃, M̂, Ĉ_v, divisor) of the normalised keys (adaptive ridge, notes §2.3)."""
+    """Raw statistics and norm ``m`` → (G̃, M̂, Ĉ_v, divisor) of the normalised keys (adaptive ridge, notes
+    §2.3)."""
     s = _norm_scale(m, norm)
     s2 = (s * s)[..., None, None]
     eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
@@ -297,7 +322,8 @@ def _normalised_stats(G, M, Cv, m, eps, norm):
 
 
 def _ska_recurrent(q, k, v, st, pos0, S, eps, norm, m_fixed, kw):
-    """Per-token loop: read the committed statistics (App. F steps 4–10), then add the token to the pending sums
+    """Per-token loop: read the committed statistics (App. F steps 4–10), then add the token to the pending
+    sums
     (eqs. 4–6) and commit them when the chunk is complete."""
     G, M, Cv = st["G"], st["M"], st["Cv"]
     Gp, Mp, Cp = st["G_pend"], st["M_pend"], st["Cv_pend"]
@@ -325,13 +351,24 @@ def _ska_recurrent(q, k, v, st, pos0, S, eps, norm, m_fixed, kw):
                 m = torch.maximum(m, mp)
                 mp = torch.zeros_like(mp)
     o = torch.stack(outs, 1)
-    new = {"G": G, "M": M, "Cv": Cv, "z_prev": z_prev, "m": m, "G_pend": Gp, "M_pend": Mp, "Cv_pend": Cp,
-           "m_pend": mp, "pos": torch.full_like(st["pos"], pos)}
+    new = {
+        "G": G,
+        "M": M,
+        "Cv": Cv,
+        "z_prev": z_prev,
+        "m": m,
+        "G_pend": Gp,
+        "M_pend": Mp,
+        "Cv_pend": Cp,
+        "m_pend": mp,
+        "pos": torch.full_like(st["pos"], pos),
+    }
     return o, new
 
 
 def _ska_chunk(q, k, v, st, pos0, S, eps, norm, m_fixed, kw):
-    """Parallel chunk-causal form: per-chunk sums, exclusive prefix sums over chunks (eqs. 8–10), one operator per
+    """Parallel chunk-causal form: per-chunk sums, exclusive prefix sums over chunks (eqs. 8–10), one
+    operator per
     (batch, chunk, head) read by all queries of that chunk with the collapse :func:`ska_readout`."""
     B, T, H, r = k.shape
     P = v.shape[-1]
@@ -372,7 +409,11 @@ def _ska_chunk(q, k, v, st, pos0, S, eps, norm, m_fixed, kw):
     n_full = (off + T) // S
     zero_rr = torch.zeros(B, H, r, r, dtype=k.dtype, device=k.device)
     if n_full > 0:
-        G, M, Cv = st["G"] + incl_G[:, n_full - 1], st["M"] + incl_M[:, n_full - 1], st["Cv"] + incl_C[:, n_full - 1]
+        G, M, Cv = (
+            st["G"] + incl_G[:, n_full - 1],
+            st["M"] + incl_M[:, n_full - 1],
+            st["Cv"] + incl_C[:, n_full - 1],
+        )
     else:
         G, M, Cv = st["G"], st["M"], st["Cv"]
     if n_full < n_ch:
@@ -386,6 +427,16 @@ def _ska_chunk(q, k, v, st, pos0, S, eps, norm, m_fixed, kw):
         m, mp = m_fixed, st["m_pend"]
     else:
         m, mp = st["m"], st["m_pend"]
-    new = {"G": G, "M": M, "Cv": Cv, "z_prev": k[:, -1], "m": m, "G_pend": Gp, "M_pend": Mp, "Cv_pend": Cp,
-           "m_pend": mp, "pos": st["pos"] + T}
+    new = {
+        "G": G,
+        "M": M,
+        "Cv": Cv,
+        "z_prev": k[:, -1],
+        "m": m,
+        "G_pend": Gp,
+        "M_pend": Mp,
+        "Cv_pend": Cp,
+        "m_pend": mp,
+        "pos": st["pos"] + T,
+    }
     return o, new
