@@ -1,0 +1,191 @@
+"""The task protocol shared by every training task, and the name → task registry.
+
+A task produces teacher-forced batches for a causal language model::
+
+    input_ids, targets = task.sample(batch_size, generator)   # both (B, T) int64
+    # targets[b, t] is the token the model must predict from input_ids[b, :t+1]; -100 where nothing is scored
+
+Training batches come from the caller's ``torch.Generator`` (the trainer's RNG stream); evaluation examples
+come from :meth:`Task.eval_data`, a *separate* stream seeded with ``task.eval_seed`` that is deterministic,
+cached, and prefix-consistent (``eval_data(100)`` equals ``eval_data(1000)[:100]``).
+
+Register a new task with ``@register_task("name")`` on a :class:`Task` subclass and build it with
+``build_task("name", **options)``; unknown names/options raise a :class:`ValueError` listing the valid ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import pkgutil
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+IGNORE_INDEX = -100
+DEFAULT_EVAL_SEED = 2_718_281
+
+__all__ = [
+    "DEFAULT_EVAL_SEED",
+    "IGNORE_INDEX",
+    "Task",
+    "build_task",
+    "get_task_class",
+    "list_tasks",
+    "masked_accuracy",
+    "register_task",
+    "task_options",
+]
+
+
+def masked_accuracy(logits: Tensor, targets: Tensor) -> tuple[float, int]:
+    """Top-1 accuracy of ``logits.argmax(-1)`` where ``targets != -100``; returns ``(acc, n_scored)``."""
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match targets {tuple(targets.shape)}")
+    mask = targets != IGNORE_INDEX
+    n = int(mask.sum())
+    if n == 0:
+        return float("nan"), 0
+    correct = (logits.argmax(-1) == targets) & mask
+    return float(correct.sum()) / n, n
+
+
+class Task:
+    """Base class of a training task (see the module docstring for the protocol).
+
+    Subclasses set ``name`` (class attribute), ``vocab_size`` and ``seq_len`` and implement :meth:`sample` and
+    :meth:`config`; they may override :meth:`metrics`.
+    """
+
+    name: ClassVar[str] = "task"
+    #: eval examples are generated in blocks of this many, in order, so eval_data is prefix-consistent
+    eval_block: ClassVar[int] = 256
+
+    vocab_size: int
+    seq_len: int
+
+    def __init__(self, eval_seed: int = DEFAULT_EVAL_SEED) -> None:
+        if isinstance(eval_seed, bool) or not isinstance(eval_seed, int) or eval_seed < 0:
+            raise ValueError(f"eval_seed must be a non-negative integer, got {eval_seed!r}")
+        self.eval_seed = eval_seed
+        self._eval_cache: tuple[Tensor, Tensor] | None = None
+        self._eval_gen: torch.Generator | None = None
+
+    # --- to implement ----------------------------------------------------------------------------------
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """Draw ``batch_size`` training examples ``(input_ids, targets)``, both ``(B, seq_len)`` int64."""
+        raise NotImplementedError
+
+    def config(self) -> dict[str, Any]:
+        """JSON-serialisable options that rebuild this task with ``build_task(cfg.pop("name"), **cfg)``."""
+        raise NotImplementedError
+
+    # --- provided --------------------------------------------------------------------------------------
+    def eval_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
+        """``n_examples`` evaluation examples from the fixed-seed eval stream (deterministic, cached)."""
+        if isinstance(n_examples, bool) or not isinstance(n_examples, int) or n_examples <= 0:
+            raise ValueError(f"n_examples must be a positive integer, got {n_examples!r}")
+        have = 0 if self._eval_cache is None else self._eval_cache[0].shape[0]
+        if have < n_examples:
+            if self._eval_gen is None:
+                self._eval_gen = torch.Generator().manual_seed(self.eval_seed)
+            xs: list[Tensor] = [] if self._eval_cache is None else [self._eval_cache[0]]
+            ys: list[Tensor] = [] if self._eval_cache is None else [self._eval_cache[1]]
+            for _ in range(math.ceil((n_examples - have) / self.eval_block)):
+                x, y = self._eval_sample(self.eval_block, self._eval_gen)
+                xs.append(x)
+                ys.append(y)
+            self._eval_cache = (torch.cat(xs), torch.cat(ys))
+        x, y = self._eval_cache
+        return x[:n_examples].clone(), y[:n_examples].clone()
+
+    def _eval_sample(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Hook: how eval examples are drawn (default: like training examples)."""
+        return self.sample(batch_size, generator)
+
+    def metrics(self, logits: Tensor, targets: Tensor) -> dict[str, float]:
+        """Task metrics from ``logits (B, T, V)`` and ``targets (B, T)``.  Default: scored-token accuracy."""
+        acc, n = masked_accuracy(logits, targets)
+        return {"accuracy": acc, "n_scored": float(n)}
+
+    def _check_batch(self, batch_size: int) -> int:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        return batch_size
+
+    def __repr__(self) -> str:
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "name")
+        return f"{type(self).__name__}({opts})"
+
+
+# --- registry ------------------------------------------------------------------------------------------
+_TASKS: dict[str, type[Task]] = {}
+_LOADED = False
+
+
+def register_task(name: str):
+    """Class decorator registering a :class:`Task` subclass under ``name``."""
+
+    def deco(cls: type[Task]) -> type[Task]:
+        if not (isinstance(cls, type) and issubclass(cls, Task)):
+            raise TypeError(f"@register_task({name!r}) must decorate a Task subclass, got {cls!r}")
+        if name in _TASKS and _TASKS[name] is not cls:
+            raise ValueError(f"task name {name!r} registered twice ({_TASKS[name]} and {cls})")
+        _TASKS[name] = cls
+        return cls
+
+    return deco
+
+
+def _load_all() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    import seqmem.tasks as pkg
+
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        if not mod.name.startswith("_") and mod.name != "base":
+            importlib.import_module(f"seqmem.tasks.{mod.name}")
+    _LOADED = True
+
+
+def list_tasks() -> list[str]:
+    """Names of all registered tasks, sorted."""
+    _load_all()
+    return sorted(_TASKS)
+
+
+def get_task_class(name: str) -> type[Task]:
+    _load_all()
+    if name not in _TASKS:
+        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(sorted(_TASKS))}")
+    return _TASKS[name]
+
+
+def task_options(name: str) -> list[str]:
+    """Constructor options accepted by task ``name``."""
+    cls = get_task_class(name)
+    opts: list[str] = []
+    for klass in cls.__mro__:
+        if klass is object or not issubclass(klass, Task):
+            continue
+        for pname, p in inspect.signature(klass.__init__).parameters.items():
+            if pname == "self" or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                continue
+            if pname not in opts:
+                opts.append(pname)
+    return opts
+
+
+def build_task(name: str, **options: Any) -> Task:
+    """Build task ``name``; unknown names or options raise ``ValueError`` listing the valid ones."""
+    cls = get_task_class(name)
+    valid = task_options(name)
+    bad = [k for k in options if k not in valid]
+    if bad:
+        raise ValueError(
+            f"unknown option(s) {', '.join(map(repr, bad))} for task {name!r}; valid: {', '.join(valid)}"
+        )
+    return cls(**options)
