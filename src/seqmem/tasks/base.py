@@ -106,9 +106,12 @@ class Task:
         return self.sample(batch_size, generator)
 
     def metrics(self, logits: Tensor, targets: Tensor) -> dict[str, float]:
-        """Task metrics from ``logits (B, T, V)`` and ``targets (B, T)``.  Default: scored-token accuracy."""
-        acc, n = masked_accuracy(logits, targets)
-        return {"accuracy": acc, "n_scored": float(n)}
+        """Task metrics from ``logits (B, T, V)`` and ``targets (B, T)``.  Default: scored-token accuracy.
+
+        Values must be per-example averages (the trainer averages them over eval batches weighted by batch size).
+        """
+        acc, _ = masked_accuracy(logits, targets)
+        return {"accuracy": acc}
 
     def _check_batch(self, batch_size: int) -> int:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:

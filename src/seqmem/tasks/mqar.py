@@ -236,10 +236,10 @@ class MQARTask(Task):
         return x, y
 
     def metrics(self, logits: Tensor, targets: Tensor) -> dict[str, float]:
-        """``accuracy`` (per query), ``sequence_accuracy`` (every query of an example right), ``n_scored``."""
-        acc, n = masked_accuracy(logits, targets)
+        """``accuracy`` (per query) and ``sequence_accuracy`` (every query of an example right)."""
+        acc, _ = masked_accuracy(logits, targets)
         mask = targets != IGNORE_INDEX
         wrong = ((logits.argmax(-1) != targets) & mask).any(dim=1)
         has = mask.any(dim=1)
         seq_acc = float((~wrong & has).sum()) / max(int(has.sum()), 1)
-        return {"accuracy": acc, "sequence_accuracy": seq_acc, "n_scored": float(n)}
+        return {"accuracy": acc, "sequence_accuracy": seq_acc}
