@@ -1,0 +1,375 @@
+"""VLA — Variational Linear Attention (paper 001, Pandey & Singh 2026) as functional ops.
+
+Per head (Algorithm 1, "VLAv3 Sequential Forward Pass"; eqs. 8-11 of the paper)::
+
+    k_feat = φ(k_raw) = ELU(k_raw) + 1,  k̂ = k_feat / ‖k_feat‖,  u = L2norm(W_u k_raw) · u_scale   (u_scale = 1/√d_h)
+    z_sm = A u,  δ = max(1 + uᵀ z_sm, ε),  A ← A − z_sm z_smᵀ / δ          (Sherman–Morrison, eq. 9; A_0 = I/λ0)
+    A ← A + η I   if the 1-based position t is a multiple of the refresh period (20; η = 1e-3)
+    α̂ = A k̂ / ‖A k̂‖                                                      (post-update A, eq. 10)
+    S ← S + (v − S k̂) α̂ᵀ                                                   (residual write, eq. 10)
+    z ← z + k_feat;   o = S φ(q) / max(φ(q)ᵀ z, ε)                         (readout, eq. 11)
+
+``mode="recurrent"`` is that loop.  ``mode="chunk"`` is the exact chunked form (not in the paper; notes/vla.md §2.5):
+
+* A-part: the A-loop depends only on the keys, so a run of c rank-1 Sherman–Morrison updates is one Cholesky step:
+  ``G = I + U A₀ Uᵀ = L Lᵀ``, ``Z = L⁻¹ U A₀`` (row i = z_i/√δ_i), ``α_t = A₀k̂_t − Σ_{i≤t} (k̂_t·Z_i) Z_i``,
+  ``A_next = A₀ − ZᵀZ``.  The +ηI refresh is not low rank, so runs are cut right after every refresh position
+  (positions are counted from the sequence start via the state's ``pos``), which makes the form exact for ANY chunk
+  size and any alignment of the refresh.
+* S-part: ``S_t = S_{t-1}(I − k̂_t α̂_tᵀ) + v_t α̂_tᵀ`` is an identity-plus-rank-1 ("generalised delta rule")
+  transition with a WY/UT chunk form: ``(I + strict_tril(K̂ Âᵀ)) W = V − K̂ S₀ᵀ``, ``O = Q S₀ᵀ + tril(Q Âᵀ) W``,
+  ``S_next = S₀ + Wᵀ Â``.  The same kernel (with a per-token decay g_t) runs the paper's "DeltaNet" (eq. 4).
+
+The paper's own parallel form (eq. 12 / Algorithm 2, a Blelloch scan of ``F_t = I − α̂_t k̂_tᵀ``, ``G_t = e_t α̂_tᵀ``)
+is wrong (G_t depends on S_{t-1}; F_t acts from the wrong side); see docs/vla.md.
+
+Tensors are ``(batch, time, heads, dim)``; the state is a dict ``{"S": (B,H,Dv,D), "A": (B,H,D,D), "z": (B,H,D),
+"pos": (B,) int64}`` ("A" absent with ``fixed_A``, "z" absent with ``normalizer="none"``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["vla_attention", "vla_paper_delta_rule", "vla_jacobian_norm_closed_form", "vla_generalized_delta_chunk"]
+
+MODES = ("recurrent", "chunk")
+NORMALIZERS = ("paper", "none")
+_TINY = 1e-12
+
+
+def _phi(x: Tensor) -> Tensor:
+    """ELU+1 feature map (the paper's φ, §2.2)."""
+    return F.elu(x) + 1.0
+
+
+def _unit(x: Tensor) -> Tensor:
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(_TINY)
+
+
+def vla_jacobian_norm_closed_form(c: Tensor | float) -> Tensor:
+    """‖I − a bᵀ‖₂ for unit vectors a, b with c = aᵀb (erratum to Prop. 2: it is 1 only when c = 1).
+
+    The singular values of I − a bᵀ are 1 (d−2 times) and the roots of σ⁴ − (3 − 2c)σ² + (1 − c)² = 0.
+    """
+    c = torch.as_tensor(c, dtype=torch.float64)
+    return torch.sqrt((3 - 2 * c + torch.sqrt(5 - 4 * c)) / 2)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the generalised delta rule chunk kernel:  S_t = S_{t-1}(g_t I − a_t b_tᵀ) + v_t b_tᵀ,  o_t = S_t q_t
+# ----------------------------------------------------------------------------------------------------------------
+def vla_generalized_delta_chunk(
+    q: Tensor, a: Tensor, b: Tensor, v: Tensor, S0: Tensor, log_g: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """One chunk of ``S_t = S_{t-1}(g_t I − a_t b_tᵀ) + v_t b_tᵀ`` and ``o_t = S_t q_t`` (UT/WY form).
+
+    q, a, b: (..., c, Dk); v: (..., c, Dv); S0: (..., Dv, Dk); log_g: (..., c) or None (g = 1).
+    Returns (o (..., c, Dv), S_c).  With Γ_t = Π_{s≤t} g_s and w_t = v_t − S_{t-1} a_t (effective residual):
+    ``(I + L) W = V − diag(Γ_{t-1}) A S₀ᵀ`` with ``L[t,i] = Γ_{t-1}/Γ_i · a_tᵀ b_i`` (i < t),
+    ``o_t = Γ_t S₀ q_t + Σ_{i≤t} Γ_t/Γ_i (b_iᵀ q_t) w_i``, ``S_c = Γ_c S₀ + Σ_i Γ_c/Γ_i w_i b_iᵀ``.
+    """
+    c = q.shape[-2]
+    dev = q.device
+    incl = torch.ones(c, c, dtype=torch.bool, device=dev).tril()
+    strict = incl.tril(-1)
+    eye = torch.eye(c, dtype=q.dtype, device=dev)
+    S0t = S0.transpose(-1, -2)
+    ab = a @ b.transpose(-1, -2)  # [t, i] = a_t · b_i
+    qb = q @ b.transpose(-1, -2)  # [t, i] = q_t · b_i
+    if log_g is None:
+        lower = ab.masked_fill(~strict, 0)
+        rhs = v - a @ S0t
+        W = torch.linalg.solve_triangular(eye + lower, rhs, upper=False, unitriangular=True)
+        o = q @ S0t + qb.masked_fill(~incl, 0) @ W
+        S_next = S0 + W.transpose(-1, -2) @ b
+        return o, S_next
+    lg = torch.cumsum(log_g, dim=-1)  # log Γ_t
+    lg_prev = lg - log_g  # log Γ_{t-1}
+    diff_prev = (lg_prev[..., :, None] - lg[..., None, :]).masked_fill(~strict, float("-inf"))
+    diff_incl = (lg[..., :, None] - lg[..., None, :]).masked_fill(~incl, float("-inf"))
+    lower = ab * diff_prev.exp()
+    rhs = v - lg_prev.exp()[..., None] * (a @ S0t)
+    W = torch.linalg.solve_triangular(eye + lower, rhs, upper=False, unitriangular=True)
+    o = lg.exp()[..., None] * (q @ S0t) + (qb * diff_incl.exp()) @ W
+    last = lg[..., -1:]  # log Γ_c
+    decay_to_end = (last - lg).exp()  # Γ_c / Γ_i
+    S_next = last.exp()[..., None] * S0 + (W * decay_to_end[..., None]).transpose(-1, -2) @ b
+    return o, S_next
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# VLA
+# ----------------------------------------------------------------------------------------------------------------
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor, fn: str) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor) or x.dim() != 4:
+            raise ValueError(f"{fn}: {name} must be a (batch, time, heads, dim) tensor")
+        if not x.is_floating_point():
+            raise ValueError(f"{fn}: {name} must be floating point, got {x.dtype}")
+    if q.shape != k.shape:
+        raise ValueError(f"{fn}: q {tuple(q.shape)} and k {tuple(k.shape)} must have the same shape")
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"{fn}: v {tuple(v.shape)} must match k {tuple(k.shape)} in (batch, time, heads)")
+    if q.shape[1] == 0:
+        raise ValueError(f"{fn}: empty sequence")
+
+
+def _check_options(mode: str, chunk_size: int, normalizer: str, eps: float, fn: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"{fn}: mode must be one of {list(MODES)}, got {mode!r}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"{fn}: chunk_size must be a positive integer, got {chunk_size!r}")
+    if normalizer not in NORMALIZERS:
+        raise ValueError(f"{fn}: normalizer must be one of {list(NORMALIZERS)}, got {normalizer!r}")
+    if not eps > 0:
+        raise ValueError(f"{fn}: eps must be > 0, got {eps!r}")
+
+
+def _vla_init_state(
+    initial_state: dict[str, Tensor] | None, B: int, H: int, D: int, Dv: int, lam0: float, fixed_A: bool,
+    use_z: bool, like: Tensor,
+) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
+    need = {"S", "pos"} | ({"z"} if use_z else set()) | (set() if fixed_A else {"A"})
+    if initial_state is None:
+        S = like.new_zeros(B, H, Dv, D)
+        A = None if fixed_A else (torch.eye(D, dtype=like.dtype, device=like.device) / lam0).expand(B, H, D, D)
+        z = like.new_zeros(B, H, D) if use_z else None
+        pos = torch.zeros(B, dtype=torch.long, device=like.device)
+        return S, A, z, pos
+    if not isinstance(initial_state, dict) or set(initial_state) != need:
+        got = sorted(initial_state) if isinstance(initial_state, dict) else type(initial_state).__name__
+        raise ValueError(f"vla_attention: initial_state must be a dict with keys {sorted(need)}, got {got}")
+    S, pos = initial_state["S"], initial_state["pos"]
+    if S.shape != (B, H, Dv, D):
+        raise ValueError(f"vla_attention: initial_state['S'] has shape {tuple(S.shape)}, expected {(B, H, Dv, D)}")
+    if pos.shape != (B,):
+        raise ValueError(f"vla_attention: initial_state['pos'] must have shape ({B},), got {tuple(pos.shape)}")
+    A = None if fixed_A else initial_state["A"]
+    if A is not None and A.shape != (B, H, D, D):
+        raise ValueError(f"vla_attention: initial_state['A'] has shape {tuple(A.shape)}, expected {(B, H, D, D)}")
+    z = initial_state["z"] if use_z else None
+    if z is not None and z.shape != (B, H, D):
+        raise ValueError(f"vla_attention: initial_state['z'] has shape {tuple(z.shape)}, expected {(B, H, D)}")
+    return S, A, z, pos.to(torch.long)
+
+
+def vla_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    w_u: Tensor,
+    *,
+    lam0: float = 0.1,
+    u_scale: float | None = None,
+    refresh_period: int | None = 20,
+    refresh_eta: float = 1e-3,
+    eps: float = 1e-4,
+    normalizer: str = "paper",
+    normalize_key: bool = True,
+    normalize_alpha: bool = True,
+    fixed_A: bool = False,
+    initial_state: dict[str, Tensor] | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 20,
+    return_trace: bool = False,
+):
+    """Variational linear attention (Algorithm 1 / eqs. 8-11), recurrent or exact chunked.
+
+    q, k: raw (pre-feature-map) queries and keys (B, T, H, D); v: values (B, T, H, Dv); w_u: (H, D, D), the learned
+    penalty-direction map applied to the raw key (u = L2norm(W_u k_raw)·u_scale; u_scale None → 1/√D as in
+    Algorithm 1, 1.0 → eq. 8).  ``refresh_period`` None/0 disables the +ηI refresh.  Variants: ``normalize_alpha=False``
+    (VLAv2-style unnormalised write α = A k̂), ``fixed_A=True`` (the "A_t = 10 I fixed" ablation: no SM update, no A
+    state), ``normalize_key=False`` (the "no k̂ norm" ablation), ``normalizer="none"`` (o = S φ(q)).
+    Returns ``(o (B,T,H,Dv), state)``; with ``return_trace`` (recurrent mode only) also a dict of per-step tensors
+    (S, A, alpha_hat, k_hat, e, delta, each (B, T, H, ...)).
+    """
+    fn = "vla_attention"
+    _check_qkv(q, k, v, fn)
+    _check_options(mode, chunk_size, normalizer, eps, fn)
+    B, T, H, D = k.shape
+    Dv = v.shape[-1]
+    if not isinstance(w_u, Tensor) or w_u.shape != (H, D, D):
+        raise ValueError(f"{fn}: w_u must have shape (heads, dim, dim) = {(H, D, D)}")
+    if not lam0 > 0:
+        raise ValueError(f"{fn}: lam0 must be > 0, got {lam0!r}")
+    if refresh_period is not None and (isinstance(refresh_period, bool) or not isinstance(refresh_period, int)
+                                       or refresh_period < 0):
+        raise ValueError(f"{fn}: refresh_period must be None or a non-negative integer, got {refresh_period!r}")
+    if return_trace and mode != "recurrent":
+        raise ValueError(f"{fn}: return_trace needs mode='recurrent'")
+    period = refresh_period or 0
+    u_scale = 1.0 / math.sqrt(D) if u_scale is None else float(u_scale)
+    use_z = normalizer == "paper"
+    S, A, z, pos = _vla_init_state(initial_state, B, H, D, Dv, lam0, fixed_A, use_z, k)
+
+    # features, (B, H, T, D)
+    kf = _phi(k).transpose(1, 2)
+    kh = _unit(kf) if normalize_key else kf
+    u = F.normalize(torch.einsum("hed,bthd->bhte", w_u, k), dim=-1, eps=_TINY) * u_scale
+    qf = _phi(q).transpose(1, 2)
+    vv = v.transpose(1, 2)
+    # 1-based global positions and refresh masks (B, T)
+    gpos = pos[:, None] + torch.arange(1, T + 1, device=k.device)[None, :]
+    refresh = (gpos % period == 0) if (period and not fixed_A) else torch.zeros_like(gpos, dtype=torch.bool)
+    eye = torch.eye(D, dtype=k.dtype, device=k.device)
+
+    if mode == "recurrent":
+        outs, trace = [], {n: [] for n in ("S", "A", "alpha_hat", "k_hat", "e", "delta")}
+        for j in range(T):
+            khj = kh[:, :, j]
+            if fixed_A:
+                alpha = khj / lam0
+            else:
+                uj = u[:, :, j]
+                zs = torch.einsum("bhij,bhj->bhi", A, uj)  # line 12
+                delta = torch.clamp(1 + (uj * zs).sum(-1), min=eps)  # line 13
+                A = A - zs[..., :, None] * zs[..., None, :] / delta[..., None, None]  # line 14
+                if period:  # lines 15-16 (after the SM update, before α)
+                    A = A + (refresh_eta * refresh[:, j].to(k.dtype))[:, None, None, None] * eye
+                alpha = torch.einsum("bhij,bhj->bhi", A, khj)  # line 19
+            ah = _unit(alpha) if normalize_alpha else alpha  # line 20
+            e = vv[:, :, j] - torch.einsum("bhij,bhj->bhi", S, khj)  # line 21
+            S = S + e[..., :, None] * ah[..., None, :]  # line 22
+            num = torch.einsum("bhij,bhj->bhi", S, qf[:, :, j])
+            if use_z:
+                z = z + kf[:, :, j]  # line 25
+                num = num / torch.clamp((z * qf[:, :, j]).sum(-1), min=eps)[..., None]  # line 26
+            outs.append(num)
+            if return_trace:
+                trace["S"].append(S)
+                trace["A"].append(A if A is not None else (eye / lam0).expand(B, H, D, D))
+                trace["alpha_hat"].append(ah)
+                trace["k_hat"].append(khj)
+                trace["e"].append(e)
+                trace["delta"].append(delta if not fixed_A else torch.ones_like(khj[..., 0]))
+        o = torch.stack(outs, 1)
+    else:
+        if use_z:
+            zc = z[:, :, None] + torch.cumsum(kf, dim=2)
+            den = torch.clamp((qf * zc).sum(-1), min=eps)  # (B, H, T)
+            z = zc[:, :, -1]
+        any_refresh = refresh.any(0).tolist()
+        pieces = []
+        for s in range(0, T, chunk_size):
+            e_ = min(s + chunk_size, T)
+            K = kh[:, :, s:e_]
+            if fixed_A:
+                alpha = K / lam0
+            else:
+                alphas = []
+                a0 = s
+                for j in range(s, e_):
+                    if j == e_ - 1 or any_refresh[j]:  # cut the Sherman–Morrison run after each refresh
+                        Uc, Kc = u[:, :, a0 : j + 1], kh[:, :, a0 : j + 1]
+                        c = j + 1 - a0
+                        UA = Uc @ A  # A symmetric
+                        G = torch.eye(c, dtype=k.dtype, device=k.device) + UA @ Uc.transpose(-1, -2)
+                        L = torch.linalg.cholesky(G)
+                        Z = torch.linalg.solve_triangular(L, UA, upper=False)  # rows z_i / sqrt(δ_i)
+                        kz = (Kc @ Z.transpose(-1, -2)).tril()
+                        al = Kc @ A - kz @ Z
+                        A = A - Z.transpose(-1, -2) @ Z
+                        if any_refresh[j]:
+                            m = (refresh_eta * refresh[:, j].to(k.dtype))[:, None, None]
+                            al = torch.cat([al[:, :, :-1], al[:, :, -1:] + m[..., None] * Kc[:, :, -1:]], 2)
+                            A = A + m[..., None] * eye
+                        alphas.append(al)
+                        a0 = j + 1
+                alpha = torch.cat(alphas, 2)
+            ah = _unit(alpha) if normalize_alpha else alpha
+            oc, S = vla_generalized_delta_chunk(qf[:, :, s:e_], K, ah, vv[:, :, s:e_], S)
+            pieces.append(oc)
+        o = torch.cat(pieces, 2)
+        if use_z:
+            o = o / den[..., None]
+        o = o.transpose(1, 2)
+    state = {"S": S, "pos": pos + T}
+    if not fixed_A:
+        state["A"] = A.contiguous()
+    if use_z:
+        state["z"] = z
+    if return_trace:
+        tr = {n: torch.stack(x, 1) for n, x in trace.items()}
+        return o, state, tr
+    return o, state
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the paper's "DeltaNet" (eq. 4):  S_t = β_t S_{t-1} + (v_t − S_{t-1} k̂_t) k̂_tᵀ
+# ----------------------------------------------------------------------------------------------------------------
+def vla_paper_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    *,
+    eps: float = 1e-4,
+    normalizer: str = "paper",
+    initial_state: dict[str, Tensor] | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 32,
+):
+    """The VLA paper's DeltaNet baseline, eq. (4): ``S_t = β_t S_{t-1} + (v_t − S_{t-1} k̂_t) k̂_tᵀ``.
+
+    β_t ∈ (0, 1) (B, T, H) is a per-step *decay* of the old state (as the paper defines it; canonical DeltaNet
+    uses β as a write strength instead).  Keys k̂ = L2norm(ELU(k)+1) (with unnormalised keys eq. 4 diverges), readout
+    as VLA: ``S_t φ(q_t) / max(φ(q_t)ᵀ Σ φ(k_s), ε)``.  State ``{"S": (B,H,Dv,D), "z": (B,H,D)}``.
+    """
+    fn = "vla_paper_delta_rule"
+    _check_qkv(q, k, v, fn)
+    _check_options(mode, chunk_size, normalizer, eps, fn)
+    B, T, H, D = k.shape
+    Dv = v.shape[-1]
+    if not isinstance(beta, Tensor) or beta.shape != (B, T, H):
+        raise ValueError(f"{fn}: beta must have shape (batch, time, heads) = {(B, T, H)}")
+    use_z = normalizer == "paper"
+    need = {"S"} | ({"z"} if use_z else set())
+    if initial_state is None:
+        S = k.new_zeros(B, H, Dv, D)
+        z = k.new_zeros(B, H, D) if use_z else None
+    else:
+        if not isinstance(initial_state, dict) or set(initial_state) != need:
+            raise ValueError(f"{fn}: initial_state must be a dict with keys {sorted(need)}")
+        S, z = initial_state["S"], initial_state.get("z")
+    kf = _phi(k).transpose(1, 2)
+    kh = _unit(kf)
+    qf = _phi(q).transpose(1, 2)
+    vv = v.transpose(1, 2)
+    bt = beta.transpose(1, 2)  # (B, H, T)
+    if mode == "recurrent":
+        outs = []
+        for j in range(T):
+            khj = kh[:, :, j]
+            e = vv[:, :, j] - torch.einsum("bhij,bhj->bhi", S, khj)
+            S = bt[:, :, j, None, None] * S + e[..., :, None] * khj[..., None, :]
+            num = torch.einsum("bhij,bhj->bhi", S, qf[:, :, j])
+            if use_z:
+                z = z + kf[:, :, j]
+                num = num / torch.clamp((z * qf[:, :, j]).sum(-1), min=eps)[..., None]
+            outs.append(num)
+        o = torch.stack(outs, 1)
+    else:
+        log_g = torch.log(bt.clamp_min(torch.finfo(bt.dtype).tiny))
+        if use_z:
+            zc = z[:, :, None] + torch.cumsum(kf, dim=2)
+            den = torch.clamp((qf * zc).sum(-1), min=eps)
+            z = zc[:, :, -1]
+        pieces = []
+        for s in range(0, T, chunk_size):
+            e_ = min(s + chunk_size, T)
+            K = kh[:, :, s:e_]
+            oc, S = vla_generalized_delta_chunk(qf[:, :, s:e_], K, K, vv[:, :, s:e_], S, log_g[:, :, s:e_])
+            pieces.append(oc)
+        o = torch.cat(pieces, 2)
+        if use_z:
+            o = o / den[..., None]
+        o = o.transpose(1, 2)
+    state = {"S": S}
+    if use_z:
+        state["z"] = z
+    return o, state
