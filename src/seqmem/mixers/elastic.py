@@ -1,0 +1,392 @@
+"""Elastic Memory (paper 004): block-wise attention with a HiPPO-LegS compressed key/value memory.
+
+``block_attention`` — Transformer++ with block-local attention: causal softmax attention inside blocks of
+``block_len`` tokens, RoPE with block-local positions, nothing crosses a block boundary.  It is also the
+base class
+of every block-memory mixer (``elastic`` here; ``memorizing``, ``infini``, ``melodi`` in
+``memory_baselines.py``):
+a subclass adds a memory state read once per block and folded once per completed block.
+
+``elastic`` (Algorithm 1 of the paper), for block ``b`` (0-indexed, counted from the sequence start):
+
+1. retrieval (Eqs. 7–8): ``[K_mem, V_mem] = R C_b`` — ``L_mem`` memory tokens reconstructed from the LegS
+   coefficients ``C_b`` (N × 2·d_model) of the raw (pre-RoPE) keys and the values of blocks ``0..b−1``;
+   ``R`` is one
+   fixed matrix (uniform or exponential sample points, switchable at test time with
+   :meth:`Elastic.set_sampling`);
+2. trapezoidal attention (Eqs. 9–10): one joint softmax over ``[K_mem; K_block]`` — every query sees every
+memory
+   token (no positional encoding on them), causal inside the block; in block 0 the memory columns are masked
+   (the history is empty);
+3. memory update (Eq. 6): ``C_{b+1} = P_b C_b + K̄_b [K_raw, V]_b`` with ``P_b = (b/(b+1))^A`` and the HiPPO
+input
+   kernel ``K̄_b`` (closed forms in :mod:`seqmem.ops.hippo`, float64 math cast to the model dtype).
+
+No trainable memory parameters: ``elastic`` and ``block_attention`` have identical parameters.
+
+impl="fast": blocks in parallel (one masked SDPA call over all blocks after a cheap sequential scan of the
+memory);
+impl="reference": a per-token loop; the memory of a finished block is folded token by token with the ZOH
+recurrence ``c_k = Ā_k c_{k−1} + B̄_k f_k`` (Eq. 4), which must equal the block form of Eq. 6.
+
+Streaming state: ``k``, ``v`` — raw keys / values of the current partial block (``pos mod block_len`` tokens),
+``pos`` — tokens seen, plus the memory (``mem``: C, N × 2·d_model for ``elastic``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
+from seqmem.ops.hippo import (
+    SAMPLINGS,
+    legs_block,
+    legs_input_kernel,
+    legs_reconstruction_matrix,
+    legs_transition,
+    sample_fractions,
+)
+from seqmem.registry import register
+
+try:  # the lead's RoPE (seqmem.mixers.attention); same convention as the fallback below
+    from seqmem.mixers.attention import apply_rope as _apply_rope
+except ImportError:  # pragma: no cover - fallback when the core attention file is absent
+
+    def _apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
+        d = x.shape[-1]
+        inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
+        ang = positions.to(torch.float64)[:, None] * inv[None, :]
+        cos, sin = ang.cos().to(x.dtype)[None, :, None, :], ang.sin().to(x.dtype)[None, :, None, :]
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+Ctx = dict[str, Tensor]
+
+
+@register(
+    "block_attention", description="Transformer++ block-local causal softmax attention (RoPE, no memory)"
+)
+class BlockAttention(Mixer):
+    """Block-local causal softmax attention (Transformer++ of the Elastic Memory paper); base of the memory
+    mixers."""
+
+    contract_configs: ClassVar[list[dict[str, Any]]] = [{"block_len": 8}]
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int = 4,
+        impl: str = "fast",
+        block_len: int = 2048,
+        rope_base: float = 10000.0,
+    ) -> None:
+        super().__init__(d_model, n_heads, impl)
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        self.head_dim = d_model // n_heads
+        if self.head_dim % 2:
+            raise ValueError(f"head dimension d_model/n_heads={self.head_dim} must be even for RoPE")
+        self.block_len = check_positive_int("block_len", block_len)
+        if not (isinstance(rope_base, (int, float)) and rope_base > 1):
+            raise ValueError(f"rope_base must be a number > 1, got {rope_base!r}")
+        self.rope_base = float(rope_base)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model, bias=False)
+
+    # -- memory hooks (overridden by the memory mixers)
+    # ---------------------------------------------------------
+    def _mem_keys(self) -> set[str]:
+        return set()
+
+    def _mem_size(self) -> int:
+        return 0
+
+    def _mem_init(self, b: int, like: Tensor) -> State:
+        return {}
+
+    def _mem_context(self, mem: State, blk: int) -> Ctx:
+        """What block ``blk`` reads from the memory (tensors with batch first)."""
+        return {}
+
+    def _mem_update(self, mem: State, k_raw: Tensor, v: Tensor, blk: int, reference: bool) -> State:
+        """Fold the completed block ``blk`` (raw keys / values, (batch, L, heads, head_dim)) into the
+        memory."""
+        return mem
+
+    # -- contract
+    # -----------------------------------------------------------------------------------------------
+    def state_keys(self) -> set[str]:
+        return {"k", "v", "pos"} | self._mem_keys()
+
+    def state_size(self, seq_len: int) -> int:
+        return 2 * self.d_model * (seq_len % self.block_len) + 1 + self._mem_size()
+
+    def _rope(self, x: Tensor, positions: Tensor) -> Tensor:
+        return _apply_rope(x, positions, self.rope_base)
+
+    def _forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
+        b, t, d = x.shape
+        h, dh = self.n_heads, self.head_dim
+        if state is None:
+            kc = x.new_zeros(b, 0, d)
+            vc = x.new_zeros(b, 0, d)
+            start = 0
+            mem = self._mem_init(b, x)
+        else:
+            kc, vc = state["k"], state["v"]
+            start = int(state["pos"][0])
+            mem = {k: state[k] for k in self._mem_keys()}
+            if kc.shape[1] != start % self.block_len:
+                raise ValueError(
+                    f"{type(self).__name__}: state holds {kc.shape[1]} cached tokens, "
+                    f"expected {start % self.block_len}"
+                )
+        q, k, v = self.qkv(x).view(b, t, 3, h, dh).unbind(2)
+        c = kc.shape[1]
+        K = torch.cat([kc.view(b, c, h, dh), k], 1)
+        V = torch.cat([vc.view(b, c, h, dh), v], 1)
+        if self.impl == "fast":
+            y, mem = self._fast(q, K, V, c, start, mem)
+        else:
+            y, mem = self._reference(q, K, V, c, start, mem)
+        y = self.out(y.reshape(b, t, d))
+        n = c + t
+        keep = (start + t) % self.block_len
+        new_state: State = {
+            "k": K[:, n - keep :].reshape(b, keep, d),
+            "v": V[:, n - keep :].reshape(b, keep, d),
+            "pos": torch.full((b,), start + t, dtype=torch.long, device=x.device),
+            **mem,
+        }
+        return y, new_state
+
+    # -- fast: all blocks at once
+    # ---------------------------------------------------------------------------------
+    def _fast(self, q: Tensor, K: Tensor, V: Tensor, c: int, start: int, mem: State) -> tuple[Tensor, State]:
+        b, t, h, dh = q.shape
+        L = self.block_len
+        n = c + t
+        nb = -(-n // L)
+        b0 = (start - c) // L
+        pad = nb * L - n
+        Kp = F.pad(K, (0, 0, 0, 0, 0, pad)).view(b, nb, L, h, dh)
+        Vp = F.pad(V, (0, 0, 0, 0, 0, pad)).view(b, nb, L, h, dh)
+        Qp = F.pad(q, (0, 0, 0, 0, c, pad)).view(b, nb, L, h, dh)
+        ctxs = []
+        for j in range(nb):  # sequential scan of the memory over blocks (cheap: a few matmuls per block)
+            ctxs.append(self._mem_context(mem, b0 + j))
+            if (j + 1) * L <= n:
+                mem = self._mem_update(mem, Kp[:, j], Vp[:, j], b0 + j, reference=False)
+        ctx = {key: torch.stack([cx[key] for cx in ctxs], 1) for key in ctxs[0]}
+        pos = torch.arange(L, device=q.device)
+        q_rot = self._rope(Qp.reshape(b * nb, L, h, dh), pos).view(b, nb, L, h, dh)
+        k_rot = self._rope(Kp.reshape(b * nb, L, h, dh), pos).view(b, nb, L, h, dh)
+        y = self._attend_fast(q_rot, Qp, k_rot, Vp, ctx)
+        return y.reshape(b, nb * L, h, dh)[:, c : c + t], mem
+
+    def _local_mask(self, device) -> Tensor:
+        L = self.block_len
+        return torch.ones(L, L, dtype=torch.bool, device=device).tril()
+
+    def _attend_fast(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
+        """Joint softmax over [memory tokens; causal block keys] for all blocks. Shapes (b, nb, L, h, dh)."""
+        qh, kh, vh = (z.permute(0, 3, 1, 2, 4) for z in (q_rot, k_rot, v))  # (b, h, nb, L, dh)
+        b, _, nb, L, _ = qh.shape
+        local = self._local_mask(q_rot.device).expand(b, 1, nb, L, L)
+        if "k" in ctx:
+            km, vm = ctx["k"].permute(0, 3, 1, 2, 4), ctx["v"].permute(0, 3, 1, 2, 4)  # (b, h, nb, M, dh)
+            M = km.shape[3]
+            kh, vh = torch.cat([km, kh], 3), torch.cat([vm, vh], 3)
+            local = torch.cat([ctx["valid"][:, None, :, None, :].expand(b, 1, nb, L, M), local], -1)
+        y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=local)
+        return y.permute(0, 2, 3, 1, 4)
+
+    # -- reference: per token
+    # -------------------------------------------------------------------------------------
+    def _reference(
+        self, q: Tensor, K: Tensor, V: Tensor, c: int, start: int, mem: State
+    ) -> tuple[Tensor, State]:
+        b, t, h, dh = q.shape
+        L = self.block_len
+        lo = 0  # first token of the current block inside K / V
+        ctx = self._mem_context(mem, start // L)
+        outs = []
+        for i in range(t):
+            p = start + i
+            off = p % L
+            if off == 0 and i > 0:
+                ctx = self._mem_context(mem, p // L)
+            hi = c + i + 1
+            kb, vb = K[:, lo:hi], V[:, lo:hi]
+            q_rot = self._rope(q[:, i : i + 1], torch.tensor([off], device=q.device))[:, 0]
+            k_rot = self._rope(kb, torch.arange(off + 1, device=q.device))
+            outs.append(self._attend_token(q_rot, q[:, i], k_rot, vb, ctx))
+            if off == L - 1:  # block complete: fold it into the memory, start a new block
+                mem = self._mem_update(mem, kb, vb, p // L, reference=True)
+                lo = hi
+        return torch.stack(outs, 1), mem
+
+    def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
+        """One query (b, h, dh) against the visible block keys (b, n, h, dh) and the block's memory tokens."""
+        scale = self.head_dim**-0.5
+        s = torch.einsum("bhd,bjhd->bhj", q_rot, k_rot) * scale
+        if "k" in ctx:
+            sm = torch.einsum("bhd,bmhd->bhm", q_rot, ctx["k"]) * scale
+            sm = sm.masked_fill(~ctx["valid"][:, None, :], float("-inf"))
+            s = torch.cat([sm, s], -1)
+            v = torch.cat([ctx["v"], v], 1)
+        p = torch.softmax(s, -1)
+        return torch.einsum("bhj,bjhd->bhd", p, v)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", block_len={self.block_len}"
+
+
+@register(
+    "elastic",
+    sampling="exponential",
+    description="Elastic Memory: HiPPO-LegS compressed K/V memory + trapezoidal attention",
+)
+@register("elastic_uni", sampling="uniform", description="Elastic Memory with uniform polynomial sampling")
+class Elastic(BlockAttention):
+    """Elastic Memory attention (paper 004, Algorithm 1): block attention + HiPPO-LegS memory of raw K and V.
+
+    Options: ``block_len`` (L, paper 2048), ``hippo_n`` (N, paper 540 at "1x"), ``mem_tokens`` (L_mem;
+    default N),
+    ``sampling`` (``"exponential"`` | ``"uniform"`` | ``"midpoint"``), ``alpha`` (exponential decay; default
+    ``eps^{1/(L_mem−1)}``), ``eps`` (distance of the newest sample point from the present, as a fraction of
+    the
+    history).  Zero trainable parameters beyond block attention's.
+    """
+
+    contract_configs: ClassVar[list[dict[str, Any]]] = [
+        {"block_len": 8, "hippo_n": 6},
+        {"block_len": 8, "hippo_n": 12, "mem_tokens": 5, "sampling": "uniform"},
+        {"block_len": 5, "hippo_n": 4, "mem_tokens": 7, "sampling": "midpoint", "n_heads": 1},
+    ]
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int = 4,
+        impl: str = "fast",
+        block_len: int = 2048,
+        rope_base: float = 10000.0,
+        hippo_n: int = 540,
+        mem_tokens: int | None = None,
+        sampling: str = "exponential",
+        alpha: float | None = None,
+        eps: float = 1e-3,
+    ) -> None:
+        super().__init__(d_model, n_heads, impl, block_len, rope_base)
+        self.hippo_n = check_positive_int("hippo_n", hippo_n)
+        self.mem_tokens = self.hippo_n if mem_tokens is None else check_positive_int("mem_tokens", mem_tokens)
+        self._bank: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self._tok: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self._R: dict[tuple, Tensor] = {}
+        self.set_sampling(sampling, alpha, eps)
+
+    def set_sampling(self, sampling: str, alpha: float | None = None, eps: float | None = None) -> None:
+        """Switch the retrieval sample points (test-time inductive-bias injection, Section 3.5); no
+        retraining."""
+        check_choice("sampling", sampling, SAMPLINGS)
+        eps = getattr(self, "eps", 1e-3) if eps is None else eps
+        if not (isinstance(eps, (int, float)) and 0 < eps < 1):
+            raise ValueError(f"eps must be in (0, 1), got {eps!r}")
+        if alpha is not None and not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
+            raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+        self.sampling, self.alpha, self.eps = sampling, alpha, float(eps)
+        self._fractions = sample_fractions(sampling, self.mem_tokens, alpha=alpha, eps=self.eps)
+
+    def _recon(self, like: Tensor) -> Tensor:
+        key = (self.sampling, self.alpha, self.eps, like.dtype, like.device)
+        if key not in self._R:
+            self._R = {
+                key: legs_reconstruction_matrix(self.hippo_n, self._fractions).to(like.device, like.dtype)
+            }
+        return self._R[key]
+
+    def _block_mats(self, blk: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        key = (blk, like.dtype, like.device)
+        if key not in self._bank:
+            if len(self._bank) > 64:
+                self._bank.clear()
+            P, K = legs_block(self.hippo_n, self.block_len, blk)  # float64 closed forms
+            self._bank[key] = (P.to(like.device, like.dtype), K.to(like.device, like.dtype))
+        return self._bank[key]
+
+    def _token_mats(self, s: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-token ZOH ``(Ā_s, B̄_s)`` (Eqs. 22, 25) for absolute token index ``s``."""
+        key = (s, like.dtype, like.device)
+        if key not in self._tok:
+            if len(self._tok) > 4096:
+                self._tok.clear()
+            A = legs_transition(self.hippo_n, s, s + 1)
+            Bv = legs_input_kernel(self.hippo_n, s, 1, s + 1)
+            self._tok[key] = (A.to(like.device, like.dtype), Bv.to(like.device, like.dtype))
+        return self._tok[key]
+
+    def _mem_keys(self) -> set[str]:
+        return {"mem"}
+
+    def _mem_size(self) -> int:
+        return self.hippo_n * 2 * self.d_model
+
+    def _mem_init(self, b: int, like: Tensor) -> State:
+        return {"mem": like.new_zeros(b, self.hippo_n, 2 * self.d_model)}
+
+    def _mem_context(self, mem: State, blk: int) -> Ctx:
+        C = mem["mem"]
+        b = C.shape[0]
+        tok = self._recon(C) @ C  # Eq. 8: (b, L_mem, 2 d_model)
+        h, dh = self.n_heads, self.head_dim
+        M = tok.shape[1]
+        return {
+            "k": tok[..., : self.d_model].reshape(b, M, h, dh),
+            "v": tok[..., self.d_model :].reshape(b, M, h, dh),
+            "valid": torch.full((b, M), blk > 0, dtype=torch.bool, device=C.device),
+        }
+
+    def _mem_update(self, mem: State, k_raw: Tensor, v: Tensor, blk: int, reference: bool) -> State:
+        b, L = k_raw.shape[:2]
+        Fb = torch.cat([k_raw.reshape(b, L, -1), v.reshape(b, L, -1)], -1)  # (b, L, 2 d_model), raw K and V
+        C = mem["mem"]
+        if reference:  # Eq. 4, one token at a time
+            for j in range(L):
+                A, Bv = self._token_mats(blk * L + j, C)
+                C = A @ C + Bv @ Fb[:, j : j + 1]
+        else:  # Eq. 6, the whole block in two matmuls
+            P, K = self._block_mats(blk, C)
+            C = P @ C + K @ Fb
+        return {"mem": C}
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (
+            f", hippo_n={self.hippo_n}, mem_tokens={self.mem_tokens}, sampling={self.sampling!r}, "
+            f"alpha={self.alpha}, eps={self.eps}"
+        )
+
+
+def memory_layer_stack(
+    n_layers: int, memory_mixer: str, memory_layers: list[int] | int | None = None
+) -> list[str]:
+    """Mixer names for an LM stack: ``block_attention`` everywhere except ``memory_layers`` (0-indexed).
+
+    The paper puts the memory at the 9th of 12 layers (index 8): the default is ``round(0.75 * n_layers) − 1``
+    clipped to the stack.
+    """
+    n_layers = check_positive_int("n_layers", n_layers)
+    if memory_layers is None:
+        memory_layers = [max(0, min(n_layers - 1, math.ceil(0.75 * n_layers) - 1))]
+    elif isinstance(memory_layers, int):
+        memory_layers = [memory_layers]
+    for i in memory_layers:
+        if not (0 <= i < n_layers):
+            raise ValueError(f"memory layer index {i} outside 0..{n_layers - 1}")
+    return [memory_mixer if i in memory_layers else "block_attention" for i in range(n_layers)]

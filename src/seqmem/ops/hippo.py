@@ -1,0 +1,341 @@
+"""HiPPO-LegS compression of 1-D signals (Elastic Memory, paper 004, Section 2 and Appendix E).
+
+Every channel of a signal ``f`` (one value per token, held constant on the token's cell ``[s, s+1)``) is
+summarised after ``t`` tokens by ``N`` Legendre coefficients
+
+    c_n(t) = (1/t) ∫_0^t f(x) g_n^(t)(x) dx,      g_n^(t)(x) = √(2n+1) P_n(2x/t − 1)          (Eqs. 1–2, 12)
+
+— the L2 projection of the step-function history onto polynomials of degree < N under the uniform measure on
+``[0, t]``.  The coefficients obey ``dc/dt = −A c / t + B f / t`` (Eq. 3) with the LegS matrices of Eq. 19;
+the ZOH discretisation with one time unit per token (Eqs. 4, 22, 25) is exact for step input, so the ZOH state
+after ``t`` tokens *is* that projection.  The block update ``C_i = P_i C_{i−1} + K̄_i F_i`` (Eq. 6) uses
+
+* ``P_i = (iL / (i+1)L)^A = (i/(i+1))^A`` (telescoping product of the ZOH transitions), computed by
+Gauss–Legendre
+  quadrature of the basis-change integral (``legs_transition``);
+* ``K̄_i[n, j] = (Q_n(z_{s+1}) − Q_n(z_s)) / (2√(2n+1))`` with ``s = iL + j``, ``z_s = 2s/T − 1``, ``T =
+(i+1)L``,
+  ``Q_0 = z``, ``Q_n = P_{n+1} − P_{n−1}`` (exact integral of the basis over the token cell,
+  ``legs_input_kernel``).
+
+Everything is evaluated in float64 with the stable three-term Legendre recurrence — **never** by an
+eigendecomposition of ``A`` (which is catastrophically ill-conditioned: error ~1e17 already at N = 64) — and
+may be
+cast to float32 for storage (``legs_block_bank``).  Retrieval evaluates the Legendre expansion at sample
+points
+(Eqs. 7–8, 29–31; ``legs_reconstruction_matrix``, ``hippo_reconstruct``).
+
+Public functions: ``legs_matrices``, ``legs_transition``, ``legs_input_kernel``, ``legs_block``,
+``legs_block_bank``, ``sample_fractions``, ``legs_reconstruction_matrix``, ``hippo_compress``,
+``hippo_reconstruct``.  ``seqmem.ops.hippo.compress`` / ``reconstruct`` are aliases of the last two.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+from scipy.special import roots_legendre
+from torch import Tensor
+
+__all__ = [
+    "legs_matrices",
+    "legs_transition",
+    "legs_input_kernel",
+    "legs_block",
+    "legs_block_bank",
+    "sample_fractions",
+    "legs_reconstruction_matrix",
+    "hippo_compress",
+    "hippo_reconstruct",
+]
+
+SAMPLINGS = ("uniform", "exponential", "midpoint")
+
+
+def _check_n(N: int) -> int:
+    if isinstance(N, bool) or not isinstance(N, (int, np.integer)) or N <= 0:
+        raise ValueError(f"HiPPO order N must be a positive integer, got {N!r}")
+    return int(N)
+
+
+def _legendre_table(nmax: int, z: np.ndarray) -> np.ndarray:
+    """Rows P_0..P_nmax evaluated at points ``z`` (float64), by the three-term recurrence (stable on [−1,
+    1])."""
+    z = np.asarray(z, dtype=np.float64)
+    P = np.zeros((nmax + 1, z.size))
+    P[0] = 1.0
+    if nmax >= 1:
+        P[1] = z
+    for n in range(1, nmax):
+        P[n + 1] = ((2 * n + 1) * z * P[n] - n * P[n - 1]) / (n + 1)
+    return P
+
+
+def legs_matrices(N: int, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
+    """HiPPO-LegS ``(A, B)`` of Eq. 19: ``A[n,k] = √(2n+1)√(2k+1)`` (n > k), ``n+1`` (n = k), 0 (n < k);
+    ``B[n] = √(2n+1)``.
+
+    ``B`` is an N-vector (Eq. 3's "B ∈ R^{N×N}" is a typo).  ``A`` is lower triangular with eigenvalues 1..N
+    and
+    ``A^{-1} B = e_0`` (column 0 of A equals B), so a constant signal maps to a multiple of ``e_0``.
+    """
+    N = _check_n(N)
+    q = np.sqrt(2.0 * np.arange(N) + 1.0)
+    A = np.tril(np.outer(q, q), -1) + np.diag(np.arange(1.0, N + 1.0))
+    return torch.tensor(A, dtype=dtype), torch.tensor(q, dtype=dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _gauss(M: int) -> tuple[np.ndarray, np.ndarray]:
+    u, w = roots_legendre(M)
+    return u, w
+
+
+@functools.lru_cache(maxsize=256)
+def _transition_np(N: int, t1: float, t2: float) -> np.ndarray:
+    r = t1 / t2
+    if r == 0.0:
+        return np.zeros((N, N))
+    if r == 1.0:
+        return np.eye(N)
+    u, w = _gauss(N + 1)  # exact: the integrand has degree <= 2N - 2
+    q = np.sqrt(2.0 * np.arange(N) + 1.0)
+    G1 = _legendre_table(N - 1, r * (u + 1.0) - 1.0) * q[:, None]
+    G2 = _legendre_table(N - 1, u) * q[:, None]
+    P = (r / 2.0) * G1 @ (w[:, None] * G2.T)
+    return np.tril(P)  # exactly lower triangular (the upper part is quadrature round-off)
+
+
+def legs_transition(N: int, t1: float, t2: float, dtype: torch.dtype = torch.float64) -> Tensor:
+    """``(t1/t2)^A``: maps the LegS coefficients of a history on ``[0, t1]`` to those on ``[0, t2]`` (no new
+    input).
+
+    Closed form (note CF1/CF4): ``P[n,k] = (r/2)√((2n+1)(2k+1)) Σ_q w_q P_n(r(u_q+1) − 1) P_k(u_q)``, ``r =
+    t1/t2``,
+    with N+1 Gauss–Legendre nodes (exact).  ``P_i = legs_transition(N, iL, (i+1)L) = (i/(i+1))^A`` and
+    ``‖P‖₂ = √(t1/t2)``.  ``t1 = 0`` gives the zero matrix.
+    """
+    N = _check_n(N)
+    if not (0 <= t1 <= t2) or t2 <= 0:
+        raise ValueError(f"legs_transition needs 0 <= t1 <= t2 and t2 > 0, got t1={t1}, t2={t2}")
+    return torch.tensor(_transition_np(N, float(t1), float(t2)), dtype=dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel_np(N: int, s0: int, length: int, T: int) -> np.ndarray:
+    z = 2.0 * np.arange(s0, s0 + length + 1, dtype=np.float64) / T - 1.0
+    P = _legendre_table(N, z)  # P_0..P_N
+    Q = np.empty((N, z.size))
+    Q[0] = z
+    if N > 1:
+        Q[1:] = P[2 : N + 1] - P[0 : N - 1]
+    return (Q[:, 1:] - Q[:, :-1]) / (2.0 * np.sqrt(2.0 * np.arange(N) + 1.0))[:, None]
+
+
+def legs_input_kernel(N: int, s0: int, length: int, T: int, dtype: torch.dtype = torch.float64) -> Tensor:
+    """(N, length) matrix mapping tokens ``s0 .. s0+length−1`` to their contribution to the state at time
+    ``T``.
+
+    Column j is ``(1/T) ∫_{s}^{s+1} g_n^(T)(x) dx`` with ``s = s0 + j`` (note CF3); it equals the paper's
+    HiPPO
+    kernel column ``A^{-1}[((s+1)/T)^A − (s/T)^A] B`` (Eq. 27, CF2).  Needs ``s0 + length <= T``.  Row 0 is
+    1/T.
+    """
+    N = _check_n(N)
+    for nm, v in (("s0", s0), ("length", length), ("T", T)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"legs_input_kernel: {nm} must be a non-negative integer, got {v!r}")
+    if T <= 0 or s0 + length > T:
+        raise ValueError(
+            f"legs_input_kernel needs s0 + length <= T and T > 0, got s0={s0}, length={length}, T={T}"
+        )
+    return torch.tensor(_kernel_np(N, int(s0), int(length), int(T)), dtype=dtype)
+
+
+def legs_block(N: int, block_len: int, i: int, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
+    """``(P_i, K̄_i)`` of Eq. 6 for 0-indexed block ``i`` of ``block_len`` tokens (one time unit per token).
+
+    ``P_i = (i/(i+1))^A`` (N×N, ``P_0 = 0``), ``K̄_i`` (N×block_len) the input kernel of tokens
+    ``iL .. (i+1)L − 1`` at time ``(i+1)L``.  Computed in float64, returned in ``dtype``.
+    """
+    N = _check_n(N)
+    if isinstance(block_len, bool) or not isinstance(block_len, int) or block_len <= 0:
+        raise ValueError(f"block_len must be a positive integer, got {block_len!r}")
+    if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+        raise ValueError(f"block index must be a non-negative integer, got {i!r}")
+    P = legs_transition(N, i * block_len, (i + 1) * block_len, dtype)
+    K = legs_input_kernel(N, i * block_len, block_len, (i + 1) * block_len, dtype)
+    return P, K
+
+
+def legs_block_bank(
+    N: int, block_len: int, n_blocks: int, dtype: torch.dtype = torch.float32
+) -> tuple[Tensor, Tensor]:
+    """Stacked bank ``(P (n_blocks, N, N), K̄ (n_blocks, N, block_len))`` (float64 math, stored as
+    ``dtype``)."""
+    if isinstance(n_blocks, bool) or not isinstance(n_blocks, int) or n_blocks <= 0:
+        raise ValueError(f"n_blocks must be a positive integer, got {n_blocks!r}")
+    Ps, Ks = zip(*(legs_block(N, block_len, i) for i in range(n_blocks)))
+    return torch.stack(Ps).to(dtype), torch.stack(Ks).to(dtype)
+
+
+def sample_fractions(kind: str, num: int, alpha: float | None = None, eps: float = 1e-3) -> np.ndarray:
+    """Sample points ``x_j / t`` in [0, 1] for retrieval (Appendix E.4).
+
+    * ``"uniform"``: ``x_j = j t / num`` (left endpoints, as the paper writes it; includes x = 0);
+    * ``"exponential"``: ``x_j = t (1 − α^{num−1−j})``, dense near the present; ``α`` defaults to
+      ``eps^{1/(num−1)}`` so that the newest point is ``eps·t`` before the present;
+    * ``"midpoint"``: ``x_j = (j + ½) t / num`` (cell centres; our variant).
+    """
+    if kind not in SAMPLINGS:
+        raise ValueError(f"sampling must be one of {list(SAMPLINGS)}, got {kind!r}")
+    num = _check_n(num)
+    j = np.arange(num, dtype=np.float64)
+    if kind == "uniform":
+        return j / num
+    if kind == "midpoint":
+        return (j + 0.5) / num
+    if alpha is None:
+        if not (0.0 < eps < 1.0):
+            raise ValueError(f"eps must be in (0, 1), got {eps!r}")
+        alpha = eps ** (1.0 / (num - 1)) if num > 1 else 0.5
+    if not (0.0 < alpha < 1.0):
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    return 1.0 - alpha ** (num - 1 - j)
+
+
+def legs_reconstruction_matrix(N: int, fractions, dtype: torch.dtype = torch.float64) -> Tensor:
+    """``R[j, n] = √(2n+1) P_n(2 x_j/t − 1)`` (Eq. 7), shape (len(fractions), N), for fractions ``x_j/t`` in
+    [0, 1].
+
+    The same matrix serves every block: ``x_j / t`` does not depend on ``t`` for either sampling rule.
+    """
+    N = _check_n(N)
+    fr = np.asarray(fractions, dtype=np.float64).reshape(-1)
+    if fr.size == 0 or not np.all(np.isfinite(fr)) or fr.min() < 0 or fr.max() > 1:
+        raise ValueError("sample fractions must be a non-empty array of values in [0, 1]")
+    R = _legendre_table(N - 1, 2.0 * fr - 1.0) * np.sqrt(2.0 * np.arange(N) + 1.0)[:, None]
+    return torch.tensor(R.T.copy(), dtype=dtype)
+
+
+def _check_signal(signal: Tensor) -> Tensor:
+    if not isinstance(signal, Tensor) or not signal.is_floating_point():
+        raise ValueError("signal must be a floating-point torch.Tensor")
+    if signal.dim() == 1:
+        signal = signal[None, :, None]
+    elif signal.dim() == 2:
+        signal = signal[None]
+    if signal.dim() != 3 or signal.shape[1] == 0:
+        raise ValueError(
+            "signal must have shape (time,), (time, channels) or (batch, time, channels), "
+            f"got {tuple(signal.shape)}"
+        )
+    return signal
+
+
+def hippo_compress(
+    signal: Tensor,
+    N: int,
+    *,
+    mode: str = "chunk",
+    block_len: int | None = None,
+    initial_state: Tensor | None = None,
+    t0: int = 0,
+) -> Tensor:
+    """LegS coefficients (batch, N, channels) of the step-function history after all of ``signal``.
+
+    ``signal``: (batch, time, channels) (or (time,) / (time, channels)), token ``s`` held on ``[t0+s,
+    t0+s+1)``;
+    ``initial_state``: coefficients of the history on ``[0, t0]`` (ignored when ``t0 = 0``).  Modes:
+
+    * ``"recurrent"``: the per-token ZOH recurrence ``c_k = Ā_k c_{k−1} + B̄_k f_k`` (Eq. 4) with
+      ``Ā_k = (k/(k+1))^A``, ``B̄_k = A^{-1}(I − Ā_k)B``;
+    * ``"chunk"``: blocks of ``block_len`` tokens counted from time 0, ``C ← P C + K̄ F`` (Eq. 6);
+    * ``"direct"``: ``C(T) = (t0/T)^A C(t0) + K̄^{[t0, T)} F`` in one matmul (note CF5).
+    """
+    signal = _check_signal(signal)
+    N = _check_n(N)
+    if mode not in ("recurrent", "chunk", "direct"):
+        raise ValueError(f"mode must be 'recurrent', 'chunk' or 'direct', got {mode!r}")
+    if isinstance(t0, bool) or not isinstance(t0, int) or t0 < 0:
+        raise ValueError(f"t0 must be a non-negative integer, got {t0!r}")
+    b, t, ch = signal.shape
+    dt, dev = signal.dtype, signal.device
+    if initial_state is None or t0 == 0:
+        c = signal.new_zeros(b, N, ch)
+    else:
+        if initial_state.shape != (b, N, ch):
+            raise ValueError(f"initial_state must have shape {(b, N, ch)}, got {tuple(initial_state.shape)}")
+        c = initial_state
+    if mode == "direct":
+        P = legs_transition(N, t0, t0 + t, dt).to(dev)
+        K = legs_input_kernel(N, t0, t, t0 + t, dt).to(dev)
+        return P @ c + K @ signal
+    if mode == "recurrent":
+        for s in range(t):
+            k = t0 + s
+            Abar = legs_transition(N, k, k + 1, dt).to(dev)
+            Bbar = legs_input_kernel(N, k, 1, k + 1, dt).to(dev)
+            c = Abar @ c + Bbar @ signal[:, s : s + 1]
+        return c
+    L = block_len if block_len is not None else max(1, min(t + t0, 1024))
+    if isinstance(L, bool) or not isinstance(L, int) or L <= 0:
+        raise ValueError(f"block_len must be a positive integer, got {block_len!r}")
+    s = 0
+    while s < t:
+        pos = t0 + s
+        end = min((pos // L + 1) * L, t0 + t)  # next block boundary (blocks counted from time 0)
+        P = legs_transition(N, pos, end, dt).to(dev)
+        K = legs_input_kernel(N, pos, end - pos, end, dt).to(dev)
+        c = P @ c + K @ signal[:, s : s + end - pos]
+        s += end - pos
+    return c
+
+
+def hippo_reconstruct(
+    coeffs: Tensor,
+    t: float,
+    points: Tensor | np.ndarray | str,
+    num: int | None = None,
+    *,
+    alpha: float | None = None,
+    eps: float = 1e-3,
+) -> Tensor:
+    """Evaluate the Legendre expansion ``ĝ(x) = Σ_n c_n √(2n+1) P_n(2x/t − 1)`` (Eq. 29) at sample points.
+
+    ``coeffs``: (batch, N, channels) (or (N,) / (N, channels)); ``t``: history length; ``points``: absolute
+    positions in [0, t] (tensor/array) or a sampling rule ``"uniform" | "exponential" | "midpoint"`` with
+    ``num``
+    points (see :func:`sample_fractions`).  Returns (batch, n_points, channels).
+    """
+    if not isinstance(coeffs, Tensor) or not coeffs.is_floating_point():
+        raise ValueError("coeffs must be a floating-point torch.Tensor")
+    if coeffs.dim() == 1:
+        coeffs = coeffs[None, :, None]
+    elif coeffs.dim() == 2:
+        coeffs = coeffs[None]
+    if coeffs.dim() != 3:
+        raise ValueError(f"coeffs must have shape (batch, N, channels), got {tuple(coeffs.shape)}")
+    if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+        raise ValueError(f"t must be a positive number, got {t!r}")
+    N = coeffs.shape[1]
+    if isinstance(points, str):
+        if num is None:
+            raise ValueError("num (number of points) is required with a named sampling rule")
+        fr = sample_fractions(points, num, alpha=alpha, eps=eps)
+    else:
+        x = (
+            points.detach().cpu().double().numpy()
+            if isinstance(points, Tensor)
+            else np.asarray(points, float)
+        )
+        fr = x / t
+    R = legs_reconstruction_matrix(N, fr, coeffs.dtype).to(coeffs.device)
+    return R @ coeffs
+
+
+compress = hippo_compress
+reconstruct = hippo_reconstruct
