@@ -19,6 +19,7 @@ import importlib
 import inspect
 import math
 import pkgutil
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -70,8 +71,7 @@ class Task:
         if isinstance(eval_seed, bool) or not isinstance(eval_seed, int) or eval_seed < 0:
             raise ValueError(f"eval_seed must be a non-negative integer, got {eval_seed!r}")
         self.eval_seed = eval_seed
-        self._eval_cache: tuple[Tensor, Tensor] | None = None
-        self._eval_gen: torch.Generator | None = None
+        self._streams: dict[str, tuple[tuple[Tensor, Tensor] | None, torch.Generator | None]] = {}
 
     # --- to implement ----------------------------------------------------------------------------------
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
@@ -85,21 +85,33 @@ class Task:
     # --- provided --------------------------------------------------------------------------------------
     def eval_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
         """``n_examples`` evaluation examples from the fixed-seed eval stream (deterministic, cached)."""
+        return self._cached_stream("eval", self.eval_seed, n_examples, self._eval_sample)
+
+    def _cached_stream(
+        self,
+        key: str,
+        seed: int,
+        n_examples: int,
+        draw: Callable[[int, torch.Generator], tuple[Tensor, Tensor]],
+    ) -> tuple[Tensor, Tensor]:
+        """First ``n_examples`` of the stream ``draw(eval_block, gen)``, ``gen`` seeded by ``seed``."""
         if isinstance(n_examples, bool) or not isinstance(n_examples, int) or n_examples <= 0:
             raise ValueError(f"n_examples must be a positive integer, got {n_examples!r}")
-        have = 0 if self._eval_cache is None else self._eval_cache[0].shape[0]
+        cache, gen = self._streams.get(key, (None, None))
+        have = 0 if cache is None else cache[0].shape[0]
         if have < n_examples:
-            if self._eval_gen is None:
-                self._eval_gen = torch.Generator().manual_seed(self.eval_seed)
-            xs: list[Tensor] = [] if self._eval_cache is None else [self._eval_cache[0]]
-            ys: list[Tensor] = [] if self._eval_cache is None else [self._eval_cache[1]]
+            if gen is None:
+                gen = torch.Generator().manual_seed(seed)
+            xs: list[Tensor] = [] if cache is None else [cache[0]]
+            ys: list[Tensor] = [] if cache is None else [cache[1]]
             for _ in range(math.ceil((n_examples - have) / self.eval_block)):
-                x, y = self._eval_sample(self.eval_block, self._eval_gen)
+                x, y = draw(self.eval_block, gen)
                 xs.append(x)
                 ys.append(y)
-            self._eval_cache = (torch.cat(xs), torch.cat(ys))
-        x, y = self._eval_cache
-        return x[:n_examples].clone(), y[:n_examples].clone()
+            cache = (torch.cat(xs), torch.cat(ys))
+            self._streams[key] = (cache, gen)
+        assert cache is not None
+        return cache[0][:n_examples].clone(), cache[1][:n_examples].clone()
 
     def _eval_sample(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """Hook: how eval examples are drawn (default: like training examples)."""
@@ -108,7 +120,7 @@ class Task:
     def metrics(self, logits: Tensor, targets: Tensor) -> dict[str, float]:
         """Task metrics from ``logits (B, T, V)`` and ``targets (B, T)``.  Default: scored-token accuracy.
 
-        Values must be per-example averages (the trainer averages them over eval batches weighted by batch size).
+        Values must be per-example averages (the trainer averages them over batches weighted by batch size).
         """
         acc, _ = masked_accuracy(logits, targets)
         return {"accuracy": acc}
