@@ -1,33 +1,28 @@
 """Elastic Memory (paper 004): block-wise attention with a HiPPO-LegS compressed key/value memory.
 
 ``block_attention`` — Transformer++ with block-local attention: causal softmax attention inside blocks of
-``block_len`` tokens, RoPE with block-local positions, nothing crosses a block boundary.  It is also the
-base class
-of every block-memory mixer (``elastic`` here; ``memorizing``, ``infini``, ``melodi`` in
-``memory_baselines.py``):
-a subclass adds a memory state read once per block and folded once per completed block.
+``block_len`` tokens, RoPE with block-local positions, nothing crosses a block boundary.  It is also the base
+class of every block-memory mixer (``elastic`` here; ``memorizing``, ``infini``, ``melodi`` in
+``memory_baselines.py``): a subclass adds a memory state read once per block and folded once per completed
+block.
 
 ``elastic`` (Algorithm 1 of the paper), for block ``b`` (0-indexed, counted from the sequence start):
 
 1. retrieval (Eqs. 7–8): ``[K_mem, V_mem] = R C_b`` — ``L_mem`` memory tokens reconstructed from the LegS
-   coefficients ``C_b`` (N × 2·d_model) of the raw (pre-RoPE) keys and the values of blocks ``0..b−1``;
-   ``R`` is one
-   fixed matrix (uniform or exponential sample points, switchable at test time with
+   coefficients ``C_b`` (N × 2·d_model) of the raw (pre-RoPE) keys and the values of blocks ``0..b−1``; ``R``
+   is one fixed matrix (uniform or exponential sample points, switchable at test time with
    :meth:`Elastic.set_sampling`);
 2. trapezoidal attention (Eqs. 9–10): one joint softmax over ``[K_mem; K_block]`` — every query sees every
-memory
-   token (no positional encoding on them), causal inside the block; in block 0 the memory columns are masked
-   (the history is empty);
+   memory token (no positional encoding on them), causal inside the block; in block 0 the memory columns are
+   masked (the history is empty);
 3. memory update (Eq. 6): ``C_{b+1} = P_b C_b + K̄_b [K_raw, V]_b`` with ``P_b = (b/(b+1))^A`` and the HiPPO
-input
-   kernel ``K̄_b`` (closed forms in :mod:`seqmem.ops.hippo`, float64 math cast to the model dtype).
+   input kernel ``K̄_b`` (closed forms in :mod:`seqmem.ops.hippo`, float64 math cast to the model dtype).
 
 No trainable memory parameters: ``elastic`` and ``block_attention`` have identical parameters.
 
 impl="fast": blocks in parallel (one masked SDPA call over all blocks after a cheap sequential scan of the
-memory);
-impl="reference": a per-token loop; the memory of a finished block is folded token by token with the ZOH
-recurrence ``c_k = Ā_k c_{k−1} + B̄_k f_k`` (Eq. 4), which must equal the block form of Eq. 6.
+memory); impl="reference": a per-token loop; the memory of a finished block is folded token by token with the
+ZOH recurrence ``c_k = Ā_k c_{k−1} + B̄_k f_k`` (Eq. 4), which must equal the block form of Eq. 6.
 
 Streaming state: ``k``, ``v`` — raw keys / values of the current partial block (``pos mod block_len`` tokens),
 ``pos`` — tokens seen, plus the memory (``mem``: C, N × 2·d_model for ``elastic``).

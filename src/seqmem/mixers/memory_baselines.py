@@ -1,0 +1,267 @@
+"""Baselines of the Elastic Memory paper (004, Table 1), on the block-attention base of ``elastic.py``.
+
+All three read a memory once per block of ``block_len`` tokens (counted from the sequence start) and fold each
+completed block into it; inside the block they use causal softmax attention with block-local RoPE.
+
+* ``memorizing`` — Memorizing Transformer (Wu et al., 2022) as the paper re-implements it: a FIFO queue of the
+  raw keys / values of the last ``n_queue`` tokens of previous blocks, read by *dense* attention (the kNN
+  lookup is replaced by full attention, as in the paper), combined with local attention by a learned per-head
+  gate: ``y = σ(g_h) A_mem + (1 − σ(g_h)) A_local`` (only ``y = A_local`` while the queue is empty).  Bounded
+  state.
+* ``infini`` — Infini-Transformer (Munkhdalai et al., 2024): per head a compressive memory ``M`` (d_k × d_v)
+  and normaliser ``z``, read by linear attention ``A_mem = σ(q) M / (σ(q) z)`` (σ = ELU + 1), updated per
+  block with the delta rule ``M ← M + σ(K)ᵀ (V − σ(K) M / (σ(K) z))``, ``z ← z + Σ σ(K)``; the paper adds an
+  RMSNorm (we apply a parameter-free RMSNorm to ``A_mem`` per head, note §7 item 17); ``y = σ(β_h) A_mem + (1
+  − σ(β_h)) A_local``.
+* ``melodi`` — Melodi's short-term (intra-layer) memory as the note defines it (paper 004 keeps only that
+  part): ``n_summary`` learned summary tokens per layer.  After each block they attend (position-free softmax,
+  the layer's own q/k/v projections) to ``[memory; the whole block]``; the result is linearly mixed with the
+  previous memory, ``m ← σ(μ) ⊙ m + (1 − σ(μ)) ⊙ s`` (per slot; ``m = s`` after the first block).  The next
+  block attends to the memory's keys / values (projected with the layer's k/v weights, no RoPE) in one joint
+  softmax with the causal block keys.  Added parameters ``n_summary × d_model`` (+ ``n_summary`` mix logits).
+
+Memory keys and queries for the memory read are the raw (pre-RoPE) projections throughout (position-free
+memory, like Elastic Memory's memory tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqmem.mixers.base import State, check_positive_int
+from seqmem.mixers.elastic import BlockAttention, Ctx
+from seqmem.registry import register
+
+
+def _elu1(x: Tensor) -> Tensor:
+    return F.elu(x) + 1.0
+
+
+@register(
+    "memorizing", description="Memorizing Transformer: FIFO memory of past K/V, dense read, per-head gate"
+)
+class Memorizing(BlockAttention):
+    """Memorizing Transformer (dense-read variant of paper 004): block attention + gated FIFO K/V memory."""
+
+    contract_configs: ClassVar[list[dict[str, Any]]] = [
+        {"block_len": 8, "n_queue": 12},
+        {"block_len": 6, "n_queue": 4},
+    ]
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int = 4,
+        impl: str = "fast",
+        block_len: int = 2048,
+        rope_base: float = 10000.0,
+        n_queue: int = 2048,
+    ) -> None:
+        super().__init__(d_model, n_heads, impl, block_len, rope_base)
+        self.n_queue = check_positive_int("n_queue", n_queue)
+        self.mem_gate = nn.Parameter(torch.zeros(n_heads))
+
+    def _mem_keys(self) -> set[str]:
+        return {"mem_k", "mem_v"}
+
+    def _mem_size(self) -> int:
+        return 2 * self.n_queue * self.d_model
+
+    def _mem_init(self, b: int, like: Tensor) -> State:
+        z = like.new_zeros(b, self.n_queue, self.d_model)
+        return {"mem_k": z, "mem_v": z.clone()}
+
+    def _mem_context(self, mem: State, blk: int) -> Ctx:
+        b = mem["mem_k"].shape[0]
+        filled = min(self.n_queue, blk * self.block_len)  # the newest `filled` slots hold real tokens
+        valid = torch.arange(self.n_queue, device=mem["mem_k"].device) >= self.n_queue - filled
+        h, dh = self.n_heads, self.head_dim
+        return {
+            "k": mem["mem_k"].view(b, self.n_queue, h, dh),
+            "v": mem["mem_v"].view(b, self.n_queue, h, dh),
+            "valid": valid.expand(b, self.n_queue),
+        }
+
+    def _mem_update(self, mem: State, k_raw: Tensor, v: Tensor, blk: int, reference: bool) -> State:
+        b, L = k_raw.shape[:2]
+        mk = torch.cat([mem["mem_k"], k_raw.reshape(b, L, -1)], 1)[:, -self.n_queue :]
+        mv = torch.cat([mem["mem_v"], v.reshape(b, L, -1)], 1)[:, -self.n_queue :]
+        return {"mem_k": mk, "mem_v": mv}
+
+    def _gate(self, a_mem: Tensor, a_loc: Tensor, has_mem: Tensor) -> Tensor:
+        g = torch.sigmoid(self.mem_gate)[:, None]  # (h, 1), broadcast over head_dim
+        return torch.where(has_mem, g * a_mem + (1 - g) * a_loc, a_loc)
+
+    def _attend_fast(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
+        a_loc = super()._attend_fast(q_rot, q_raw, k_rot, v, {})
+        scale = self.head_dim**-0.5
+        s = torch.einsum("bnlhd,bnmhd->bnhlm", q_raw, ctx["k"]) * scale
+        valid = ctx["valid"][:, :, None, None, :]  # (b, nb, 1, 1, M)
+        s = s.masked_fill(~valid, torch.finfo(s.dtype).min)
+        a_mem = torch.einsum("bnhlm,bnmhd->bnlhd", torch.softmax(s, -1), ctx["v"])
+        has_mem = ctx["valid"].any(-1)[:, :, None, None, None]
+        return self._gate(a_mem, a_loc, has_mem)
+
+    def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
+        a_loc = super()._attend_token(q_rot, q_raw, k_rot, v, {})
+        valid = ctx["valid"]  # (b, M)
+        if not bool(valid.any()):
+            return a_loc
+        scale = self.head_dim**-0.5
+        s = torch.einsum("bhd,bmhd->bhm", q_raw, ctx["k"]) * scale
+        s = s.masked_fill(~valid[:, None, :], float("-inf"))
+        a_mem = torch.einsum("bhm,bmhd->bhd", torch.softmax(s, -1), ctx["v"])
+        return self._gate(a_mem, a_loc, torch.ones((), dtype=torch.bool, device=s.device))
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", n_queue={self.n_queue}"
+
+
+@register(
+    "infini", description="Infini-Transformer: compressive delta-rule memory (linear-attention read) + gate"
+)
+class Infini(BlockAttention):
+    """Infini-attention (delta-rule memory; paper 004 baseline) on block-local attention."""
+
+    contract_configs: ClassVar[list[dict[str, Any]]] = [
+        {"block_len": 8},
+        {"block_len": 5, "update": "linear"},
+    ]
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int = 4,
+        impl: str = "fast",
+        block_len: int = 2048,
+        rope_base: float = 10000.0,
+        update: str = "delta",
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__(d_model, n_heads, impl, block_len, rope_base)
+        if update not in ("delta", "linear"):
+            raise ValueError(f"update must be 'delta' or 'linear', got {update!r}")
+        if not (isinstance(norm_eps, (int, float)) and norm_eps > 0):
+            raise ValueError(f"norm_eps must be a positive number, got {norm_eps!r}")
+        self.update, self.norm_eps = update, float(norm_eps)
+        self.mem_gate = nn.Parameter(torch.zeros(n_heads))
+
+    def _mem_keys(self) -> set[str]:
+        return {"mem_M", "mem_z"}
+
+    def _mem_size(self) -> int:
+        return self.n_heads * self.head_dim * (self.head_dim + 1)
+
+    def _mem_init(self, b: int, like: Tensor) -> State:
+        h, dh = self.n_heads, self.head_dim
+        return {"mem_M": like.new_zeros(b, h, dh, dh), "mem_z": like.new_zeros(b, h, dh)}
+
+    def _mem_context(self, mem: State, blk: int) -> Ctx:
+        return {"M": mem["mem_M"], "z": mem["mem_z"]}
+
+    def _read(self, sq: Tensor, M: Tensor, z: Tensor, eq: str, eqz: str) -> Tensor:
+        num = torch.einsum(eq, sq, M)
+        den = torch.einsum(eqz, sq, z)[..., None] + self.norm_eps
+        return num / den
+
+    def _mem_update(self, mem: State, k_raw: Tensor, v: Tensor, blk: int, reference: bool) -> State:
+        M, z = mem["mem_M"], mem["mem_z"]
+        sk = _elu1(k_raw)  # (b, L, h, dk)
+        if self.update == "delta":
+            v = v - self._read(sk, M, z, "blhk,bhkv->blhv", "blhk,bhk->blh")
+        M = M + torch.einsum("blhk,blhv->bhkv", sk, v)
+        z = z + sk.sum(1)
+        return {"mem_M": M, "mem_z": z}
+
+    def _norm(self, a: Tensor) -> Tensor:
+        return a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + self.norm_eps)
+
+    def _attend_fast(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
+        a_loc = super()._attend_fast(q_rot, q_raw, k_rot, v, {})
+        a_mem = self._norm(
+            self._read(_elu1(q_raw), ctx["M"], ctx["z"], "bnlhk,bnhkv->bnlhv", "bnlhk,bnhk->bnlh")
+        )
+        g = torch.sigmoid(self.mem_gate)[:, None]
+        return g * a_mem + (1 - g) * a_loc
+
+    def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
+        a_loc = super()._attend_token(q_rot, q_raw, k_rot, v, {})
+        a_mem = self._norm(self._read(_elu1(q_raw), ctx["M"], ctx["z"], "bhk,bhkv->bhv", "bhk,bhk->bh"))
+        g = torch.sigmoid(self.mem_gate)[:, None]
+        return g * a_mem + (1 - g) * a_loc
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", update={self.update!r}"
+
+
+@register(
+    "melodi",
+    description="Melodi short-term memory: learned summary tokens, self-attn + linear mix, read by attention",
+)
+class Melodi(BlockAttention):
+    """Melodi short-term summary-token memory on block-local attention (paper 004 baseline)."""
+
+    contract_configs: ClassVar[list[dict[str, Any]]] = [{"block_len": 8, "n_summary": 3}]
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int = 4,
+        impl: str = "fast",
+        block_len: int = 2048,
+        rope_base: float = 10000.0,
+        n_summary: int = 64,
+    ) -> None:
+        super().__init__(d_model, n_heads, impl, block_len, rope_base)
+        self.n_summary = check_positive_int("n_summary", n_summary)
+        self.summary = nn.Parameter(torch.randn(n_summary, d_model) * d_model**-0.5)
+        self.mix_logit = nn.Parameter(torch.zeros(n_summary))
+
+    def _mem_keys(self) -> set[str]:
+        return {"mem"}
+
+    def _mem_size(self) -> int:
+        return self.n_summary * self.d_model
+
+    def _mem_init(self, b: int, like: Tensor) -> State:
+        return {"mem": like.new_zeros(b, self.n_summary, self.d_model)}
+
+    def _kv(self, m: Tensor) -> tuple[Tensor, Tensor]:
+        d = self.d_model
+        w = self.qkv.weight
+        b, n = m.shape[:2]
+        return (m @ w[d : 2 * d].T).view(b, n, self.n_heads, self.head_dim), (m @ w[2 * d :].T).view(
+            b, n, self.n_heads, self.head_dim
+        )
+
+    def _mem_context(self, mem: State, blk: int) -> Ctx:
+        m = mem["mem"]
+        km, vm = self._kv(m)
+        return {
+            "k": km,
+            "v": vm,
+            "valid": torch.full(m.shape[:2], blk > 0, dtype=torch.bool, device=m.device),
+        }
+
+    def _mem_update(self, mem: State, k_raw: Tensor, v: Tensor, blk: int, reference: bool) -> State:
+        m = mem["mem"]
+        b = m.shape[0]
+        d, h, dh = self.d_model, self.n_heads, self.head_dim
+        qs = (self.summary @ self.qkv.weight[:d].T).view(self.n_summary, h, dh)
+        keys, vals = k_raw, v
+        if blk > 0:
+            km, vm = self._kv(m)
+            keys, vals = torch.cat([km, keys], 1), torch.cat([vm, vals], 1)
+        s = torch.einsum("shd,bjhd->bhsj", qs, keys) * dh**-0.5
+        summ = torch.einsum("bhsj,bjhd->bshd", torch.softmax(s, -1), vals).reshape(b, self.n_summary, d)
+        if blk == 0:
+            return {"mem": summ}
+        lam = torch.sigmoid(self.mix_logit)[:, None]
+        return {"mem": lam * m + (1 - lam) * summ}
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", n_summary={self.n_summary}"
