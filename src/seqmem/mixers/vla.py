@@ -1,12 +1,13 @@
 """VLA — Variational Linear Attention (paper 001) and the paper's own "DeltaNet" baseline (eq. 4).
 
-``vla``: Algorithm 1 per head (ELU+1 features, unit read key k̂, penalty direction u = L2norm(W_u k_raw)/√d_h,
-Sherman–Morrison inverse-penalty A (A₀ = I/λ0, λ0 = 0.1), +ηI refresh every 20 tokens counted from the sequence
-start, unit write direction α̂ = A k̂/‖A k̂‖, residual write S ← S + (v − S k̂) α̂ᵀ, readout S φ(q)/max(φ(q)ᵀz, ε)),
-then the concatenated heads go through an output projection.  Variants: ``vla_v2`` (unnormalised write α = A k̂),
-``vla_fixed_a`` (the "A_t = 10 I fixed" ablation; no A in the state).  ``vla_paper_deltanet``: eq. (4) of the paper,
-``S_t = β_t S_{t-1} + (v_t − S_{t-1} k̂_t) k̂_tᵀ`` with a per-token decay β_t = σ(w_βᵀx_t + b) (NOT canonical DeltaNet,
-which is registered as ``deltanet`` by Core).
+``vla``: Algorithm 1 per head (ELU+1 features, unit read key k̂, penalty direction
+u = L2norm(W_u k_raw)/√d_h, Sherman–Morrison inverse-penalty A (A₀ = I/λ0, λ0 = 0.1), +ηI refresh every
+20 tokens counted from the sequence start, unit write direction α̂ = A k̂/‖A k̂‖, residual write
+S ← S + (v − S k̂) α̂ᵀ, readout S φ(q)/max(φ(q)ᵀz, ε)), then the concatenated heads go through an output
+projection.  Variants: ``vla_v2`` (unnormalised write α = A k̂), ``vla_fixed_a`` (the "A_t = 10 I fixed"
+ablation; no A in the state).  ``vla_paper_deltanet``: eq. (4) of the paper,
+``S_t = β_t S_{t-1} + (v_t − S_{t-1} k̂_t) k̂_tᵀ`` with a per-token decay β_t = σ(w_βᵀx_t + b)
+(NOT canonical DeltaNet, which is registered as ``deltanet`` by Core).
 
 impl="reference" runs the literal per-token loop; impl="fast" the exact chunked form (seqmem.ops.vla_ops).
 State: S (H, d_h, d_h), A (H, d_h, d_h), z (H, d_h) and the position counter (the refresh is periodic in it).
@@ -26,7 +27,9 @@ from seqmem.registry import register
 
 
 def _check_pos_float(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    ok = ok and math.isfinite(value) and value > 0
+    if not ok:
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return float(value)
 
@@ -86,14 +89,17 @@ class VLA(_HeadProjections):
         self.lam0 = _check_pos_float("lam0", lam0)
         self.u_scale = None if u_scale is None else _check_pos_float("u_scale", u_scale)
         if refresh_period is not None:
-            refresh_period = None if refresh_period == 0 else check_positive_int("refresh_period", refresh_period)
+            if refresh_period != 0:
+                check_positive_int("refresh_period", refresh_period)
+            refresh_period = refresh_period or None
         self.refresh_period = refresh_period
         if isinstance(refresh_eta, bool) or not isinstance(refresh_eta, (int, float)) or refresh_eta < 0:
             raise ValueError(f"refresh_eta must be a non-negative number, got {refresh_eta!r}")
         self.refresh_eta = float(refresh_eta)
         self.eps = _check_pos_float("eps", eps)
         self.normalizer = check_choice("normalizer", normalizer, NORMALIZERS)
-        for name, val in (("normalize_key", normalize_key), ("normalize_alpha", normalize_alpha), ("fixed_A", fixed_A)):
+        flags = (("normalize_key", normalize_key), ("normalize_alpha", normalize_alpha), ("fixed_A", fixed_A))
+        for name, val in flags:
             if not isinstance(val, bool):
                 raise ValueError(f"{name} must be a bool, got {val!r}")
         self.normalize_key, self.normalize_alpha, self.fixed_A = normalize_key, normalize_alpha, fixed_A
@@ -123,7 +129,8 @@ class VLA(_HeadProjections):
         q, k, v = self._qkv(x)
         o, new_state = vla_attention(
             q, k, v, self.w_u,
-            lam0=self.lam0, u_scale=self.u_scale, refresh_period=self.refresh_period, refresh_eta=self.refresh_eta,
+            lam0=self.lam0, u_scale=self.u_scale, refresh_period=self.refresh_period,
+            refresh_eta=self.refresh_eta,
             eps=self.eps, normalizer=self.normalizer, normalize_key=self.normalize_key,
             normalize_alpha=self.normalize_alpha, fixed_A=self.fixed_A, initial_state=state, mode=self._mode,
             chunk_size=self.chunk_size,
@@ -133,34 +140,36 @@ class VLA(_HeadProjections):
     def extra_repr(self) -> str:
         return (
             super().extra_repr()
-            + f", lam0={self.lam0}, refresh={self.refresh_period}/{self.refresh_eta}, normalizer={self.normalizer!r}"
-            + f", normalize_alpha={self.normalize_alpha}, fixed_A={self.fixed_A}, chunk_size={self.chunk_size}"
+            + f", lam0={self.lam0}, refresh={self.refresh_period}/{self.refresh_eta}"
+            + f", normalizer={self.normalizer!r}, normalize_alpha={self.normalize_alpha}"
+            + f", fixed_A={self.fixed_A}, chunk_size={self.chunk_size}"
         )
 
 
-@register("vla_v2", normalize_alpha=False, description="VLAv2-style ablation: unnormalised write direction α = A k̂")
+@register("vla_v2", normalize_alpha=False, description="VLAv2-style ablation: unnormalised write α = A k̂")
 class VLAv2(VLA):
-    """VLA with the unnormalised write direction α_t = A_t k̂_t (the paper's VLAv2 is never defined; this is our
-    reading).  With λ0 = 0.1 the first writes are ≈ 10·k̂ and the state explodes — the paper's point; the contract
-    tests use λ0 = 1 so the transitions stay contractive."""
+    """VLA with the unnormalised write direction α_t = A_t k̂_t (the paper's VLAv2 is never defined; this
+    is our reading).  With λ0 = 0.1 the first writes are ≈ 10·k̂ and the state explodes — the paper's
+    point; the contract tests use λ0 = 1 so the transitions stay contractive."""
 
     contract_configs: ClassVar[list[dict]] = [{"chunk_size": 8, "lam0": 1.0}]
 
 
-@register("vla_fixed_a", fixed_A=True, description="VLA ablation with A_t = I/λ0 fixed (β=1 delta rule, unit keys)")
+@register("vla_fixed_a", fixed_A=True, description="VLA ablation, A_t = I/λ0 fixed (β=1 delta rule)")
 class VLAFixedA(VLA):
-    """The "A_t = 10 I fixed" ablation (Table 4): no Sherman–Morrison update, α̂ = k̂, i.e. a β = 1 delta rule with
-    unit ELU+1 keys and the linear-attention readout normaliser."""
+    """The "A_t = 10 I fixed" ablation (Table 4): no Sherman–Morrison update, α̂ = k̂, i.e. a β = 1 delta
+    rule with unit ELU+1 keys and the linear-attention readout normaliser."""
 
     contract_configs: ClassVar[list[dict]] = [{"chunk_size": 8}]
 
 
-@register("vla_paper_deltanet", description="the VLA paper's DeltaNet, eq. (4): S = βS + (v − S k̂)k̂ᵀ (β = decay)")
+@register("vla_paper_deltanet", description="the VLA paper's DeltaNet, eq. (4): S = βS + (v − S k̂)k̂ᵀ")
 class VLAPaperDeltaNet(_HeadProjections):
-    """The VLA paper's "DeltaNet" baseline exactly as its eq. (4) defines it (a decay gate on S, write rate 1).
+    """The VLA paper's "DeltaNet" baseline exactly as its eq. (4) defines it (decay gate on S, write rate 1).
 
-    Unstated details follow notes/vla.md §3: keys k̂ = L2norm(ELU(k)+1), β_t = σ(w_βᵀ x_t + b_β) per head, readout as
-    VLA's (S φ(q) / max(φ(q)ᵀ Σφ(k), ε)).  Canonical DeltaNet (Yang et al. 2024) is the separate ``deltanet`` mixer.
+    Unstated details follow notes/vla.md §3: keys k̂ = L2norm(ELU(k)+1), β_t = σ(w_βᵀ x_t + b_β) per head,
+    readout as VLA's (S φ(q) / max(φ(q)ᵀ Σφ(k), ε)).  Canonical DeltaNet (Yang et al. 2024) is the separate
+    ``deltanet`` mixer.
     """
 
     contract_configs: ClassVar[list[dict]] = [{"chunk_size": 8}, {"chunk_size": 5, "normalizer": "none"}]

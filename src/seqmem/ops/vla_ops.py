@@ -2,29 +2,32 @@
 
 Per head (Algorithm 1, "VLAv3 Sequential Forward Pass"; eqs. 8-11 of the paper)::
 
-    k_feat = φ(k_raw) = ELU(k_raw) + 1,  k̂ = k_feat / ‖k_feat‖,  u = L2norm(W_u k_raw) · u_scale   (u_scale = 1/√d_h)
-    z_sm = A u,  δ = max(1 + uᵀ z_sm, ε),  A ← A − z_sm z_smᵀ / δ          (Sherman–Morrison, eq. 9; A_0 = I/λ0)
+    k_feat = φ(k_raw) = ELU(k_raw) + 1,  k̂ = k_feat / ‖k_feat‖
+    u = L2norm(W_u k_raw) · u_scale                          (u_scale = 1/√d_h in Algorithm 1)
+    z_sm = A u,  δ = max(1 + uᵀ z_sm, ε),  A ← A − z_sm z_smᵀ / δ   (Sherman–Morrison, eq. 9; A_0 = I/λ0)
     A ← A + η I   if the 1-based position t is a multiple of the refresh period (20; η = 1e-3)
-    α̂ = A k̂ / ‖A k̂‖                                                      (post-update A, eq. 10)
-    S ← S + (v − S k̂) α̂ᵀ                                                   (residual write, eq. 10)
-    z ← z + k_feat;   o = S φ(q) / max(φ(q)ᵀ z, ε)                         (readout, eq. 11)
+    α̂ = A k̂ / ‖A k̂‖                                        (post-update A, eq. 10)
+    S ← S + (v − S k̂) α̂ᵀ                                     (residual write, eq. 10)
+    z ← z + k_feat;   o = S φ(q) / max(φ(q)ᵀ z, ε)           (readout, eq. 11)
 
-``mode="recurrent"`` is that loop.  ``mode="chunk"`` is the exact chunked form (not in the paper; notes/vla.md §2.5):
+``mode="recurrent"`` is that loop.  ``mode="chunk"`` is the exact chunked form (not in the paper;
+notes/vla.md §2.5):
 
-* A-part: the A-loop depends only on the keys, so a run of c rank-1 Sherman–Morrison updates is one Cholesky step:
-  ``G = I + U A₀ Uᵀ = L Lᵀ``, ``Z = L⁻¹ U A₀`` (row i = z_i/√δ_i), ``α_t = A₀k̂_t − Σ_{i≤t} (k̂_t·Z_i) Z_i``,
-  ``A_next = A₀ − ZᵀZ``.  The +ηI refresh is not low rank, so runs are cut right after every refresh position
-  (positions are counted from the sequence start via the state's ``pos``), which makes the form exact for ANY chunk
-  size and any alignment of the refresh.
-* S-part: ``S_t = S_{t-1}(I − k̂_t α̂_tᵀ) + v_t α̂_tᵀ`` is an identity-plus-rank-1 ("generalised delta rule")
-  transition with a WY/UT chunk form: ``(I + strict_tril(K̂ Âᵀ)) W = V − K̂ S₀ᵀ``, ``O = Q S₀ᵀ + tril(Q Âᵀ) W``,
-  ``S_next = S₀ + Wᵀ Â``.  The same kernel (with a per-token decay g_t) runs the paper's "DeltaNet" (eq. 4).
+* A-part: the A-loop depends only on the keys, so a run of c rank-1 Sherman–Morrison updates is one
+  Cholesky step: ``G = I + U A₀ Uᵀ = L Lᵀ``, ``Z = L⁻¹ U A₀`` (row i = z_i/√δ_i),
+  ``α_t = A₀k̂_t − Σ_{i≤t} (k̂_t·Z_i) Z_i``, ``A_next = A₀ − ZᵀZ``.  The +ηI refresh is not low rank, so
+  runs are cut right after every refresh position (positions are counted from the sequence start via the
+  state's ``pos``), which makes the form exact for ANY chunk size and any alignment of the refresh.
+* S-part: ``S_t = S_{t-1}(I − k̂_t α̂_tᵀ) + v_t α̂_tᵀ`` is an identity-plus-rank-1 ("generalised delta
+  rule") transition with a WY/UT chunk form: ``(I + strict_tril(K̂ Âᵀ)) W = V − K̂ S₀ᵀ``,
+  ``O = Q S₀ᵀ + tril(Q Âᵀ) W``, ``S_next = S₀ + Wᵀ Â``.  The same kernel (with a per-token decay g_t)
+  runs the paper's "DeltaNet" (eq. 4).
 
-The paper's own parallel form (eq. 12 / Algorithm 2, a Blelloch scan of ``F_t = I − α̂_t k̂_tᵀ``, ``G_t = e_t α̂_tᵀ``)
-is wrong (G_t depends on S_{t-1}; F_t acts from the wrong side); see docs/vla.md.
+The paper's own parallel form (eq. 12 / Algorithm 2: a Blelloch scan of ``F_t = I − α̂_t k̂_tᵀ``,
+``G_t = e_t α̂_tᵀ``) is wrong (G_t depends on S_{t-1}; F_t acts from the wrong side); see docs/vla.md.
 
-Tensors are ``(batch, time, heads, dim)``; the state is a dict ``{"S": (B,H,Dv,D), "A": (B,H,D,D), "z": (B,H,D),
-"pos": (B,) int64}`` ("A" absent with ``fixed_A``, "z" absent with ``normalizer="none"``).
+Tensors are ``(batch, time, heads, dim)``; the state is a dict ``{"S": (B,H,Dv,D), "A": (B,H,D,D),
+"z": (B,H,D), "pos": (B,) int64}`` ("A" absent with ``fixed_A``, "z" absent with ``normalizer="none"``).
 """
 
 from __future__ import annotations
@@ -35,7 +38,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["vla_attention", "vla_paper_delta_rule", "vla_jacobian_norm_closed_form", "vla_generalized_delta_chunk"]
+__all__ = [
+    "vla_attention",
+    "vla_paper_delta_rule",
+    "vla_jacobian_norm_closed_form",
+    "vla_generalized_delta_chunk",
+]
 
 MODES = ("recurrent", "chunk")
 NORMALIZERS = ("paper", "none")
@@ -60,9 +68,9 @@ def vla_jacobian_norm_closed_form(c: Tensor | float) -> Tensor:
     return torch.sqrt((3 - 2 * c + torch.sqrt(5 - 4 * c)) / 2)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # the generalised delta rule chunk kernel:  S_t = S_{t-1}(g_t I − a_t b_tᵀ) + v_t b_tᵀ,  o_t = S_t q_t
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def vla_generalized_delta_chunk(
     q: Tensor, a: Tensor, b: Tensor, v: Tensor, S0: Tensor, log_g: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
@@ -102,9 +110,9 @@ def vla_generalized_delta_chunk(
     return o, S_next
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # VLA
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor, fn: str) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor) or x.dim() != 4:
@@ -137,7 +145,8 @@ def _vla_init_state(
     need = {"S", "pos"} | ({"z"} if use_z else set()) | (set() if fixed_A else {"A"})
     if initial_state is None:
         S = like.new_zeros(B, H, Dv, D)
-        A = None if fixed_A else (torch.eye(D, dtype=like.dtype, device=like.device) / lam0).expand(B, H, D, D)
+        eye = torch.eye(D, dtype=like.dtype, device=like.device)
+        A = None if fixed_A else (eye / lam0).expand(B, H, D, D)
         z = like.new_zeros(B, H, D) if use_z else None
         pos = torch.zeros(B, dtype=torch.long, device=like.device)
         return S, A, z, pos
@@ -145,16 +154,17 @@ def _vla_init_state(
         got = sorted(initial_state) if isinstance(initial_state, dict) else type(initial_state).__name__
         raise ValueError(f"vla_attention: initial_state must be a dict with keys {sorted(need)}, got {got}")
     S, pos = initial_state["S"], initial_state["pos"]
+    bad = "vla_attention: initial_state[{!r}] has shape {}, expected {}"
     if S.shape != (B, H, Dv, D):
-        raise ValueError(f"vla_attention: initial_state['S'] has shape {tuple(S.shape)}, expected {(B, H, Dv, D)}")
+        raise ValueError(bad.format("S", tuple(S.shape), (B, H, Dv, D)))
     if pos.shape != (B,):
-        raise ValueError(f"vla_attention: initial_state['pos'] must have shape ({B},), got {tuple(pos.shape)}")
+        raise ValueError(bad.format("pos", tuple(pos.shape), (B,)))
     A = None if fixed_A else initial_state["A"]
     if A is not None and A.shape != (B, H, D, D):
-        raise ValueError(f"vla_attention: initial_state['A'] has shape {tuple(A.shape)}, expected {(B, H, D, D)}")
+        raise ValueError(bad.format("A", tuple(A.shape), (B, H, D, D)))
     z = initial_state["z"] if use_z else None
     if z is not None and z.shape != (B, H, D):
-        raise ValueError(f"vla_attention: initial_state['z'] has shape {tuple(z.shape)}, expected {(B, H, D)}")
+        raise ValueError(bad.format("z", tuple(z.shape), (B, H, D)))
     return S, A, z, pos.to(torch.long)
 
 
@@ -180,13 +190,14 @@ def vla_attention(
 ):
     """Variational linear attention (Algorithm 1 / eqs. 8-11), recurrent or exact chunked.
 
-    q, k: raw (pre-feature-map) queries and keys (B, T, H, D); v: values (B, T, H, Dv); w_u: (H, D, D), the learned
-    penalty-direction map applied to the raw key (u = L2norm(W_u k_raw)·u_scale; u_scale None → 1/√D as in
-    Algorithm 1, 1.0 → eq. 8).  ``refresh_period`` None/0 disables the +ηI refresh.  Variants: ``normalize_alpha=False``
-    (VLAv2-style unnormalised write α = A k̂), ``fixed_A=True`` (the "A_t = 10 I fixed" ablation: no SM update, no A
-    state), ``normalize_key=False`` (the "no k̂ norm" ablation), ``normalizer="none"`` (o = S φ(q)).
-    Returns ``(o (B,T,H,Dv), state)``; with ``return_trace`` (recurrent mode only) also a dict of per-step tensors
-    (S, A, alpha_hat, k_hat, e, delta, each (B, T, H, ...)).
+    q, k: raw (pre-feature-map) queries and keys (B, T, H, D); v: values (B, T, H, Dv); w_u: (H, D, D),
+    the learned penalty-direction map applied to the raw key (u = L2norm(W_u k_raw)·u_scale; u_scale None →
+    1/√D as in Algorithm 1, 1.0 → eq. 8).  ``refresh_period`` None/0 disables the +ηI refresh.
+    Variants: ``normalize_alpha=False`` (VLAv2-style unnormalised write α = A k̂), ``fixed_A=True`` (the
+    "A_t = 10 I fixed" ablation: no SM update, no A state), ``normalize_key=False`` (the "no k̂ norm"
+    ablation), ``normalizer="none"`` (o = S φ(q)).
+    Returns ``(o (B,T,H,Dv), state)``; with ``return_trace`` (recurrent mode only) also a dict of per-step
+    tensors (S, A, alpha_hat, k_hat, e, delta, each (B, T, H, ...)).
     """
     fn = "vla_attention"
     _check_qkv(q, k, v, fn)
@@ -199,7 +210,7 @@ def vla_attention(
         raise ValueError(f"{fn}: lam0 must be > 0, got {lam0!r}")
     if refresh_period is not None and (isinstance(refresh_period, bool) or not isinstance(refresh_period, int)
                                        or refresh_period < 0):
-        raise ValueError(f"{fn}: refresh_period must be None or a non-negative integer, got {refresh_period!r}")
+        raise ValueError(f"{fn}: refresh_period must be None or an integer >= 0, got {refresh_period!r}")
     if return_trace and mode != "recurrent":
         raise ValueError(f"{fn}: return_trace needs mode='recurrent'")
     period = refresh_period or 0
@@ -299,9 +310,9 @@ def vla_attention(
     return o, state
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # the paper's "DeltaNet" (eq. 4):  S_t = β_t S_{t-1} + (v_t − S_{t-1} k̂_t) k̂_tᵀ
-# ----------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 def vla_paper_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -316,9 +327,10 @@ def vla_paper_delta_rule(
 ):
     """The VLA paper's DeltaNet baseline, eq. (4): ``S_t = β_t S_{t-1} + (v_t − S_{t-1} k̂_t) k̂_tᵀ``.
 
-    β_t ∈ (0, 1) (B, T, H) is a per-step *decay* of the old state (as the paper defines it; canonical DeltaNet
-    uses β as a write strength instead).  Keys k̂ = L2norm(ELU(k)+1) (with unnormalised keys eq. 4 diverges), readout
-    as VLA: ``S_t φ(q_t) / max(φ(q_t)ᵀ Σ φ(k_s), ε)``.  State ``{"S": (B,H,Dv,D), "z": (B,H,D)}``.
+    β_t ∈ (0, 1) (B, T, H) is a per-step *decay* of the old state (as the paper defines it; canonical
+    DeltaNet uses β as a write strength instead).  Keys k̂ = L2norm(ELU(k)+1) (with unnormalised keys eq. 4
+    diverges), readout as VLA: ``S_t φ(q_t) / max(φ(q_t)ᵀ Σ φ(k_s), ε)``.
+    State ``{"S": (B,H,Dv,D), "z": (B,H,D)}``.
     """
     fn = "vla_paper_delta_rule"
     _check_qkv(q, k, v, fn)
