@@ -1,0 +1,248 @@
+"""Linear-attention-family baselines: ``linear_attention``, ``deltanet``, ``gated_deltanet``.
+
+All three project ``x`` to per-head ``q, k, v``, optionally pass them through a short causal depthwise
+convolution (``conv_size``; the Based / zoology / flash-linear-attention recipe, followed by SiLU), run a
+matrix-valued recurrence from :mod:`seqmem.ops` (``impl="reference"`` -> ``mode="recurrent"``,
+``impl="fast"`` -> ``mode="chunk"``) and project back.  State: ``"S"`` ``(batch, heads, d_k, d_v)``;
+``"conv"`` ``(batch, conv_size - 1, 3 * d_model)`` when the convolution is on (its last inputs, so streaming
+is exact); ``"z"`` ``(batch, heads, d_k)`` (sum of feature-mapped keys) for ``linear_attention`` with
+``normalize=True``.
+
+* ``linear_attention`` (Katharopoulos et al., 2020): feature map ``"identity"`` or ``"elu1"`` (ELU + 1) on
+  ``q, k``; optional normaliser ``o_t = phi(q_t)^T S_t / (phi(q_t) . z_t + eps)``,
+  ``z_t = sum_{i<=t} phi(k_i)``.
+* ``deltanet`` (Schlag et al., 2021; Yang et al., 2024): SiLU then L2-normalised ``q, k``; ``beta = sigmoid``
+  of a per-head projection; per-head RMSNorm on the output (as flash-linear-attention's ``DeltaNet``).
+* ``gated_deltanet`` (Yang et al., 2025, "Gated Delta Networks"): as DeltaNet plus the log decay
+  ``g = -exp(A_log) * softplus(W_a x + dt_bias)`` (Mamba-2 style) and an output gate
+  ``RMSNorm(o) * silu(W_g x)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqmem.mixers._conv import ShortConv
+from seqmem.mixers._norm import GatedRMSNorm, RMSNorm
+from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
+from seqmem.ops import delta_rule, gated_delta_rule, linear_attention
+from seqmem.registry import register
+
+__all__ = ["DeltaNet", "GatedDeltaNet", "LinearAttention"]
+
+
+def _inv_softplus(x: Tensor) -> Tensor:
+    return x + torch.log(-torch.expm1(-x))
+
+
+def init_dt_bias(n: int, dt_min: float = 1e-3, dt_max: float = 0.1, floor: float = 1e-4) -> Tensor:
+    """Mamba-2 initialisation: ``softplus(dt_bias)`` log-uniform in ``[dt_min, dt_max]``."""
+    dt = torch.exp(torch.rand(n) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)).clamp_min(floor)
+    return _inv_softplus(dt)
+
+
+class _LinearFamily(Mixer):
+    """Shared plumbing: fused q/k/v projection, optional short conv with cached inputs, output projection."""
+
+    contract_configs: ClassVar[list[dict]] = [{"chunk_size": 8}, {"chunk_size": 8, "conv_size": None}]
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int = 4,
+        impl: str = "fast",
+        conv_size: int | None = 4,
+        chunk_size: int = 64,
+    ) -> None:
+        super().__init__(d_model, n_heads, impl)
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        self.head_dim = d_model // n_heads
+        self.conv_size = None if conv_size is None else check_positive_int("conv_size", conv_size)
+        self.chunk_size = check_positive_int("chunk_size", chunk_size)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.conv = ShortConv(3 * d_model, conv_size) if conv_size is not None else None
+        self.out = nn.Linear(d_model, d_model, bias=False)
+
+    @property
+    def mode(self) -> str:
+        return "recurrent" if self.impl == "reference" else "chunk"
+
+    def _core_keys(self) -> set[str]:
+        return {"S"}
+
+    def state_keys(self) -> set[str]:
+        return self._core_keys() | ({"conv"} if self.conv is not None else set())
+
+    def state_size(self, seq_len: int) -> int:
+        n = self.n_heads * self.head_dim * self.head_dim
+        if self.conv is not None:
+            n += self.conv.cache_size()
+        return n
+
+    def _qkv(self, x: Tensor, state: State | None, new: State) -> tuple[Tensor, Tensor, Tensor]:
+        """Projected (and convolved) q, k, v of shape ``(batch, time, heads, head_dim)``."""
+        u = self.qkv(x)
+        if self.conv is not None:
+            u, new["conv"] = self.conv(u, None if state is None else state["conv"])
+            u = self._conv_act(u)
+        else:
+            u = self._no_conv_act(u)
+        b, t, _ = x.shape
+        q, k, v = u.view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
+        return q, k, v
+
+    def _conv_act(self, u: Tensor) -> Tensor:
+        return F.silu(u)
+
+    def _no_conv_act(self, u: Tensor) -> Tensor:
+        return u
+
+    def _initial_S(self, state: State | None) -> Tensor | None:
+        return None if state is None else state["S"]
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, conv_size={self.conv_size}, chunk_size={self.chunk_size}"
+
+
+@register("linear_attention", description="causal linear attention (identity/elu+1, opt. normaliser)")
+class LinearAttention(_LinearFamily):
+    """Causal linear attention (Katharopoulos et al., 2020) with an optional short convolution."""
+
+    contract_configs: ClassVar[list[dict]] = [
+        {"chunk_size": 8},
+        {"chunk_size": 8, "conv_size": None, "feature_map": "identity"},
+        {"chunk_size": 8, "feature_map": "elu1", "normalize": True},
+        {"chunk_size": 8, "conv_size": None, "feature_map": "elu1", "normalize": True},
+    ]
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int = 4,
+        impl: str = "fast",
+        conv_size: int | None = 4,
+        chunk_size: int = 64,
+        feature_map: str = "elu1",
+        normalize: bool = False,
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__(d_model, n_heads, impl, conv_size, chunk_size)
+        self.feature_map = check_choice("feature_map", feature_map, ("identity", "elu1"))
+        self.normalize = check_choice("normalize", normalize, (True, False))
+        if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
+            raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+        self.eps = float(eps)
+
+    def _core_keys(self) -> set[str]:
+        return {"S", "z"} if self.normalize else {"S"}
+
+    def state_size(self, seq_len: int) -> int:
+        return super().state_size(seq_len) + (self.n_heads * self.head_dim if self.normalize else 0)
+
+    def _phi(self, x: Tensor) -> Tensor:
+        return F.elu(x) + 1.0 if self.feature_map == "elu1" else x
+
+    def _forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
+        new: State = {}
+        q, k, v = self._qkv(x, state, new)
+        q, k = self._phi(q), self._phi(k)
+        S0 = self._initial_S(state)
+        if self.normalize:
+            # the normaliser rides along as an extra value column of ones: S_aug = [S, z]
+            v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+            if S0 is not None:
+                S0 = torch.cat([S0, state["z"].unsqueeze(-1)], dim=-1)
+        o, S = linear_attention(q, k, v, initial_state=S0, mode=self.mode, chunk_size=self.chunk_size)
+        if self.normalize:
+            o = o[..., :-1] / (o[..., -1:] + self.eps)
+            new["S"], new["z"] = S[..., :-1].contiguous(), S[..., -1].contiguous()
+        else:
+            new["S"] = S
+        b, t, _ = x.shape
+        return self.out(o.reshape(b, t, self.d_model)), new
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, feature_map={self.feature_map!r}, normalize={self.normalize}"
+
+
+@register("deltanet", description="DeltaNet: delta rule with L2-normalised q/k, sigmoid beta, short conv")
+class DeltaNet(_LinearFamily):
+    """DeltaNet (Schlag et al. 2021; Yang et al. 2024).
+
+    ``S_t = (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T``, ``o_t = S_t^T q_t / sqrt(d_k)``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int = 4,
+        impl: str = "fast",
+        conv_size: int | None = 4,
+        chunk_size: int = 64,
+        norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__(d_model, n_heads, impl, conv_size, chunk_size)
+        self.b_proj = nn.Linear(d_model, n_heads, bias=True)
+        self.o_norm = self._make_norm(norm_eps)
+
+    def _make_norm(self, eps: float) -> nn.Module:
+        return RMSNorm(self.head_dim, eps)
+
+    def _no_conv_act(self, u: Tensor) -> Tensor:
+        return F.silu(u)
+
+    def _prep(self, x: Tensor, state: State | None, new: State):
+        q, k, v = self._qkv(x, state, new)
+        q, k = F.normalize(q, dim=-1, eps=1e-6), F.normalize(k, dim=-1, eps=1e-6)
+        beta = torch.sigmoid(self.b_proj(x))
+        return q, k, v, beta
+
+    def _forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
+        new: State = {}
+        q, k, v, beta = self._prep(x, state, new)
+        o, new["S"] = delta_rule(
+            q, k, v, beta, initial_state=self._initial_S(state), mode=self.mode, chunk_size=self.chunk_size
+        )
+        b, t, _ = x.shape
+        return self.out(self.o_norm(o).reshape(b, t, self.d_model)), new
+
+
+@register("gated_deltanet", description="Gated DeltaNet: gated delta rule, Mamba-2 style decay, output gate")
+class GatedDeltaNet(DeltaNet):
+    """Gated DeltaNet (Yang et al., 2025): ``S_t = exp(g_t) (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T``."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int = 4,
+        impl: str = "fast",
+        conv_size: int | None = 4,
+        chunk_size: int = 64,
+        norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__(d_model, n_heads, impl, conv_size, chunk_size, norm_eps)
+        self.a_proj = nn.Linear(d_model, n_heads, bias=False)
+        self.A_log = nn.Parameter(torch.log(torch.empty(n_heads).uniform_(1e-3, 16)))
+        self.dt_bias = nn.Parameter(init_dt_bias(n_heads))
+        self.g_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def _make_norm(self, eps: float) -> nn.Module:
+        return GatedRMSNorm(self.head_dim, eps, norm_before_gate=True)
+
+    def _forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
+        new: State = {}
+        q, k, v, beta = self._prep(x, state, new)
+        # log decay (batch, time, heads), Gated DeltaNet / Mamba-2 parametrisation
+        g = -torch.exp(self.A_log) * F.softplus(self.a_proj(x) + self.dt_bias)
+        o, new["S"] = gated_delta_rule(
+            q, k, v, beta, g, initial_state=self._initial_S(state), mode=self.mode, chunk_size=self.chunk_size
+        )
+        b, t, _ = x.shape
+        gate = self.g_proj(x).view(b, t, self.n_heads, self.head_dim)
+        return self.out(self.o_norm(o, gate).reshape(b, t, self.d_model)), new
