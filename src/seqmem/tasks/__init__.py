@@ -13,10 +13,12 @@ from seqmem.tasks.base import (
     register_task,
     task_options,
 )
+from seqmem.tasks.lm import LMTask
 from seqmem.tasks.mqar import MQARTask
 
 __all__ = [
     "IGNORE_INDEX",
+    "LMTask",
     "MQARTask",
     "Task",
     "build_task",

@@ -1,0 +1,170 @@
+"""Byte-level language modelling on local text (:mod:`seqmem.data`), vocabulary 256.
+
+Examples are fixed-length windows of a split's byte stream: a start ``i`` is drawn uniformly from
+``[0, len(split) - T - 1]`` and ``input_ids = bytes[i : i + T]``, ``targets = bytes[i + 1 : i + T + 1]``
+(every position is scored).  Windows may cross document boundaries (documents are joined by the byte 0).
+
+* training windows: the ``train`` split, from the caller's generator;
+* :meth:`LMTask.eval_data`: the ``eval_split`` (default ``val``) from a fixed seed (``eval_seed``);
+* :meth:`LMTask.test_data`: the ``test`` split from a separate fixed seed (``eval_seed + 1``) — report it
+  once, never tune on it.
+
+:meth:`LMTask.metrics` returns ``bpb`` (bits per byte = cross-entropy in nats / ln 2, over all positions),
+``accuracy``, and ``bpb_pos_<lo>_<hi>`` for ``n_buckets`` equal position buckets of the context (inclusive
+bounds; boundaries ``round(k · T / n_buckets)``), e.g. T = 512, ``n_buckets=8``: ``bpb_pos_0_63``, …,
+``bpb_pos_448_511``.  A model that uses long context has lower bpb in the late buckets.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from seqmem.data import DEFAULT_FRACTIONS, SPLITS, Corpus, load_corpus
+from seqmem.tasks.base import DEFAULT_EVAL_SEED, IGNORE_INDEX, Task, masked_accuracy, register_task
+
+__all__ = ["LMTask", "bucket_edges"]
+
+
+def bucket_edges(seq_len: int, n_buckets: int) -> list[tuple[int, int]]:
+    """Half-open ranges ``[lo, hi)`` of ``n_buckets`` near-equal buckets covering ``range(seq_len)``."""
+    b = [round(k * seq_len / n_buckets) for k in range(n_buckets + 1)]
+    return [(b[k], b[k + 1]) for k in range(n_buckets)]
+
+
+@register_task("lm")
+class LMTask(Task):
+    """Next-byte prediction on windows of a local corpus (``code``, ``docs``, a directory or a file).
+
+    Args:
+        corpus: ``"code"``, ``"docs"``, or a path (see :func:`seqmem.data.load_corpus`).
+        seq_len: T, the window length.
+        max_files: use only a deterministic subset of this many files (fast tests / small runs).
+        fractions: (train, val, test) document fractions.
+        n_buckets: number of position buckets in :meth:`metrics`.
+        eval_split: split used by :meth:`eval_data` (``"val"``; ``"train"`` to measure fitting).
+        cache: cache the concatenated corpus under ``~/.cache/seqmem`` (``$SEQMEM_CACHE``).
+        eval_seed: seed of the evaluation stream (the test stream uses ``eval_seed + 1``).
+    """
+
+    name = "lm"
+    vocab_size = 256
+
+    def __init__(
+        self,
+        corpus: str = "code",
+        seq_len: int = 512,
+        max_files: int | None = None,
+        fractions: tuple[float, float, float] = DEFAULT_FRACTIONS,
+        n_buckets: int = 8,
+        eval_split: str = "val",
+        cache: bool = True,
+        eval_seed: int = DEFAULT_EVAL_SEED,
+    ) -> None:
+        super().__init__(eval_seed)
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
+            raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
+        if isinstance(n_buckets, bool) or not isinstance(n_buckets, int) or not 1 <= n_buckets <= seq_len:
+            raise ValueError(f"n_buckets must be an integer in [1, seq_len={seq_len}], got {n_buckets!r}")
+        if eval_split not in SPLITS:
+            raise ValueError(f"eval_split must be one of {', '.join(SPLITS)}, got {eval_split!r}")
+        if not isinstance(corpus, str | os.PathLike):
+            raise ValueError(f"corpus must be 'code', 'docs' or a path, got {corpus!r}")
+        self.corpus_name = str(corpus)
+        self.seq_len = seq_len
+        self.max_files = max_files
+        self.n_buckets = n_buckets
+        self.eval_split = eval_split
+        self.cache = bool(cache)
+        self.corpus: Corpus = load_corpus(corpus, max_files=max_files, fractions=fractions, cache=self.cache)
+        self.fractions = tuple(float(f) for f in fractions)
+        self.buckets = bucket_edges(seq_len, n_buckets)
+        for split in ("train", eval_split):
+            self._check_split(split)
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "corpus": self.corpus_name,
+            "seq_len": self.seq_len,
+            "max_files": self.max_files,
+            "fractions": list(self.fractions),
+            "n_buckets": self.n_buckets,
+            "eval_split": self.eval_split,
+            "cache": self.cache,
+            "eval_seed": self.eval_seed,
+        }
+
+    def _check_split(self, split: str) -> np.ndarray:
+        arr = self.corpus.split(split)
+        if arr.shape[0] < self.seq_len + 1:
+            raise ValueError(
+                f"the {split!r} split of corpus {self.corpus_name!r} has {arr.shape[0]} bytes "
+                f"({len(self.corpus.documents.get(split, []))} documents), fewer than seq_len + 1 = "
+                f"{self.seq_len + 1}; use a larger corpus (more files / max_files) or a shorter seq_len"
+            )
+        return arr
+
+    def sample_split(
+        self, split: str, batch_size: int, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``batch_size`` random windows of ``split``: ``(bytes[i:i+T], bytes[i+1:i+T+1])`` as int64."""
+        B = self._check_batch(batch_size)
+        arr = self._check_split(split)
+        T = self.seq_len
+        starts = torch.randint(0, arr.shape[0] - T, (B,), generator=generator).numpy()
+        w = np.asarray(arr[starts[:, None] + np.arange(T + 1)], dtype=np.int64)
+        w = torch.from_numpy(w)
+        return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        return self.sample_split("train", batch_size, generator)
+
+    def _eval_sample(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        return self.sample_split(self.eval_split, batch_size, generator)
+
+    def test_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
+        """``n_examples`` windows of the ``test`` split from a fixed seed (``eval_seed + 1``; cached)."""
+        self._check_split("test")
+        return self._cached_stream(
+            "test", self.eval_seed + 1, n_examples, lambda b, g: self.sample_split("test", b, g)
+        )
+
+    def split_data(self, split: str, n_examples: int) -> tuple[Tensor, Tensor]:
+        """Fixed-seed windows of any split: ``val``/``test`` as :meth:`eval_data`/:meth:`test_data`."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+        if split == "test":
+            return self.test_data(n_examples)
+        if split == self.eval_split:
+            return self.eval_data(n_examples)
+        self._check_split(split)
+        seed = self.eval_seed + 2 + SPLITS.index(split)
+        return self._cached_stream(split, seed, n_examples, lambda b, g: self.sample_split(split, b, g))
+
+    def metrics(self, logits: Tensor, targets: Tensor) -> dict[str, float]:
+        """``bpb`` overall, ``accuracy``, and ``bpb_pos_<lo>_<hi>`` per position bucket (module docstring)."""
+        if logits.dim() != 3 or logits.shape[:-1] != targets.shape:
+            raise ValueError(f"logits {tuple(logits.shape)} do not match targets {tuple(targets.shape)}")
+        ce = F.cross_entropy(
+            logits.double().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX,
+            reduction="none",
+        ).reshape(targets.shape)
+        mask = (targets != IGNORE_INDEX).to(ce.dtype)
+        ln2 = math.log(2.0)
+
+        def bpb(lo: int, hi: int) -> float:
+            n = float(mask[:, lo:hi].sum())
+            return float((ce[:, lo:hi] * mask[:, lo:hi]).sum()) / n / ln2 if n else float("nan")
+
+        out = {"bpb": bpb(0, targets.shape[1]), "accuracy": masked_accuracy(logits, targets)[0]}
+        if targets.shape[1] == self.seq_len:
+            for lo, hi in self.buckets:
+                out[f"bpb_pos_{lo}_{hi - 1}"] = bpb(lo, hi)
+        return out
