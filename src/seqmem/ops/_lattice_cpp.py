@@ -1,0 +1,125 @@
+"""Build-on-first-use loader of the fused C++ Lattice scan (``_lattice_kernel.cpp``), its autograd Function.
+
+The kernel is plain C++ (no torch headers), so it compiles in about a second with the system ``c++``; it is
+cached under ``$SEQMEM_CACHE`` (default ``~/.cache/seqmem``) keyed by a hash of the source.  If no compiler is
+available, :func:`available` returns False and ``lattice_scan(mode="scan")`` uses the pure-PyTorch hand-VJP
+scan instead.  Set ``SEQMEM_LATTICE_BACKEND=torch`` to force the PyTorch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+_SRC = Path(__file__).with_name("_lattice_kernel.cpp")
+_LIB: ctypes.CDLL | None = None
+_FAILED: str | None = None
+_LOCK = threading.Lock()
+OBJ_CODE = {"dec": 0, "enc": 1, "sim": 2, "delta": 3}
+
+
+def _build() -> ctypes.CDLL:
+    src = _SRC.read_bytes()
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found")
+    key = hashlib.sha256(src + cxx.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("SEQMEM_CACHE", Path.home() / ".cache" / "seqmem"))
+    cache.mkdir(parents=True, exist_ok=True)
+    so = cache / f"lattice_kernel_{key}.so"
+    if not so.exists():
+        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".so")
+        os.close(fd)
+        base = [cxx, "-O3", "-shared", "-fPIC", "-std=c++17", str(_SRC), "-o", tmp]
+        try:
+            r = subprocess.run(base[:1] + ["-fopenmp"] + base[1:], capture_output=True, text=True)
+            if r.returncode != 0:  # no OpenMP: serial build
+                r = subprocess.run(base, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"compiling {_SRC.name} failed:\n{r.stderr[-2000:]}")
+            os.replace(tmp, so)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lib = ctypes.CDLL(str(so))
+    for name in ("lattice_fwd_f64", "lattice_fwd_f32", "lattice_bwd_f64", "lattice_bwd_f32"):
+        getattr(lib, name).restype = None
+    return lib
+
+
+def available() -> bool:
+    """True if the fused kernel is (or can be) built here and ``SEQMEM_LATTICE_BACKEND`` is not ``torch``."""
+    global _LIB, _FAILED
+    if os.environ.get("SEQMEM_LATTICE_BACKEND", "").lower() == "torch":
+        return False
+    with _LOCK:
+        if _LIB is None and _FAILED is None:
+            try:
+                _LIB = _build()
+            except Exception as exc:  # noqa: BLE001 — any build failure means "use the torch path"
+                _FAILED = str(exc)
+    return _LIB is not None
+
+
+def build_error() -> str | None:
+    """Why the kernel could not be built (None if it was built or not tried)."""
+    return _FAILED
+
+
+def _p(t: torch.Tensor | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(0 if t is None else t.data_ptr())
+
+
+def _i(x: int) -> ctypes.c_int64:
+    return ctypes.c_int64(x)
+
+
+class CppScan(torch.autograd.Function):
+    """Kernel layout: S0 (N,d,m), q,k,g (N,T,m), v (N,T,d), mu (N,T)|None -> y (N,T,d), S_T (N,d,m)."""
+
+    @staticmethod
+    def forward(ctx, S0, q, k, v, g, mu, objective, chunk):
+        N, T, m = k.shape
+        d = v.shape[-1]
+        nc = (T + chunk - 1) // chunk
+        S0c, qc, kc, vc, gc, muc = (
+            x.detach().contiguous() if x is not None else None for x in (S0, q, k, v, g, mu)
+        )
+        y = v.new_empty(N, T, d)
+        bounds = v.new_empty(N, nc, d, m)  # the state at every chunk start: all the backward keeps
+        S_end = v.new_empty(N, d, m)
+        fn = _LIB.lattice_fwd_f64 if v.dtype == torch.float64 else _LIB.lattice_fwd_f32
+        fn(
+            ctypes.c_int(OBJ_CODE[objective]), _i(N), _i(T), _i(d), _i(m), _i(chunk),
+            _p(S0c), _p(qc), _p(kc), _p(vc), _p(gc), _p(muc), _p(y), _p(bounds), _p(S_end),
+        )  # fmt: skip
+        ctx.objective, ctx.chunk, ctx.has_mu = objective, chunk, mu is not None
+        ctx.save_for_backward(bounds, qc, kc, vc, gc, muc if muc is not None else qc.new_empty(0))
+        return y, S_end
+
+    @staticmethod
+    def backward(ctx, gy, gS_end):
+        bounds, q, k, v, g, mu = ctx.saved_tensors
+        mu = mu if ctx.has_mu else None
+        N, T, m = k.shape
+        d = v.shape[-1]
+        gy = v.new_zeros(N, T, d) if gy is None else gy.contiguous()
+        gS_end = v.new_zeros(N, d, m) if gS_end is None else gS_end.contiguous()
+        gS0 = torch.empty_like(gS_end)
+        gq, gk, gg, gv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(g), torch.empty_like(v)
+        gmu = torch.empty_like(mu) if mu is not None else None
+        fn = _LIB.lattice_bwd_f64 if v.dtype == torch.float64 else _LIB.lattice_bwd_f32
+        fn(
+            ctypes.c_int(OBJ_CODE[ctx.objective]), _i(N), _i(T), _i(d), _i(m), _i(ctx.chunk),
+            _p(bounds), _p(q), _p(k), _p(v), _p(g), _p(mu), _p(gy), _p(gS_end),
+            _p(gS0), _p(gq), _p(gk), _p(gv), _p(gg), _p(gmu),
+        )  # fmt: skip
+        return gS0, gq, gk, gv, gg, gmu, None, None
