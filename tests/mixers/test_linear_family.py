@@ -1,0 +1,183 @@
+"""linear_attention / deltanet / gated_deltanet / mamba2 mixers vs independent per-token references written
+from their parameters (no seqmem.ops), plus options, state sizes and errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import assert_rel_close
+from seqmem import build_mixer, count_state
+
+D, H, T = 16, 2, 19
+
+
+def perturbed(name, **opts):
+    torch.manual_seed(0)
+    m = build_mixer(name, D, n_heads=H, **opts).double()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return m
+
+
+def x_in(t=T, b=2, seed=3):
+    return torch.randn(b, t, D, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def conv_ref(u, conv):
+    """Causal depthwise conv through nn.functional.conv1d with left zero padding."""
+    k = conv.weight.shape[-1]
+    y = F.conv1d(F.pad(u.transpose(1, 2), (k - 1, 0)), conv.weight, conv.bias, groups=u.shape[-1])
+    return y.transpose(1, 2)
+
+
+def rms(x, w, eps):
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def qkv_ref(m, x, act_without_conv):
+    u = x @ m.qkv.weight.T
+    if m.conv is not None:
+        u = F.silu(conv_ref(u, m.conv))
+    elif act_without_conv:
+        u = F.silu(u)
+    b, t, _ = x.shape
+    return [a.reshape(b, t, H, D // H) for a in u.split(D, -1)]
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"feature_map": "elu1", "normalize": True},
+        {"feature_map": "identity", "conv_size": None},
+        {"feature_map": "elu1", "conv_size": 3, "normalize": False},
+    ],
+)
+def test_linear_attention_matches_quadratic_form(impl, opts):
+    m = perturbed("linear_attention", impl=impl, chunk_size=8, **opts)
+    x = x_in()
+    y, st = m(x)
+    q, k, v = qkv_ref(m, x, act_without_conv=False)
+    if opts["feature_map"] == "elu1":
+        q, k = F.elu(q) + 1, F.elu(k) + 1
+    dk = D // H
+    scores = torch.einsum("bthd,bshd->bhts", q, k) * dk**-0.5 * torch.ones(T, T, dtype=torch.bool).tril()
+    o = torch.einsum("bhts,bshd->bthd", scores, v)
+    if opts.get("normalize"):
+        o = o / (scores.sum(-1).transpose(1, 2)[..., None] + m.eps)
+    ref = o.reshape(2, T, D) @ m.out.weight.T
+    assert_rel_close(y, ref, 1e-10, "linear attention vs quadratic form")
+    assert count_state(st) == m.state_size(T)
+    if opts.get("normalize"):
+        assert_rel_close(st["z"], k.sum(1), 1e-12, "normaliser state = sum of phi(k)")
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("conv_size", [4, None])
+def test_deltanets_match_per_token_reference(gated, conv_size):
+    name = "gated_deltanet" if gated else "deltanet"
+    m = perturbed(name, chunk_size=8, conv_size=conv_size)
+    x = x_in()
+    y, st = m(x)
+    q, k, v = qkv_ref(m, x, act_without_conv=True)
+    q, k = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
+    beta = torch.sigmoid(x @ m.b_proj.weight.T + m.b_proj.bias)
+    dk = D // H
+    if gated:
+        decay = torch.exp(-torch.exp(m.A_log) * F.softplus(x @ m.a_proj.weight.T + m.dt_bias))
+        assert ((decay > 0) & (decay < 1)).all()
+    # per-token loop in the (d_v x d_k) orientation: M <- a M (I - b k k^T) + b v k^T, o = M q / sqrt(d_k)
+    M = torch.zeros(2, H, dk, dk, dtype=torch.float64)
+    outs = []
+    for t in range(T):
+        kt, vt, bt = k[:, t], v[:, t], beta[:, t, :, None, None]
+        if gated:
+            M = decay[:, t, :, None, None] * M
+        M = M - bt * (M @ kt[..., :, None]) @ kt[..., None, :] + bt * vt[..., :, None] @ kt[..., None, :]
+        outs.append((M @ q[:, t, :, :, None])[..., 0] * dk**-0.5)
+    o = torch.stack(outs, 1)
+    if gated:
+        gate = (x @ m.g_proj.weight.T).reshape(2, T, H, dk)
+        o = rms(o, m.o_norm.weight, m.o_norm.eps) * F.silu(gate)
+    else:
+        o = rms(o, m.o_norm.weight, m.o_norm.eps)
+    ref = o.reshape(2, T, D) @ m.out.weight.T
+    assert_rel_close(y, ref, 1e-10, f"{name} vs per-token reference")
+    assert_rel_close(st["S"], M.transpose(-1, -2), 1e-10, f"{name} state")
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+def test_mamba2_matches_per_token_reference(impl):
+    m = perturbed("mamba2", impl=impl, d_state=6, chunk_size=8)
+    x = x_in()
+    y, st = m(x)
+    di, n, h = m.d_inner, m.d_state, m.n_heads
+    p = di // h
+    zxbcdt = x @ m.in_proj.weight.T
+    z, xBC, dt = zxbcdt.split([di, di + 2 * n, h], -1)
+    xBC = F.silu(conv_ref(xBC, m.conv))
+    xs, Bm, Cm = xBC.split([di, n, n], -1)
+    xs = xs.reshape(2, T, h, p)
+    dt = F.softplus(dt + m.dt_bias)
+    A = -torch.exp(m.A_log)
+    hst = torch.zeros(2, h, p, n, dtype=torch.float64)
+    ys = []
+    for t in range(T):
+        hst = torch.exp(dt[:, t] * A)[..., None, None] * hst + (dt[:, t, :, None] * xs[:, t])[..., None] * Bm[
+            :, t, None, None, :
+        ]
+        ys.append((hst * Cm[:, t, None, None, :]).sum(-1) + m.D[:, None] * xs[:, t])
+    yy = torch.stack(ys, 1).reshape(2, T, di) * F.silu(z)
+    ref = rms(yy, m.norm.weight, m.norm.eps) @ m.out_proj.weight.T
+    assert_rel_close(y, ref, 1e-10, "mamba2 vs per-token reference")
+    assert_rel_close(st["ssm"], hst, 1e-10, "mamba2 ssm state")
+    assert torch.equal(st["conv"], zxbcdt[:, -3:, di : di + di + 2 * n])
+
+
+def test_state_sizes_exact():
+    la = build_mixer("linear_attention", 16, n_heads=2, normalize=True)
+    assert la.state_size(100) == 2 * 8 * 8 + 3 * 48 + 2 * 8
+    dn = build_mixer("deltanet", 16, n_heads=2, conv_size=None)
+    assert dn.state_size(5) == 2 * 8 * 8
+    m2 = build_mixer("mamba2", 16, n_heads=2, d_state=8)
+    assert m2.state_size(5) == 3 * (32 + 16) + 2 * 16 * 8
+    m2h = build_mixer("mamba2", 16, headdim=8, d_state=8)
+    assert m2h.n_heads == 4 and m2h.state_size(1) == 3 * 48 + 4 * 8 * 8
+
+
+@pytest.mark.parametrize(
+    "name,opts",
+    [
+        ("linear_attention", {"feature_map": "relu"}),
+        ("linear_attention", {"normalize": "yes"}),
+        ("linear_attention", {"eps": -1.0}),
+        ("deltanet", {"conv_size": 0}),
+        ("deltanet", {"n_heads": 3}),
+        ("gated_deltanet", {"chunk_size": 0}),
+        ("mamba2", {"headdim": 5}),
+        ("mamba2", {"d_state": 0}),
+        ("mamba2", {"expand": 1.5}),
+        ("mamba2", {"n_heads": 3}),
+    ],
+)
+def test_bad_options_raise(name, opts):
+    with pytest.raises(ValueError):
+        build_mixer(name, 16, **opts)
+
+
+@pytest.mark.parametrize("name", ["linear_attention", "deltanet", "gated_deltanet", "mamba2"])
+def test_float32_long_sequence_finite_and_fast_equals_reference(name):
+    torch.manual_seed(0)
+    opts = {"d_state": 16} if name == "mamba2" else {}
+    fast = build_mixer(name, 32, n_heads=4, **opts)
+    ref = build_mixer(name, 32, n_heads=4, impl="reference", **opts)
+    ref.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 200, 32)
+    yf, _ = fast(x)
+    yr, _ = ref(x)
+    assert torch.isfinite(yf).all()
+    assert_rel_close(yf, yr, 1e-4, f"{name} float32 fast vs reference at T=200")
