@@ -1,0 +1,182 @@
+"""Elastic Memory mixer and baselines (paper 004): claims T10–T14 of the note; memory == HiPPO ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import assert_rel_close
+from seqmem import build_mixer, count_state
+from seqmem.mixers.elastic import memory_layer_stack
+from seqmem.ops.hippo import hippo_compress, hippo_reconstruct
+
+D, H, L = 16, 2, 8
+F64 = torch.float64
+
+
+def make(name, impl="fast", seed=0, **opts):
+    torch.manual_seed(seed)
+    opts.setdefault("block_len", L)
+    m = build_mixer(name, D, n_heads=H, impl=impl, **opts).to(F64)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=F64))
+    return m
+
+
+def x_(b=2, t=40, seed=3):
+    return torch.randn(b, t, D, generator=torch.Generator().manual_seed(seed), dtype=F64)
+
+
+def test_zero_added_parameters():
+    """T10: Elastic Memory adds no trainable parameters (Tables 1–3)."""
+    e, t = make("elastic", hippo_n=12), make("block_attention")
+    assert [n for n, _ in e.named_parameters()] == [n for n, _ in t.named_parameters()]
+    assert sum(p.numel() for p in e.parameters()) == sum(p.numel() for p in t.parameters())
+    mt, inf, mel = make("memorizing", n_queue=8), make("infini"), make("melodi", n_summary=3)
+    base = sum(p.numel() for p in t.parameters())
+    assert sum(p.numel() for p in mt.parameters()) - base == H  # one gate per head
+    assert sum(p.numel() for p in inf.parameters()) - base == H
+    assert sum(p.numel() for p in mel.parameters()) - base == 3 * D + 3  # N_sum x d_v x H (+ mix logits)
+
+
+def test_block0_equals_transformerpp_and_memory_is_used():
+    """T14: block 0 is Transformer++ with the same weights; T11: later blocks see earlier ones via memory."""
+    e = make("elastic", hippo_n=12)
+    t = make("block_attention")
+    t.load_state_dict(e.state_dict())
+    x = x_()
+    ye, yt = e(x)[0], t(x)[0]
+    assert_rel_close(ye[:, :L], yt[:, :L], 1e-12, "block 0")
+    assert (ye[:, L:] - yt[:, L:]).abs().max() > 1e-4
+    cases = [
+        ("elastic", {"hippo_n": 12}),
+        ("memorizing", {"n_queue": 3 * L}),
+        ("infini", {}),
+        ("melodi", {"n_summary": 3}),
+    ]
+    for name, opts in cases:
+        m = make(name, **opts)
+        xx = x[:1].clone().requires_grad_(True)
+        m(xx)[0][:, 3 * L :].sum().backward()
+        assert xx.grad[:, :L].abs().max() > 1e-6, f"{name}: no gradient path from block 3 to block 0"
+    m = make("memorizing", n_queue=L)  # the FIFO holds one block: block 3 sees block 2 but not block 0
+    xx = x[:1].clone().requires_grad_(True)
+    m(xx)[0][:, 3 * L :].sum().backward()
+    assert xx.grad[:, :L].abs().max() == 0 and xx.grad[:, 2 * L : 3 * L].abs().max() > 1e-6
+    xx = x[:1].clone().requires_grad_(True)
+    t(xx)[0][:, 3 * L :].sum().backward()
+    assert xx.grad[:, : 3 * L].abs().max() == 0  # Transformer++ is block-local
+
+
+def test_memory_state_is_hippo_compression_of_raw_kv():
+    """The state after whole blocks is the LegS projection of raw (pre-RoPE) K and V (Eq. 6 == CF5)."""
+    N = 10
+    e = make("elastic", hippo_n=N)
+    x = x_(t=3 * L + 5)
+    _, st = e(x)
+    _, k, v = e.qkv(x).chunk(3, -1)
+    direct = hippo_compress(torch.cat([k, v], -1)[:, : 3 * L], N, mode="direct")
+    assert_rel_close(st["mem"], direct, 1e-12, "memory == compress(raw K, V)")
+    assert st["k"].shape == (2, 5, D) and int(st["pos"][0]) == 3 * L + 5
+    # the memory tokens of block 3 are the reconstruction at the sample points (Eq. 8)
+    ctx = e._mem_context(st, 3)
+    rec = hippo_reconstruct(st["mem"], 3.0 * L, "exponential", N)
+    assert_rel_close(ctx["k"].reshape(2, N, D), rec[..., :D], 1e-12, "K_mem = R C")
+
+
+def test_trapezoidal_attention_by_hand():
+    """One block-1 query, written out from Eqs. 9–10 (joint softmax over [K_mem; causal block keys])."""
+    N = 6
+    e = make("elastic", hippo_n=N, mem_tokens=4, sampling="uniform")
+    x = x_(b=1, t=L + 3)
+    y, _ = e(x)
+    q, k, v = e.qkv(x).view(1, L + 3, 3, H, D // H).unbind(2)
+    from seqmem.mixers.elastic import _apply_rope
+
+    pos = torch.arange(L + 3) % L
+    qr, kr = _apply_rope(q, pos), _apply_rope(k, pos)
+    kv = torch.cat([k.reshape(1, L + 3, D), v.reshape(1, L + 3, D)], -1)
+    C = hippo_compress(kv[:, :L], N, mode="direct")
+    mem = hippo_reconstruct(C, float(L), "uniform", 4)[0]  # (4, 2D)
+    km, vm = mem[:, :D].view(4, H, D // H), mem[:, D:].view(4, H, D // H)
+    i = L + 2  # third token of block 1
+    outs = []
+    for hh in range(H):
+        keys = torch.cat([km[:, hh], kr[0, L : i + 1, hh]])
+        vals = torch.cat([vm[:, hh], v[0, L : i + 1, hh]])
+        p = torch.softmax(keys @ qr[0, i, hh] / (D // H) ** 0.5, 0)
+        outs.append(p @ vals)
+    expect = e.out(torch.cat(outs))
+    assert_rel_close(y[0, i], expect, 1e-12, "trapezoidal attention")
+
+
+def test_sampling_switch_changes_only_outputs():
+    """T12: test-time inductive-bias injection — same parameters and state, different retrieval."""
+    e = make("elastic", hippo_n=12)
+    x = x_()
+    y1, s1 = e(x)
+    e.set_sampling("uniform")
+    y2, s2 = e(x)
+    for k in s1:
+        assert torch.equal(s1[k], s2[k])
+    assert_rel_close(y2[:, :L], y1[:, :L], 1e-13, "block 0 has no memory")
+    assert (y2[:, L:] - y1[:, L:]).abs().max() > 1e-6
+    u = make("elastic_uni", hippo_n=12)
+    assert_rel_close(u(x)[0], y2, 1e-13, "elastic_uni == elastic after set_sampling('uniform')")
+    with pytest.raises(ValueError):
+        e.set_sampling("random")
+
+
+def test_memorizing_fifo_is_bounded_and_holds_last_tokens():
+    m = make("memorizing", n_queue=12)
+    x = x_(t=5 * L + 3)
+    _, st = m(x)
+    _, k, _ = m.qkv(x).chunk(3, -1)
+    assert torch.equal(st["mem_k"], k[:, 5 * L - 12 : 5 * L])
+    assert m.state_size(10 * L) == m.state_size(2 * L) == count_state(st) - 2 * D * 3
+
+
+def test_infini_linear_memory_is_sum_of_outer_products():
+    m = make("infini", update="linear")
+    x = x_(t=2 * L)
+    _, st = m(x)
+    _, k, v = m.qkv(x).view(2, 2 * L, 3, H, D // H).unbind(2)
+    sk = torch.nn.functional.elu(k) + 1
+    assert_rel_close(st["mem_M"], torch.einsum("blhk,blhv->bhkv", sk, v), 1e-12, "M = sum sigma(k)^T v")
+    assert_rel_close(st["mem_z"], sk.sum(1), 1e-12, "z = sum sigma(k)")
+
+
+def test_state_size_independent_of_context():
+    for name, opts in [("elastic", {"hippo_n": 12}), ("infini", {}), ("melodi", {"n_summary": 3})]:
+        m = make(name, **opts)
+        assert m.state_size(L * 100) == m.state_size(L)
+
+
+def test_bad_options_raise():
+    for name, opts in [
+        ("elastic", {"hippo_n": 0}),
+        ("elastic", {"mem_tokens": -1}),
+        ("elastic", {"sampling": "gauss"}),
+        ("elastic", {"alpha": 1.5}),
+        ("elastic", {"eps": 0.0}),
+        ("block_attention", {"block_len": 0}),
+        ("memorizing", {"n_queue": 0}),
+        ("infini", {"update": "hebb"}),
+        ("melodi", {"n_summary": 0}),
+    ]:
+        with pytest.raises(ValueError):
+            build_mixer(name, D, n_heads=H, **opts)
+    with pytest.raises(ValueError):
+        build_mixer("elastic", 18, n_heads=2)  # odd head dim: no RoPE
+
+
+def test_memory_layer_stack():
+    assert (
+        memory_layer_stack(12, "elastic") == ["block_attention"] * 8 + ["elastic"] + ["block_attention"] * 3
+    )
+    assert memory_layer_stack(4, "memorizing")[2] == "memorizing"
+    assert memory_layer_stack(3, "infini", [0, 1, 2]) == ["infini"] * 3
+    with pytest.raises(ValueError):
+        memory_layer_stack(4, "elastic", 7)
