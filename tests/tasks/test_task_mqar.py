@@ -223,6 +223,18 @@ def test_gap_inclusion_probabilities_exact():
     assert np.all(np.abs(used - incl) < 5 * sigma + 1e-3), (used, incl)
 
 
+def test_eval_power_a():
+    task = MQARTask(vocab_size=256, num_pairs=2, seq_len=84, power_a=0.01, eval_power_a=1.0)
+    _, y = task.sample(4000, _gen(0))
+    _, ye = task.eval_data(4000)
+    late = lambda t: (t[:, 4 + 2 * 20 :] != IGNORE_INDEX).float().sum(1).mean()  # noqa: E731
+    # P(slot >= 20) per key: power law ~0.17, uniform 20/40 = 0.5
+    assert late(y) < 0.5 < late(ye)
+    assert MQARTask(eval_power_a=1.0).config()["eval_power_a"] == 1.0
+    with pytest.raises(ValueError, match="eval_power_a"):
+        MQARTask(eval_power_a=-1.0)
+
+
 def test_uniform_when_power_a_is_one():
     p = power_law_gap_probs(10, 1.0)
     assert torch.allclose(p, torch.full((10,), 0.1, dtype=torch.float64))

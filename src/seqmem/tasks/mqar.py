@@ -63,6 +63,12 @@ def _int(name: str, value: Any, minimum: int) -> int:
     return value
 
 
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
 def _range(name: str, value: Any, default: tuple[int, int], vocab_size: int) -> tuple[int, int]:
     if value is None:
         return default
@@ -93,6 +99,7 @@ class MQARTask(Task):
         random_non_queries: filler = random tokens (True) or ``pad_token`` (False).
         key_range, value_range: optional half-open token ranges overriding the layout's defaults.
         pad_token: filler token when ``random_non_queries=False``.
+        eval_power_a: ``power_a`` of the eval stream (zoology's ``test_power_a``); ``None`` = ``power_a``.
         eval_seed: seed of the separate evaluation stream.
     """
 
@@ -109,6 +116,7 @@ class MQARTask(Task):
         key_range: tuple[int, int] | None = None,
         value_range: tuple[int, int] | None = None,
         pad_token: int = 0,
+        eval_power_a: float | None = None,
         eval_seed: int = DEFAULT_EVAL_SEED,
     ) -> None:
         super().__init__(eval_seed)
@@ -126,9 +134,8 @@ class MQARTask(Task):
             if layout == "vla":
                 need = "3 * num_pairs + 1 (vla: k1 v1 .. kn vn SEP q1 .. qn)"
             raise ValueError(f"seq_len={seq_len} is too short for num_pairs={n}: need >= {need} = {min_len}")
-        if isinstance(power_a, bool) or not isinstance(power_a, int | float) or not power_a > 0:
-            raise ValueError(f"power_a must be a positive number, got {power_a!r}")
-        self.power_a = float(power_a)
+        self.power_a = _positive("power_a", power_a)
+        self.eval_power_a = None if eval_power_a is None else _positive("eval_power_a", eval_power_a)
         if not isinstance(random_non_queries, bool):
             raise ValueError(f"random_non_queries must be a bool, got {random_non_queries!r}")
         self.random_non_queries = random_non_queries
@@ -164,6 +171,8 @@ class MQARTask(Task):
         if layout == "zoology":
             self.space = (self.seq_len - 2 * n) // 2
             self._gap_p = power_law_gap_probs(self.space, self.power_a).float()
+            ea = self.power_a if self.eval_power_a is None else self.eval_power_a
+            self._eval_gap_p = power_law_gap_probs(self.space, ea).float()
         else:
             self.space = 0
             self.filler_len = self.seq_len - (3 * n + 1)
@@ -182,25 +191,31 @@ class MQARTask(Task):
             "key_range": list(self.key_range),
             "value_range": list(self.value_range),
             "pad_token": self.pad_token,
+            "eval_power_a": self.eval_power_a,
             "eval_seed": self.eval_seed,
         }
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         B = self._check_batch(batch_size)
         if self.layout == "zoology":
-            return self._sample_zoology(B, generator)
+            return self._sample_zoology(B, generator, self._gap_p)
         return self._sample_vla(B, generator)
+
+    def _eval_sample(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        if self.layout == "zoology":
+            return self._sample_zoology(batch_size, generator, self._eval_gap_p)
+        return self._sample_vla(batch_size, generator)
 
     def _filler(self, shape: tuple[int, ...], g: torch.Generator | None) -> Tensor:
         if self.random_non_queries:
             return torch.randint(0, self.vocab_size, shape, generator=g)
         return torch.full(shape, self.pad_token, dtype=torch.long)
 
-    def _sample_zoology(self, B: int, g: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    def _sample_zoology(self, B: int, g: torch.Generator | None, gap_p: Tensor) -> tuple[Tensor, Tensor]:
         n, T = self.num_pairs, self.seq_len
         keys = _distinct(B, n, *self.key_range, g)
         values = _distinct(B, n, *self.value_range, g)
-        gaps = torch.multinomial(self._gap_p.expand(B, self.space), n, replacement=False, generator=g)
+        gaps = torch.multinomial(gap_p.expand(B, self.space), n, replacement=False, generator=g)
         x = self._filler((B, T), g)
         x[:, 0 : 2 * n : 2] = keys
         x[:, 1 : 2 * n : 2] = values
