@@ -1,0 +1,103 @@
+"""The ``ska`` mixer (Echo): construction, parameters, state size, zero-init, chunk-causal behaviour, and the
+non-causal paper option (``norm="seqmax"``) that the contract tests exclude."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import assert_rel_close
+from seqmem import build_mixer, count_state
+
+f64 = torch.float64
+
+
+def make(**kw):
+    torch.manual_seed(0)
+    opts = dict(n_heads=2, rank=4, chunk_size=8)
+    opts.update(kw)
+    m = build_mixer("ska", 16, **opts).double()
+    with torch.no_grad():
+        m.w_o.weight.normal_(0, 0.3)  # the paper's zero-init would make every output 0
+    return m
+
+
+def x_(T=37, B=2, seed=1):
+    return torch.randn(B, T, 16, dtype=f64, generator=torch.Generator().manual_seed(seed))
+
+
+def test_parameters_and_init():
+    """App. F / notes §2.2: 2·d·H·r + 2·d·H·P + 2 parameters; W_o zero-initialised, W_k / W_q orthogonal."""
+    d, H, r = 128, 4, 24
+    m = build_mixer("ska", d, n_heads=H, rank=r)
+    assert sum(p.numel() for p in m.parameters()) == 2 * d * H * r + 2 * d * d + 2
+    assert m.w_o.weight.abs().max() == 0
+    W = m.w_k.weight  # (H r, d) = (96, 128): orthonormal rows
+    assert torch.allclose(W @ W.T, torch.eye(H * r), atol=1e-5)
+    y, _ = m(torch.randn(2, 70, d))
+    assert y.abs().max() == 0  # SKA starts as a no-op in the residual stream
+    assert abs(float(m.eta.detach()) - 1.5) < 1e-6 and 1.0 <= float(m.gamma.detach()) <= 1.0 + 2e-3
+
+
+def test_state_size():
+    m = make()
+    for T in (1, 8, 37):
+        _, st = m(x_(T))
+        assert count_state(st) == m.state_size(T) == 2 * (4 * 16 + 2 * 8 * 4 + 4 + 2) + 1
+
+
+def test_first_chunk_outputs_zero_and_later_chunks_do_not():
+    """Eqs. (7)–(10): chunk 0 reads G = εI, M = 0, C_v = 0, hence zero output (notes §2.4)."""
+    m = make()
+    y, _ = m(x_())
+    assert y[:, :8].abs().max() == 0
+    assert y[:, 8:].abs().min(dim=-1).values.min() > 0
+
+
+def test_seqmax_option_is_not_causal():
+    """The paper's eq. (3) normalisation is available but NOT causal, so it is excluded from the contract."""
+    m = make(norm="seqmax")
+    x = x_()
+    y, _ = m(x)
+    x2 = x.clone()
+    x2[:, -1] *= 50
+    y2, _ = m(x2)
+    assert (y2[:, :32] - y[:, :32]).abs().max() > 1e-3 * y.abs().max()
+    # the causal default does not leak
+    m = make()
+    y, _ = m(x)
+    y2, _ = m(x2)
+    assert_rel_close(y2[:, :36], y[:, :36], 1e-12, "prefix_max leaked")
+
+
+def test_reference_equals_fast_long_chunks():
+    ref, fast = make(impl="reference", chunk_size=16), make(impl="fast", chunk_size=16)
+    fast.load_state_dict(ref.state_dict())
+    x = x_(T=50)
+    assert_rel_close(fast(x)[0], ref(x)[0], 1e-10, "fast vs reference")
+
+
+def test_gradients_reach_eta_and_gamma():
+    m = make(gamma_init=1.2)
+    y, _ = m(x_())
+    y.pow(2).sum().backward()
+    assert m.eta.grad.abs() > 0 and m.gamma_raw.grad.abs() > 0 and m.w_k.weight.grad.abs().max() > 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(rank=0),
+        dict(chunk_size=0),
+        dict(power=-1),
+        dict(norm="l2"),
+        dict(eps=0.0),
+        dict(gamma_init=2.0),
+        dict(operator_form="x"),
+        dict(spec_iters=0),
+        dict(n_heads=3),
+    ],
+)
+def test_bad_options_raise(bad):
+    with pytest.raises(ValueError):
+        build_mixer("ska", 16, **{"n_heads": 2, **bad})
