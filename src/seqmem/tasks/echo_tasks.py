@@ -10,8 +10,7 @@ One vocabulary layout for all tasks (default ``vocab_size=128``):
   (V = 128: 40 keys, 40 values, 40 filler tokens).
 
 Only answer tokens are scored (``targets = -100`` elsewhere); the answer is predicted at the position of the
-last
-query token (teacher forcing: answers that appear later as inputs never leak into their own prediction). 
+last query token (teacher forcing: answers that appear later as inputs never leak into their own prediction).
 Every
 task returns exactly ``seq_len`` tokens (variable-length content is left-padded with filler).
 
@@ -93,8 +92,8 @@ class _EchoTask(Task):
         """Left-pad ``toks`` with filler to ``seq_len``; ``answers`` = (position in toks, answer token)."""
         T = self.seq_len
         if len(toks) > T:
-            raise ValueError(f"{self.name}: an example needs {len(toks)} tokens but seq_len={T}; raise
-            seq_len")
+            raise ValueError(f"{self.name}: an example needs {len(toks)} tokens but seq_len={T}; "
+                f"raise seq_len")
         pad = T - len(toks)
         x = self._fill(pad, g) + toks
         y = [IGNORE_INDEX] * T
@@ -151,8 +150,8 @@ class EchoMQAR(_EchoTask):
         self.gap = _int("gap", gap, 0)
         super().__init__(vocab_size, 4 * num_pairs + gap, eval_seed)
         if num_pairs > self.n_sub:
-            raise ValueError(f"num_pairs={num_pairs} exceeds the {self.n_sub} keys of
-            vocab_size={vocab_size}")
+            raise ValueError(f"num_pairs={num_pairs} exceeds the {self.n_sub} keys of "
+                f"vocab_size={vocab_size}")
 
     def _example(self, g):
         M = self.num_pairs
@@ -248,8 +247,8 @@ class EchoSysPrompt(_EchoTask):
         if n_queries > n_vars or n_vars + decoys > self.n_sub:
             raise ValueError("need n_queries <= n_vars and n_vars + decoys <= number of keys")
         if 2 * n_vars + 1 + 2 * decoys + 3 * n_queries > seq_len:
-            raise ValueError(f"n_vars={n_vars}, decoys={decoys}, n_queries={n_queries} do not fit
-            seq_len={seq_len}")
+            raise ValueError(f"n_vars={n_vars}, decoys={decoys}, n_queries={n_queries} do not "
+                f"fit seq_len={seq_len}")
 
     def _example(self, g):
         nv, nd = self.n_vars, self.decoys
