@@ -1,0 +1,519 @@
+"""VORT — variable-order (power-law) retention (paper 000, eqs. 11, 14–17) and its baseline kernels.
+
+Per head: q, k, v projections; features φ (FAVOR+ positive random features with a fixed seed,
+elu+1, or the exact
+exp(q·k/√d) of eq. 13); keyed retrieval o_t = Σ_i s_ti ŵ_{t−i} v_i / (Σ_i s_ti ŵ_{t−i} + ε0) (eq.
+16) where the
+kernel ŵ is
+
+* ``kernel="soe"`` — the corrected SOE of the GL power-law kernel (seqmem.ops.fractional), in the merged form
+  (notes §2.7): S(+1) decay channels shared by all tokens with per-token weights c_s(α_t) (exactly
+  the K-bank sum
+  of eqs. 14–16, K times cheaper); the λ = 0 tail lump acts on the current token only;
+* ``kernel="gl"`` — exact GL weights w_{t−i}^(α_i) (the paper's "exact fractional convolution";
+KV-cache state);
+* ``kernel="exp"`` — one fixed exponential e^{−λj} (the Exponential baseline);
+* ``kernel="mixture"`` — Σ_m π_m e^{−λ_m j} with learned π_m = softplus(θ_m), λ_m = exp(η_m) (Mixture-5).
+
+α_t (eq. 11): ``alpha_mode="continuous"`` α_t = δ + (1−δ)σ(w·x_t + w_H H(a_t) + w_e e_t + b) with H the
+normalised entropy of the token's local-attention row and e_t an entity flag (a learned soft probe
+σ(u·x_t + c),
+or given through :meth:`VORT.entity_flags`); ``"banked"`` rounds α_t to the nearest of the K bank orders
+α_k = δ + (1−δ)k/K (straight-through gradient; the paper's routing); ``"fixed"`` uses one global α
+(Tables 1–2).
+Output: y = W_O (o_t + Attn_local(x_t)) (eq. 17) with a causal sliding-window softmax attention of width
+``local_window`` sharing q/k/v (0 disables it and the entropy feature).
+impl="reference": per-token recurrences (eqs. 14–16 as written); impl="fast": chunked form (or the
+parallel form
+for the KV-cache kernels).  Choices the paper leaves open are documented in docs/vort.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
+from seqmem.ops.fractional import CONSTRUCTIONS, gl_weights, soe_coefficients
+from seqmem.ops.vort_ops import local_window_attention, soe_kernel_matrix, soe_retention
+from seqmem.registry import register
+
+KERNELS = ("soe", "gl", "exp", "mixture")
+ALPHA_MODES = ("continuous", "banked", "fixed")
+FEATURE_MAPS = ("favor", "elu", "exact")
+ENTITY = ("probe", "input", "none")
+
+
+def favor_features(x: Tensor, omega: Tensor, max_exponent: float = 60.0) -> Tensor:
+    """FAVOR+ positive random features φ(x) = exp(Ω x' − |x'|²/2)/√m, x' = x/d^{1/4} (Performer; eq. 16's φ).
+
+    ``x`` (batch, time, heads, d); ``omega`` (heads, m, d).  E[φ(q)·φ(k)] = exp(q·k/√d).  The
+    exponent is clamped
+    at ``max_exponent`` (never reached in practice) so that float32 cannot overflow.
+    """
+    d = x.shape[-1]
+    xs = x * d**-0.25
+    proj = torch.einsum("bthd,hmd->bthm", xs, omega)
+    e = proj - 0.5 * (xs * xs).sum(-1, keepdim=True)
+    return torch.exp(e.clamp(max=max_exponent)) / math.sqrt(omega.shape[1])
+
+
+def orthogonal_gaussian(heads: int, m: int, d: int, seed: int) -> Tensor:
+    """Blocks of orthogonal rows with chi-distributed norms (FAVOR+'s orthogonal random features), float64."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(heads):
+        rows = []
+        while sum(r.shape[0] for r in rows) < m:
+            A = torch.randn(d, d, generator=g, dtype=torch.float64)
+            Qm, _ = torch.linalg.qr(A)
+            rows.append(Qm.t())
+        W = torch.cat(rows, 0)[:m]
+        norms = torch.randn(m, d, generator=g, dtype=torch.float64).norm(dim=1)
+        out.append(W * norms[:, None])
+    return torch.stack(out)
+
+
+def fit_exp_mixture(alpha: float, n_exp: int, horizon: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rates and non-negative weights of n_exp exponentials fitted to the GL kernel w_j^(α), j ≤ horizon.
+
+    Rates log-spaced in [1/horizon, 1]; weights by relative least squares on log-spaced lags
+    (projected to ≥ 1e-8).
+    Used as the "fit" initialisation of the Mixture-5 baseline (notes A13).
+    """
+    rates = np.logspace(math.log10(1.0 / horizon), 0.0, n_exp)
+    lags = np.unique(np.round(np.logspace(0, math.log10(horizon), 200))).astype(np.float64)
+    lags = np.concatenate([[0.0], lags])
+    w = gl_weights(alpha, torch.tensor(lags)).numpy()
+    A = np.exp(-rates[None, :] * lags[:, None]) / w[:, None]
+    pi = np.linalg.lstsq(A, np.ones_like(lags), rcond=None)[0]
+    active = np.ones(n_exp, bool)
+    for _ in range(n_exp):  # crude active-set NNLS
+        if (pi[active] > 0).all():
+            break
+        active &= pi > 0
+        pi = np.zeros(n_exp)
+        pi[active] = np.linalg.lstsq(A[:, active], np.ones_like(lags), rcond=None)[0]
+    return rates, np.maximum(pi, 1e-8)
+
+
+@register("vort", description="VORT: adaptive power-law (SOE) retention + local attention (paper 000)")
+class VORT(Mixer):
+    """Keyed linear-attention retrieval with power-law (SOE) or exponential decay kernels (VORT
+    eqs. 11–17)."""
+
+    contract_configs: ClassVar[list[dict]] = [
+        {"chunk_size": 8, "local_window": 8, "n_soe": 6, "horizon": 64, "n_features": 8},
+        {
+            "chunk_size": 8,
+            "alpha_mode": "banked",
+            "n_banks": 4,
+            "feature_map": "elu",
+            "normalizer": "plain",
+            "strict_causal": True,
+            "local_window": 5,
+            "n_soe": 5,
+            "horizon": 64,
+            "entity": "none",
+        },
+        {"kernel": "gl", "feature_map": "elu", "local_window": 6},
+        {"feature_map": "exact", "local_window": 0, "n_soe": 6, "horizon": 64, "alpha_mode": "fixed"},
+    ]
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int = 4,
+        impl: str = "fast",
+        kernel: str = "soe",
+        alpha_mode: str = "continuous",
+        alpha: float = 0.7,
+        min_alpha: float = 0.1,
+        n_banks: int = 8,
+        n_soe: int = 15,
+        horizon: int = 4096,
+        soe_eps: float = 1e-3,
+        construction: str = "corrected",
+        feature_map: str = "favor",
+        n_features: int = 64,
+        feature_seed: int = 0,
+        normalizer: str = "kernel",
+        strict_causal: bool = False,
+        eps0: float = 1e-6,
+        local_window: int = 64,
+        entity: str = "probe",
+        decay_rate: float = 1e-3,
+        n_exp: int = 5,
+        mixture_init: str = "logspace",
+        chunk_size: int = 64,
+    ) -> None:
+        super().__init__(d_model, n_heads, impl)
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        self.kernel = check_choice("kernel", kernel, KERNELS)
+        self.alpha_mode = check_choice("alpha_mode", alpha_mode, ALPHA_MODES)
+        self.feature_map = check_choice("feature_map", feature_map, FEATURE_MAPS)
+        self.normalizer = check_choice("normalizer", normalizer, ("kernel", "plain"))
+        self.entity = check_choice("entity", entity, ENTITY)
+        self.construction = check_choice("construction", construction, CONSTRUCTIONS)
+        self.mixture_init = check_choice("mixture_init", mixture_init, ("logspace", "fit"))
+        if not (0 < min_alpha < 1):
+            raise ValueError(f"min_alpha (δ) must be in (0, 1), got {min_alpha!r}")
+        if not (min_alpha <= alpha <= 1):
+            raise ValueError(f"alpha must be in [min_alpha, 1] = [{min_alpha}, 1], got {alpha!r}")
+        if self.construction == "paper" and self.kernel == "soe":
+            raise ValueError(
+                "construction='paper' has α-dependent nodes and cannot be merged; use kernel ops"
+            )
+        if not (0 < soe_eps < 1) or eps0 < 0 or decay_rate <= 0:
+            raise ValueError("need 0 < soe_eps < 1, eps0 >= 0 and decay_rate > 0")
+        self.alpha, self.min_alpha = float(alpha), float(min_alpha)
+        self.n_banks = check_positive_int("n_banks", n_banks)
+        self.n_soe = check_positive_int("n_soe", n_soe)
+        self.horizon = check_positive_int("horizon", horizon)
+        if horizon < 2:
+            raise ValueError("horizon must be >= 2")
+        self.soe_eps, self.eps0 = float(soe_eps), float(eps0)
+        self.strict_causal = bool(strict_causal)
+        self.local_window = (
+            0 if local_window in (None, 0) else check_positive_int("local_window", local_window)
+        )
+        self.chunk_size = check_positive_int("chunk_size", chunk_size)
+        self.n_exp = check_positive_int("n_exp", n_exp)
+        self.head_dim = d_model // n_heads
+        self.n_features = (
+            self.head_dim if feature_map in ("elu", "exact") else check_positive_int("n_features", n_features)
+        )
+        self.decay_rate = float(decay_rate)
+        self.uses_cache = feature_map == "exact" or kernel == "gl"
+        if self.kernel in ("exp", "mixture") and self.alpha_mode != "fixed":
+            raise ValueError(f"kernel={kernel!r} has no fractional order: use alpha_mode='fixed'")
+
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model, bias=False)
+        if self.feature_map == "favor":
+            self.register_buffer(
+                "omega", orthogonal_gaussian(n_heads, self.n_features, self.head_dim, feature_seed).float()
+            )
+        if self.alpha_mode != "fixed":
+            # eq. (11): α = δ + (1-δ) σ(W_α [x; H; e] + b_α); init (notes §2.10) w_x ~ 0, w_H = -1, w_e = +2
+            self.alpha_x = nn.Linear(d_model, 1)
+            nn.init.normal_(self.alpha_x.weight, std=0.02)
+            p0 = (self.alpha - self.min_alpha) / (1 - self.min_alpha)
+            p0 = min(max(p0, 1e-3), 1 - 1e-3)
+            nn.init.constant_(self.alpha_x.bias, math.log(p0 / (1 - p0)))
+            self.alpha_h = nn.Parameter(torch.tensor(-1.0))
+            self.alpha_e = nn.Parameter(torch.tensor(2.0))
+            if self.entity == "probe":
+                self.entity_probe = nn.Linear(d_model, 1)
+                nn.init.normal_(self.entity_probe.weight, std=0.02)
+                nn.init.constant_(self.entity_probe.bias, -2.0)
+        if self.kernel == "exp":
+            self.register_buffer("exp_rate", torch.tensor([self.decay_rate]))
+        if self.kernel == "mixture":
+            if self.mixture_init == "fit":
+                rates, pi = fit_exp_mixture(0.7, self.n_exp, self.horizon)
+            else:
+                rates = np.logspace(math.log10(1.0 / self.horizon), 0.0, self.n_exp)
+                pi = np.full(self.n_exp, 1.0 / self.n_exp)
+            self.mix_log_rate = nn.Parameter(torch.tensor(np.log(rates), dtype=torch.float32))
+            self.mix_weight_raw = nn.Parameter(torch.tensor(np.log(np.expm1(pi)), dtype=torch.float32))
+        self._entity_override: Tensor | None = None
+        self.last_alpha: Tensor | None = None
+
+    # -- options --
+    @contextlib.contextmanager
+    def entity_flags(self, e: Tensor):
+        """Within this context, use ``e`` (batch, time) in [0, 1] as the entity flag of eq. (11)."""
+        self._entity_override = e
+        try:
+            yield self
+        finally:
+            self._entity_override = None
+
+    def bank_orders(self) -> Tensor:
+        """α_k = δ + (1−δ) k/K, k = 1..K (the paper's bank grid; α_K = 1)."""
+        k = torch.arange(1, self.n_banks + 1, dtype=torch.float64)
+        return self.min_alpha + (1 - self.min_alpha) * k / self.n_banks
+
+    def n_channels(self) -> int:
+        if self.kernel == "soe":
+            return self.n_soe + (1 if self.construction == "corrected" else 0)
+        return 1 if self.kernel == "exp" else self.n_exp
+
+    def _coef_width(self) -> int:
+        return 1 if self.kernel == "gl" else self.n_channels() + 1
+
+    def state_keys(self) -> set[str]:
+        keys = {"pos"}
+        if self.uses_cache:
+            keys |= {"k", "v", "coef"}
+        else:
+            keys |= {"G", "b"} | ({"z"} if self.normalizer == "plain" else set())
+        if self.local_window > 1:
+            keys |= {"lk", "lv"}
+        return keys
+
+    def state_size(self, seq_len: int) -> int:
+        h, dh, f = self.n_heads, self.head_dim, self.n_features
+        n = 1
+        if self.uses_cache:
+            n += seq_len * (2 * h * dh + self._coef_width())
+        else:
+            n += h * self.n_channels() * f * (dh + 1) + (h * f if self.normalizer == "plain" else 0)
+        if self.local_window > 1:
+            n += 2 * h * dh * min(seq_len, self.local_window - 1)
+        return n
+
+    # -- pieces --
+    def _features(self, x: Tensor) -> Tensor:
+        if self.feature_map == "favor":
+            return favor_features(x, self.omega.to(x.dtype))
+        if self.feature_map == "elu":
+            return F.elu(x) + 1
+        return x
+
+    def _alpha(self, x: Tensor, ent: Tensor) -> Tensor:
+        if self.alpha_mode == "fixed":
+            return x.new_full(x.shape[:2], self.alpha)
+        if self._entity_override is not None:
+            e = self._entity_override.to(x.dtype)
+            if e.shape != x.shape[:2]:
+                raise ValueError(
+                    f"entity flags must be (batch, time) = {tuple(x.shape[:2])}, got {tuple(e.shape)}"
+                )
+        elif self.entity == "probe":
+            e = torch.sigmoid(self.entity_probe(x)[..., 0])
+        else:
+            e = torch.zeros_like(x[..., 0])
+        z = self.alpha_x(x)[..., 0] + self.alpha_h * ent + self.alpha_e * e
+        a = self.min_alpha + (1 - self.min_alpha) * torch.sigmoid(z)
+        if self.alpha_mode == "banked":
+            banks = self.bank_orders().to(x.dtype)
+            idx = (a.detach()[..., None] - banks).abs().argmin(-1)
+            a = a + (banks[idx] - a).detach()  # straight-through estimator
+        return a
+
+    def _channels(self, alpha: Tensor, dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-token channel weights (b, t, S'), rates (S',), lag-0 weight (b, t)."""
+        if self.kernel == "soe":
+            c, xi, c_now = soe_coefficients(
+                alpha, self.n_soe, self.horizon, self.soe_eps, construction=self.construction
+            )
+            return c, xi.to(dtype), c_now
+        if self.kernel == "exp":
+            ones = alpha.new_ones(alpha.shape + (1,))
+            return ones, self.exp_rate.to(dtype), torch.zeros_like(alpha)
+        pi = F.softplus(self.mix_weight_raw).to(dtype)
+        return (
+            pi.expand(alpha.shape + pi.shape),
+            torch.exp(self.mix_log_rate).to(dtype),
+            torch.zeros_like(alpha),
+        )
+
+    # -- forward --
+    def _forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
+        b, t, _ = x.shape
+        h, dh = self.n_heads, self.head_dim
+        start = 0 if state is None else int(state["pos"][0])
+        q, k, v = self.qkv(x).view(b, t, 3, h, dh).unbind(2)
+        new_state: State = {}
+        mode = "recurrent" if self.impl == "reference" else "chunk"
+        # local sliding-window attention (eq. 17) and its entropy (eq. 11's H(a_t))
+        if self.local_window > 0:
+            pk = pv = None
+            if state is not None and self.local_window > 1:
+                pk, pv = state["lk"], state["lv"]
+            loc, ent = local_window_attention(
+                q, k, v, self.local_window, pk, pv, mode=mode, chunk_size=self.chunk_size
+            )
+            if self.local_window > 1:
+                keep = min(start + t, self.local_window - 1)
+                new_state["lk"] = torch.cat([pk, k], 1)[:, -keep:] if pk is not None else k[:, -keep:]
+                new_state["lv"] = torch.cat([pv, v], 1)[:, -keep:] if pv is not None else v[:, -keep:]
+        else:
+            loc, ent = None, x.new_zeros(b, t)
+        alpha = self._alpha(x, ent)
+        self.last_alpha = alpha
+        if self.uses_cache:
+            o = self._cached(q, k, v, alpha, state, start, new_state)
+        else:
+            c, xi, c_now = self._channels(alpha, x.dtype)
+            init = None if state is None else {kk: state[kk] for kk in ("G", "b", "z") if kk in state}
+            o, st = soe_retention(
+                self._features(q),
+                self._features(k),
+                v,
+                c,
+                xi,
+                c_now,
+                eps0=self.eps0,
+                normalizer=self.normalizer,
+                strict_causal=self.strict_causal,
+                initial_state=init,
+                mode=mode,
+                chunk_size=self.chunk_size,
+            )
+            new_state.update(st)
+        if loc is not None:
+            o = o + loc
+        new_state["pos"] = torch.full((b,), start + t, dtype=torch.long, device=x.device)
+        return self.out(o.reshape(b, t, self.d_model)), new_state
+
+    def _cached(self, q, k, v, alpha, state, start, new_state) -> Tensor:
+        """KV-cache path: exact exp scores (eq. 13 semantics) and/or exact GL weights; parallel or
+        per-token."""
+        b, t = q.shape[:2]
+        if self.kernel == "gl":
+            coef = alpha[..., None]
+        else:
+            c, xi, c_now = self._channels(alpha, q.dtype)
+            coef = torch.cat([c, c_now[..., None]], -1)
+        if state is not None:
+            K = torch.cat([state["k"], k], 1)
+            V = torch.cat([state["v"], v], 1)
+            C = torch.cat([state["coef"], coef], 1)
+        else:
+            K, V, C = k, v, coef
+        new_state.update({"k": K, "v": V, "coef": C})
+        n = K.shape[1]
+        kpos = torch.arange(n, device=q.device)
+        if self.impl == "reference":
+            outs = [
+                self._cached_rows(
+                    q[:, i : i + 1],
+                    K[:, : start + i + 1],
+                    V[:, : start + i + 1],
+                    C[:, : start + i + 1],
+                    kpos[: start + i + 1],
+                    torch.arange(start + i, start + i + 1, device=q.device),
+                )
+                for i in range(t)
+            ]
+            return torch.cat(outs, 1)
+        return self._cached_rows(q, K, V, C, kpos, torch.arange(start, start + t, device=q.device))
+
+    def _rates(self, dtype) -> Tensor:
+        if self.kernel == "soe":
+            xi = soe_coefficients(
+                0.5, self.n_soe, self.horizon, self.soe_eps, construction=self.construction
+            )[1]
+            return xi.to(dtype)
+        return self.exp_rate.to(dtype) if self.kernel == "exp" else torch.exp(self.mix_log_rate).to(dtype)
+
+    def _cached_rows(self, q, K, V, C, kpos, qpos) -> Tensor:
+        vis = kpos[None, :] < qpos[:, None] if self.strict_causal else kpos[None, :] <= qpos[:, None]
+        if self.kernel == "gl":  # exact GL weights w_{t-i}^(α_i) (eq. 2)
+            lag = (qpos[:, None] - kpos[None, :]).clamp_min(0).to(q.dtype)
+            a = C[..., 0][:, None, :]  # (b, 1, n)
+            D = torch.exp(torch.lgamma(lag + a) - torch.lgamma(a) - torch.lgamma(lag + 1.0)) * vis
+        else:
+            now = None if self.strict_causal else C[..., -1]
+            D = soe_kernel_matrix(qpos, kpos, C[..., :-1], self._rates(q.dtype), now) * vis
+        if self.feature_map == "exact":  # exp(q·k/√d), stabilised by the row max (exact, eps0 rescaled)
+            s = torch.einsum("bqhd,bkhd->bhqk", q, K) / math.sqrt(self.head_dim)
+            s = s.masked_fill(~vis, float("-inf"))
+            m = s.amax(-1, keepdim=True).detach()
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+            P = torch.exp(s - m)
+            eps = self.eps0 * torch.exp(-m[..., 0])
+        else:
+            P = torch.einsum("bqhf,bkhf->bhqk", self._features(q), self._features(K)) * vis
+            eps = self.eps0
+        A = P * D[:, None]
+        den = (P if self.normalizer == "plain" else A).sum(-1)  # eq. (13) undecayed vs eq. (16) decayed
+        return torch.einsum("bhqk,bkhd->bqhd", A, V) / (den + eps).transpose(1, 2)[..., None]
+
+    def extra_repr(self) -> str:
+        return (
+            super().extra_repr() + f", kernel={self.kernel!r}, alpha_mode={self.alpha_mode!r}, "
+            f"feature_map={self.feature_map!r}, n_soe={self.n_soe}, local_window={self.local_window}"
+        )
+
+
+@register(
+    "vort_fixed_alpha",
+    description="power-law (GL) keyed retention via SOE, one global α = 0.7 (VORT Tables 1–2)",
+)
+class VORTFixedAlpha(VORT):
+    """The paper's 'Power-Law' model: VORT retrieval with one fixed global α (no routing, no local
+    attention)."""
+
+    contract_configs: ClassVar[list[dict]] = [
+        {"chunk_size": 8, "n_soe": 6, "horizon": 64, "n_features": 8},
+        {"kernel": "gl", "feature_map": "exact", "strict_causal": True},
+    ]
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int = 4,
+        impl: str = "fast",
+        alpha_mode: str = "fixed",
+        alpha: float = 0.7,
+        local_window: int = 0,
+        **kw,
+    ) -> None:
+        super().__init__(
+            d_model, n_heads, impl, alpha_mode=alpha_mode, alpha=alpha, local_window=local_window, **kw
+        )
+
+
+@register(
+    "exp_decay", description="keyed retention with one fixed exponential decay e^{-λj} (VORT 'Exponential')"
+)
+class ExpDecay(VORT):
+    """The paper's 'Exponential' baseline: the same retrieval with a single fixed decay rate λ =
+    decay_rate."""
+
+    contract_configs: ClassVar[list[dict]] = [
+        {"chunk_size": 8, "feature_map": "elu", "decay_rate": 0.05},
+        {"chunk_size": 8, "n_features": 8, "normalizer": "plain", "local_window": 4},
+    ]
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int = 4,
+        impl: str = "fast",
+        kernel: str = "exp",
+        alpha_mode: str = "fixed",
+        local_window: int = 0,
+        **kw,
+    ) -> None:
+        super().__init__(
+            d_model, n_heads, impl, kernel=kernel, alpha_mode=alpha_mode, local_window=local_window, **kw
+        )
+
+
+@register(
+    "exp_mixture", description="keyed retention with a learned mixture of exponentials (VORT 'Mixture-5')"
+)
+class ExpMixture(VORT):
+    """The paper's 'Mixture-5' baseline: Σ_m π_m e^{−λ_m j}, π_m = softplus(θ_m), λ_m = exp(η_m),
+    both learned."""
+
+    contract_configs: ClassVar[list[dict]] = [
+        {"chunk_size": 8, "n_features": 8, "horizon": 64},
+        {"chunk_size": 8, "feature_map": "elu", "mixture_init": "fit", "horizon": 64},
+    ]
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int = 4,
+        impl: str = "fast",
+        kernel: str = "mixture",
+        alpha_mode: str = "fixed",
+        local_window: int = 0,
+        **kw,
+    ) -> None:
+        super().__init__(
+            d_model, n_heads, impl, kernel=kernel, alpha_mode=alpha_mode, local_window=local_window, **kw
+        )

@@ -1,0 +1,314 @@
+"""VORT retrieval ops (paper 000, eqs. 13–17, 24): decayed keyed linear attention over SOE channels.
+
+``soe_retention``  — the merged form of eqs. (14)–(16) (notes §2.7): S' decay channels with rates
+ξ_s shared by
+all tokens and a per-token input weight c_s(α_t),
+
+    G_t^(s) = e^{-ξ_s} G_{t-1}^(s) + c_s(α_t) φ(k_t) v_t^T,     b_t^(s) = e^{-ξ_s} b_{t-1}^(s) +
+    c_s(α_t) φ(k_t)
+    o_t = (φ(q_t)·Σ_s G_t^(s) + c_now(α_t)(φ(q_t)·φ(k_t)) v_t) / (φ(q_t)·Σ_s b_t^(s) + c_now(…) + ε0)
+
+(the c_now term is the λ = 0 tail lump, acting at lag 0 only).  Modes: ``"recurrent"`` (the
+per-token loop of the
+paper), ``"chunk"`` (RetNet/GLA-style chunked form) and ``"parallel"`` (one chunk = quadratic form).
+Normalisers: ``"kernel"`` (eq. 16, default; the denominator is kernel-weighted) and ``"plain"`` (eq. 13: the
+denominator Σ_i φ(q_t)·φ(k_i) is undecayed; one extra accumulator z).  ``strict_causal=True`` reads out before
+writing token t (eq. 13's i < t).
+
+``local_window_attention`` — causal sliding-window softmax attention (eq. 17's Attn_local) that
+also returns the
+normalised entropy H(a_t)/log(#visible) of each attention row, averaged over heads (the routing
+feature of eq. 11).
+
+``retrieval_loss`` / ``refine_alpha`` — the plasticity objective L_ret of eq. (24) and test-time
+projected gradient
+descent on per-token α (Section 5; our reading, see docs/vort.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from seqmem.ops.fractional import gl_weights, soe_coefficients
+
+__all__ = ["soe_retention", "local_window_attention", "retrieval_loss", "refine_alpha", "soe_kernel_matrix"]
+
+MODES = ("recurrent", "chunk", "parallel")
+NORMALIZERS = ("kernel", "plain")
+
+
+def _check(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+def soe_retention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    coef: Tensor,
+    xi: Tensor,
+    coef_now: Tensor | None = None,
+    *,
+    eps0: float = 1e-6,
+    normalizer: str = "kernel",
+    strict_causal: bool = False,
+    initial_state: dict[str, Tensor] | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Decayed keyed linear attention over SOE channels (eqs. 14–16, merged form).
+
+    Shapes: ``q``, ``k`` (batch, time, heads, F) already feature-mapped (φ(q), φ(k), non-negative);
+    ``v`` (batch, time, heads, Dv); ``coef`` (batch, time, S') or (batch, time, heads, S') per-token channel
+    weights c_s(α_t); ``xi`` (S',) non-negative decay rates (λ_s = e^{-ξ_s}); ``coef_now`` (batch,
+    time[, heads])
+    the lag-0-only weight (or None).  State: ``G`` (batch, heads, S', F, Dv), ``b`` (batch, heads,
+    S', F) and, for
+    ``normalizer="plain"``, ``z`` (batch, heads, F).  Returns ``(o (batch, time, heads, Dv), state)``.
+    """
+    _check("mode", mode, MODES)
+    _check("normalizer", normalizer, NORMALIZERS)
+    if q.dim() != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"q, k must be (batch, time, heads, F) and v (batch, time, heads, Dv); got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    B, T, H, F = q.shape
+    Dv = v.shape[-1]
+    if coef.dim() == 3:
+        coef = coef[:, :, None, :].expand(B, T, H, coef.shape[-1])
+    if coef.shape[:3] != (B, T, H):
+        raise ValueError(f"coef must be (batch, time[, heads], S'), got {tuple(coef.shape)}")
+    S = coef.shape[-1]
+    if xi.shape != (S,):
+        raise ValueError(f"xi must have shape ({S},), got {tuple(xi.shape)}")
+    if coef_now is None:
+        coef_now = q.new_zeros(B, T, H)
+    elif coef_now.dim() == 2:
+        coef_now = coef_now[:, :, None].expand(B, T, H)
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    if initial_state is None:
+        G = q.new_zeros(B, H, S, F, Dv)
+        b = q.new_zeros(B, H, S, F)
+        z = q.new_zeros(B, H, F) if normalizer == "plain" else None
+    else:
+        G, b = initial_state["G"], initial_state["b"]
+        z = initial_state.get("z") if normalizer == "plain" else None
+        if z is None and normalizer == "plain":
+            raise ValueError("normalizer='plain' needs initial_state['z']")
+    # (batch, heads, time, ·)
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    ch, cn = coef.permute(0, 2, 1, 3), coef_now.transpose(1, 2)
+    if mode == "recurrent":
+        o, G, b, z = _recurrent(qh, kh, vh, ch, cn, xi, G, b, z, eps0, strict_causal)
+    else:
+        m = T if mode == "parallel" else chunk_size
+        o, G, b, z = _chunked(qh, kh, vh, ch, cn, xi, G, b, z, eps0, strict_causal, m)
+    state = {"G": G, "b": b}
+    if z is not None:
+        state["z"] = z
+    return o.transpose(1, 2), state
+
+
+def _recurrent(q, k, v, c, cn, xi, G, b, z, eps0, strict):
+    lam = torch.exp(-xi)
+    outs = []
+    for t in range(q.shape[2]):
+        qt, kt, vt, ct = q[:, :, t], k[:, :, t], v[:, :, t], c[:, :, t]
+        G = lam[:, None, None] * G
+        b = lam[:, None] * b
+        if strict:  # eq. (13): read out before writing token t
+            num = torch.einsum("bhf,bhsfd->bhd", qt, G)
+            den = torch.einsum("bhf,bhsf->bh", qt, b)
+        if z is not None and not strict:
+            z = z + kt
+        if z is not None and strict:
+            den = torch.einsum("bhf,bhf->bh", qt, z)
+            z = z + kt
+        G = G + ct[..., None, None] * (kt[:, :, None, :, None] * vt[:, :, None, None, :])  # eq. (14)
+        b = b + ct[..., None] * kt[:, :, None, :]  # eq. (15)
+        if not strict:  # eq. (16)
+            qk = (qt * kt).sum(-1)
+            num = torch.einsum("bhf,bhsfd->bhd", qt, G) + (cn[:, :, t] * qk)[..., None] * vt
+            if z is None:
+                den = torch.einsum("bhf,bhsf->bh", qt, b) + cn[:, :, t] * qk
+            else:
+                den = torch.einsum("bhf,bhf->bh", qt, z)
+        outs.append(num / (den + eps0)[..., None])
+    return torch.stack(outs, 2), G, b, z
+
+
+def _chunked(q, k, v, c, cn, xi, G, b, z, eps0, strict, m):
+    T = q.shape[2]
+    outs = []
+    for s0 in range(0, T, m):
+        sl = slice(s0, s0 + m)
+        qc, kc, vc, cc, cnc = q[:, :, sl], k[:, :, sl], v[:, :, sl], c[:, :, sl], cn[:, :, sl]
+        n = qc.shape[2]
+        r = torch.arange(n, device=q.device, dtype=q.dtype)
+        diff = r[:, None] - r[None, :]
+        mask = diff > 0 if strict else diff >= 0
+        E = torch.exp(-xi[:, None, None] * diff.clamp_min(0)) * mask  # (S, n, n)
+        D = torch.einsum("bhjs,sij->bhij", cc, E)
+        if not strict:
+            D = D + torch.diag_embed(cnc)
+        QK = qc @ kc.transpose(-1, -2)
+        A = QK * D
+        num = A @ vc
+        den = A.sum(-1)
+        dq = torch.exp(-xi[None, :] * (r[:, None] + 1))  # (n, S): decay from the previous state to row r
+        num = num + torch.einsum("bhif,is,bhsfd->bhid", qc, dq, G)
+        if z is None:
+            den = den + torch.einsum("bhif,is,bhsf->bhi", qc, dq, b)
+        else:
+            den = (QK * mask).sum(-1) + (qc @ z[..., None])[..., 0]
+            z = z + kc.sum(2)
+        outs.append(num / (den + eps0)[..., None])
+        dk = torch.exp(-xi[None, :] * (n - 1 - r[:, None]))  # (n, S): decay from row j to the chunk end
+        w = cc * dk  # (b, h, n, S)
+        G = torch.exp(-xi * n)[:, None, None] * G + torch.einsum("bhjs,bhjf,bhjd->bhsfd", w, kc, vc)
+        b = torch.exp(-xi * n)[:, None] * b + torch.einsum("bhjs,bhjf->bhsf", w, kc)
+    return torch.cat(outs, 2), G, b, z
+
+
+def soe_kernel_matrix(
+    t_pos: Tensor, i_pos: Tensor, coef: Tensor, xi: Tensor, coef_now: Tensor | None
+) -> Tensor:
+    """D[b, t, i] = Σ_s coef[b, i, s] e^{-ξ_s (t-i)} + coef_now[b, i]·1[t = i] for i ≤ t, else 0.
+
+    ``t_pos`` (Tq,), ``i_pos`` (Tk,) absolute positions; ``coef`` (batch, Tk, S'); ``coef_now`` (batch, Tk).
+    """
+    lag = t_pos[:, None] - i_pos[None, :]
+    vis = lag >= 0
+    lagc = lag.clamp_min(0).to(coef.dtype)
+    E = torch.exp(-xi[:, None, None] * lagc) * vis  # (S, Tq, Tk)
+    D = torch.einsum("bks,sqk->bqk", coef, E)
+    if coef_now is not None:
+        D = D + coef_now[:, None, :] * (lag == 0)
+    return D
+
+
+def local_window_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    window: int,
+    past_k: Tensor | None = None,
+    past_v: Tensor | None = None,
+    *,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+) -> tuple[Tensor, Tensor]:
+    """Causal sliding-window softmax attention (eq. 17's Attn_local) and the routing entropy feature (eq. 11).
+
+    ``q, k, v`` (batch, time, heads, D); ``past_k/past_v`` (batch, P, heads, D) the last P ≤ window
+    − 1 keys/values
+    before this segment.  Query t sees the ``window`` most recent keys including itself.  Returns
+    ``(out, ent)``:
+    ``out`` (batch, time, heads, D); ``ent`` (batch, time) = mean over heads of H(a_t)/log(#visible keys)
+    (0 when only one key is visible).
+    """
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive integer, got {window!r}")
+    _check("mode", mode, MODES)
+    B, T, H, Dh = q.shape
+    if past_k is None:
+        past_k, past_v = k.new_zeros(B, 0, H, Dh), v.new_zeros(B, 0, H, v.shape[-1])
+    P = past_k.shape[1]
+    keys = torch.cat([past_k, k], 1)
+    vals = torch.cat([past_v, v], 1)
+    scale = Dh**-0.5
+    outs, ents = [], []
+    step = 1 if mode == "recurrent" else (T if mode == "parallel" else chunk_size)
+    for s0 in range(0, T, step):
+        s1 = min(T, s0 + step)
+        lo = max(0, P + s0 - window + 1)
+        kk, vv = keys[:, lo : P + s1], vals[:, lo : P + s1]
+        qpos = torch.arange(P + s0, P + s1, device=q.device)
+        kpos = torch.arange(lo, P + s1, device=q.device)
+        vis = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] > qpos[:, None] - window)
+        s = torch.einsum("bqhd,bkhd->bhqk", q[:, s0:s1], kk) * scale
+        s = s.masked_fill(~vis, float("-inf"))
+        p = torch.softmax(s, -1)
+        outs.append(torch.einsum("bhqk,bkhd->bqhd", p, vv))
+        nvis = vis.sum(-1).to(q.dtype)
+        ent = -(p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny))).sum(-1)  # (b, h, q); 0 log 0 = 0
+        norm = torch.where(nvis > 1, torch.log(nvis.clamp_min(2)), torch.ones_like(nvis))
+        ents.append((ent / norm).mean(1) * (nvis > 1))
+    return torch.cat(outs, 1), torch.cat(ents, 1)
+
+
+def retrieval_loss(
+    q: Tensor,
+    k: Tensor,
+    alpha: Tensor,
+    source: Tensor,
+    *,
+    n_terms: int = 15,
+    horizon: int = 1024,
+    eps: float = 1e-3,
+    exact_kernel: bool = False,
+    reduction: str = "mean",
+) -> Tensor:
+    """Plasticity objective L_ret = −Σ_t log p_{i*(t), t} (eq. 24).
+
+    r_it = exp(q_t·k_i/√d) · ŵ_{t−i}^(α_i) for i < t (strict, as in Section 5), p_it = r_it / Σ_{i'<t} r_i't.
+    ``q, k`` (batch, time, heads, d) (scores summed over heads, i.e. one logit per (t, i) from all heads);
+    ``alpha`` (batch, time) per-token orders in (0, 1]; ``source`` (batch, time) long: the index i*(t) < t of
+    the ground-truth source token, or −1 where t is not scored.  ŵ is the SOE kernel (differentiable in α) or,
+    with ``exact_kernel=True``, the GL weights.  Gradients flow to ``q``, ``k`` and ``alpha``.
+    """
+    _check("reduction", reduction, ("mean", "sum"))
+    B, T, H, d = q.shape
+    if alpha.shape != (B, T) or source.shape != (B, T):
+        raise ValueError("alpha and source must be (batch, time)")
+    valid = source >= 0
+    if (source >= torch.arange(T, device=source.device)[None, :]).logical_and(valid).any():
+        raise ValueError("source[t] must be < t (the source precedes the query)")
+    logits = torch.einsum("bthd,bihd->bti", q, k) / math.sqrt(d)
+    pos = torch.arange(T, device=q.device)
+    lag = (pos[:, None] - pos[None, :]).clamp_min(0)
+    if exact_kernel:
+        W = gl_weights(alpha, torch.arange(T, device=q.device))  # (B, T_i, lag)
+        w = torch.gather(W, 2, lag.t()[None].expand(B, T, T)).transpose(1, 2)  # (B, t, i)
+    else:
+        c, xi, c_now = soe_coefficients(alpha, n_terms, horizon, eps)
+        w = soe_kernel_matrix(pos, pos, c, xi, c_now)
+    strict = pos[None, :] < pos[:, None]
+    logr = (logits + torch.log(w.clamp_min(1e-300))).masked_fill(~strict, float("-inf"))
+    logp = logr - torch.logsumexp(logr, -1, keepdim=True).nan_to_num(neginf=0.0)
+    src = source.clamp_min(0)
+    picked = torch.gather(logp, 2, src[..., None])[..., 0]
+    nll = -(picked * valid)
+    return nll.sum() / valid.sum().clamp_min(1) if reduction == "mean" else nll.sum()
+
+
+def refine_alpha(
+    alpha: Tensor, loss_fn, *, min_alpha: float = 0.1, lr: float = 0.1, steps: int = 10
+) -> tuple[Tensor, list[float]]:
+    """Test-time plasticity (Section 5, our reading): projected GD α ← clip(α − η ∂F/∂α, δ, 1) for ``steps``.
+
+    ``loss_fn(alpha) -> scalar`` (e.g. a closure over :func:`retrieval_loss`).  Returns the refined
+    α (detached)
+    and the loss history (``steps + 1`` values, the last one at the returned α).
+    """
+    if not (0 < min_alpha <= 1):
+        raise ValueError(f"min_alpha must be in (0, 1], got {min_alpha!r}")
+    if lr <= 0 or not isinstance(steps, int) or steps < 0:
+        raise ValueError("lr must be > 0 and steps a non-negative integer")
+    a = alpha.detach().clamp(min_alpha, 1.0).clone()
+    hist = []
+    for _ in range(steps):
+        a.requires_grad_(True)
+        f = loss_fn(a)
+        (g,) = torch.autograd.grad(f, a)
+        hist.append(float(f))
+        a = (a.detach() - lr * g).clamp(min_alpha, 1.0)
+    with torch.no_grad():
+        hist.append(float(loss_fn(a)))
+    return a, hist
