@@ -70,13 +70,15 @@ def _delta_core(q, k, v, beta, g, scale, initial_state, mode, chunk_size):
 
     if mode == "recurrent":
         outs = []
+        q_, k_, v_, b_ = (z.unbind(2) for z in (qh, kh, vh, bh[..., None]))
+        a_ = torch.exp(gh)[..., None, None].unbind(2) if gh is not None else None
         for i in range(t):
-            k_i, v_i, b_i = kh[:, :, i], vh[:, :, i], bh[:, :, i, None]
-            if gh is not None:
-                S = torch.exp(gh[:, :, i])[..., None, None] * S
+            k_i = k_[i]
+            if a_ is not None:
+                S = a_[i] * S
             pred = torch.einsum("bhkv,bhk->bhv", S, k_i)  # S^T k
-            S = S + k_i[..., :, None] * (b_i * (v_i - pred))[..., None, :]
-            outs.append(torch.einsum("bhk,bhkv->bhv", qh[:, :, i], S))
+            S = S + k_i[..., :, None] * (b_[i] * (v_[i] - pred))[..., None, :]
+            outs.append(torch.einsum("bhk,bhkv->bhv", q_[i], S))
         o = torch.stack(outs, dim=2) if outs else vh.new_zeros(b, h, 0, dv)
         return o.transpose(1, 2).to(v.dtype), S
 
@@ -111,13 +113,16 @@ def _delta_core(q, k, v, beta, g, scale, initial_state, mode, chunk_size):
     W = torch.linalg.solve_triangular(M, k_rhs, upper=False, unitriangular=True)
     Up = torch.linalg.solve_triangular(M, vc * bc[..., None], upper=False, unitriangular=True)
     qk = qk.masked_fill(~incl, 0.0)
+    # unbind once: indexing inside the loop would make autograd scatter into a full-size zero tensor per step
+    Up_, W_, q_, qk_, ko_ = (z.unbind(2) for z in (Up, W, q_in, qk, k_out.transpose(-1, -2)))
+    gt_ = g_tot[..., None, None].unbind(2) if gh is not None else None
     outs = []
     for c in range(n):
-        u = Up[:, :, c] - W[:, :, c] @ S  # (b, h, C, dv)
-        outs.append(q_in[:, :, c] @ S + qk[:, :, c] @ u)
-        if gh is not None:
-            S = g_tot[:, :, c, None, None] * S
-        S = S + k_out[:, :, c].transpose(-1, -2) @ u
+        u = Up_[c] - W_[c] @ S  # (b, h, C, dv)
+        outs.append(q_[c] @ S + qk_[c] @ u)
+        if gt_ is not None:
+            S = gt_[c] * S
+        S = S + ko_[c] @ u
     o = torch.stack(outs, dim=2)
     return from_chunks(o, t).transpose(1, 2).to(v.dtype), S
 

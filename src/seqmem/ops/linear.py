@@ -67,9 +67,10 @@ def linear_attention(
 
     if mode == "recurrent":
         outs = []
+        q_, k_, v_ = qh.unbind(2), kh.unbind(2), vh.unbind(2)  # unbind once (cheap autograd through the loop)
         for i in range(t):
-            S = S + kh[:, :, i, :, None] * vh[:, :, i, None, :]
-            outs.append(torch.einsum("bhk,bhkv->bhv", qh[:, :, i], S))
+            S = S + k_[i][..., :, None] * v_[i][..., None, :]
+            outs.append(torch.einsum("bhk,bhkv->bhv", q_[i], S))
         o = torch.stack(outs, dim=2) if outs else vh.new_zeros(b, h, 0, dv)
         return o.transpose(1, 2).to(v.dtype), S
 

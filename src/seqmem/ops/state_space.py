@@ -73,9 +73,10 @@ def ssd(
 
     if mode == "recurrent":
         ys = []
+        a_, x_, B_, C_ = torch.exp(a)[..., None, None].unbind(2), xdt.unbind(2), Bh.unbind(2), Ch.unbind(2)
         for i in range(t):
-            S = torch.exp(a[:, :, i])[..., None, None] * S + xdt[:, :, i, :, None] * Bh[:, :, i, None, :]
-            ys.append(torch.einsum("bhpn,bhn->bhp", S, Ch[:, :, i]))
+            S = a_[i] * S + x_[i][..., :, None] * B_[i][..., None, :]
+            ys.append(torch.einsum("bhpn,bhn->bhp", S, C_[i]))
         y = torch.stack(ys, dim=2) if ys else xh.new_zeros(b, h, 0, p)
         return y.transpose(1, 2).to(x.dtype), S
 
@@ -93,9 +94,12 @@ def ssd(
     from_start = torch.exp(torch.cumsum(ac, dim=-1))  # decay from the chunk start to t (inclusive)
     chunk_decay = from_start[..., -1]  # (b, h, nc)
     # 3. recurrence over chunks, 4. off-diagonal outputs C_t . (from_start_t * state at chunk start)
+    # unbind once: indexing inside the loop would make autograd scatter into a full-size zero tensor per step
+    C_, fs_, cs_ = (z.unbind(2) for z in (Cc, from_start[..., None], chunk_states))
+    cd_ = chunk_decay[..., None, None].unbind(2)
     ys = []
     for c in range(xc.shape[2]):
-        ys.append((Cc[:, :, c] @ S.transpose(-1, -2)) * from_start[:, :, c, :, None])
-        S = chunk_decay[:, :, c, None, None] * S + chunk_states[:, :, c]
+        ys.append((C_[c] @ S.transpose(-1, -2)) * fs_[c])
+        S = cd_[c] * S + cs_[c]
     y = y_diag + torch.stack(ys, dim=2)
     return from_chunks(y, t).transpose(1, 2).to(x.dtype), S
