@@ -13,9 +13,9 @@ import io
 
 import pytest
 import torch
-from conftest import assert_rel_close
 
 import seqmem
+from conftest import assert_rel_close
 from seqmem import build_mixer, count_state, get_entry, list_mixers
 
 B, T, D, H = 2, 37, 16, 2
@@ -86,7 +86,8 @@ def test_streaming_splits(name, cfg, impl, dtype):
         assert_rel_close(ys, y, TOL[dtype], f"{name}/{impl}: split {sizes}")
         assert set(state_s) == set(state)
         for k in state:
-            assert_rel_close(state_s[k].double(), state[k].double(), TOL[dtype] * 10, f"{name}: state[{k}] split {sizes}")
+            what = f"{name}: state[{k}] split {sizes}"
+            assert_rel_close(state_s[k].double(), state[k].double(), TOL[dtype] * 10, what)
 
 
 @pytest.mark.parametrize("name,cfg", CASES)

@@ -112,7 +112,9 @@ class Mixer(nn.Module):
                 f"{type(self).__name__}: x has width {x.shape[-1]} but the mixer was built with d_model={self.d_model}"
             )
         if x.shape[0] == 0 or x.shape[1] == 0:
-            raise ValueError(f"{type(self).__name__}: empty input of shape {tuple(x.shape)} (batch and time must be >= 1)")
+            raise ValueError(
+                f"{type(self).__name__}: empty input of shape {tuple(x.shape)} (batch and time must be >= 1)"
+            )
         if not x.is_floating_point():
             raise ValueError(f"{type(self).__name__}: x must be a floating-point tensor, got dtype {x.dtype}")
         p = next(self.parameters(), None)

@@ -1,0 +1,3 @@
+from seqmem.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,294 @@
+"""``seqmem`` command line: list, train, eval, demo, repro, bench.
+
+Bad arguments print one line on stderr and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pkgutil
+import sys
+from pathlib import Path
+from typing import Any
+
+
+class UsageError(Exception):
+    """A user mistake the CLI reports in one line (exit code 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _parse_value(s: str) -> Any:
+    try:
+        return json.loads(s)
+    except json.JSONDecodeError:
+        return s
+
+
+def parse_options(pairs: list[str] | None) -> dict[str, Any]:
+    """``["chunk_size=32", "window=null"]`` → ``{"chunk_size": 32, "window": None}`` (values parsed as JSON)."""
+    out: dict[str, Any] = {}
+    for p in pairs or []:
+        if "=" not in p:
+            raise UsageError(f"option {p!r} must look like KEY=VALUE")
+        k, v = p.split("=", 1)
+        out[k.strip()] = _parse_value(v)
+    return out
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def _positive_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
+    return v
+
+
+def _check_out_dir(path: Path) -> Path:
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".seqmem-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write to output directory {path}: {e.strerror or e}") from None
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------- list
+def cmd_list(args: argparse.Namespace) -> int:
+    import seqmem
+
+    rows = []
+    for name in seqmem.list_mixers():
+        m = seqmem.build_mixer(name, args.d_model, n_heads=args.heads)
+        rows.append((name, m.state_size(args.context), sum(p.numel() for p in m.parameters()),
+                     seqmem.get_entry(name).description))
+    w = max(len(r[0]) for r in rows)
+    print(f"{'mixer':<{w}}  {'state@' + str(args.context):>12}  {'params':>9}  description")
+    for name, s, p, d in rows:
+        print(f"{name:<{w}}  {s:>12,}  {p:>9,}  {d}")
+    print(f"(d_model={args.d_model}, n_heads={args.heads}; state = numbers per sequence after {args.context} tokens)")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------- train
+def _task_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    opts = parse_options(args.task_option)
+    if args.seq_len is not None:
+        opts.setdefault("seq_len", args.seq_len)
+    if args.task == "mqar":
+        if args.vocab is not None:
+            opts.setdefault("vocab_size", args.vocab)
+        if args.num_pairs is not None:
+            opts.setdefault("num_pairs", args.num_pairs)
+    elif args.task == "lm":
+        if args.corpus is not None:
+            opts.setdefault("corpus", args.corpus)
+    return args.task, opts
+
+
+def build_run(spec: dict[str, Any]):
+    """Model and task from a run specification (the ``run.json`` a ``train`` writes)."""
+    from seqmem.models import LanguageModel, LMConfig
+    from seqmem.tasks import build_task
+
+    task = build_task(spec["task"]["name"], **spec["task"]["options"])
+    mcfg = dict(spec["model"])
+    mcfg["vocab_size"] = task.vocab_size
+    model = LanguageModel(LMConfig.from_dict(mcfg))
+    return model, task
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import torch
+
+    from seqmem.repro.common import atomic_write_text
+    from seqmem.train import TrainConfig, train
+
+    out = _check_out_dir(args.out)
+    mixers = args.mixer.split(",")
+    task_name, task_opts = _task_from_args(args)
+    spec = {
+        "task": {"name": task_name, "options": task_opts},
+        "model": {
+            "d_model": args.d_model, "n_layers": args.layers, "n_heads": args.heads,
+            "mixer": mixers if len(mixers) > 1 else mixers[0],
+            "mixer_options": parse_options(args.mixer_option),
+            "mlp_ratio": args.mlp_ratio,
+        },
+        "train": {
+            "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
+            "weight_decay": args.weight_decay, "eval_every": args.eval_every, "eval_examples": args.eval_examples,
+            "checkpoint_every": args.checkpoint_every, "log_every": args.log_every,
+        },
+    }
+    spec_path = out / "run.json"
+    if args.resume:
+        if not spec_path.exists():
+            raise UsageError(f"--resume: {spec_path} not found (nothing to resume)")
+        old = json.loads(spec_path.read_text())
+        if old != json.loads(json.dumps(spec)):
+            raise UsageError(f"--resume: arguments differ from the run in {out}; use the same arguments")
+    torch.manual_seed(args.seed)
+    model, task = build_run(spec)
+    model.to(args.device)
+    if not args.resume:
+        atomic_write_text(spec_path, json.dumps(spec, indent=2))
+    cfg = TrainConfig(**spec["train"])
+    print(f"model: {model.num_parameters():,} parameters, mixer {spec['model']['mixer']}, "
+          f"state {model.state_size(task.seq_len):,} numbers/sequence at T={task.seq_len}", file=sys.stderr)
+    res = train(model, task, cfg, out_dir=out, resume=args.resume, progress=not args.no_progress)
+    print(json.dumps({"step": cfg.steps, **{f"eval_{k}": v for k, v in res.final.items()}}))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from seqmem.train import evaluate
+    from seqmem.train.checkpoint import latest_good_checkpoint, load_weights
+
+    run = Path(args.run)
+    spec_path = run / "run.json"
+    if not spec_path.exists():
+        raise UsageError(f"{run} is not a training run directory (no run.json)")
+    spec = json.loads(spec_path.read_text())
+    model, task = build_run(spec)
+    ck = latest_good_checkpoint(run / "checkpoints")
+    if ck is None:
+        raise UsageError(f"no valid checkpoint under {run / 'checkpoints'}")
+    load_weights(model, ck)
+    res = evaluate(model, task, args.examples, args.batch_size)
+    print(json.dumps({"checkpoint": str(ck), **res}))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------- repro
+def _available(pkg: str) -> list[str]:
+    mod = importlib.import_module(pkg)
+    return sorted(m.name for m in pkgutil.iter_modules(mod.__path__) if not m.name.startswith("_")
+                  and m.name != "common")
+
+
+def _add_repro(sub) -> None:
+    p = sub.add_parser("repro", help="reproduce a paper's experiments (seqmem repro PAPER --help)")
+    rsub = p.add_subparsers(dest="paper", metavar="PAPER", parser_class=_Parser)
+    for paper in _available("seqmem.repro"):
+        try:
+            mod = importlib.import_module(f"seqmem.repro.{paper}")
+        except Exception as e:  # a broken repro module must not break the whole CLI
+            print(f"seqmem: warning: repro {paper} unavailable ({e})", file=sys.stderr)
+            continue
+        if not hasattr(mod, "run"):
+            continue
+        rp = rsub.add_parser(paper, help=(mod.__doc__ or "").strip().split("\n")[0])
+        rp.add_argument("--scale", default="small", choices=getattr(mod, "SCALES", ["smoke", "small", "paper"]))
+        rp.add_argument("--out", type=Path, default=None, help="output directory (default runs/repro/<paper>)")
+        rp.add_argument("--seed", type=int, default=0)
+        if hasattr(mod, "add_arguments"):
+            mod.add_arguments(rp)
+        rp.set_defaults(func=_run_repro(mod, paper))
+
+
+def _run_repro(mod, paper: str):
+    def f(args: argparse.Namespace) -> int:
+        args.out = _check_out_dir(args.out or Path("runs/repro") / paper)
+        return int(mod.run(args) or 0)
+
+    return f
+
+
+# ---------------------------------------------------------------------------------------------------------- main
+def make_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="seqmem", description="Long-context memory layers on one harness.")
+    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser("list", help="registered mixers with their state size")
+    p.add_argument("--d-model", type=_positive_int, default=128)
+    p.add_argument("--heads", type=_positive_int, default=4)
+    p.add_argument("--context", type=_positive_int, default=1024)
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("train", help="train a language model on a task")
+    p.add_argument("--task", required=True, choices=["mqar", "lm"])
+    p.add_argument("--mixer", required=True, help="mixer name, or a comma-separated list (one per layer)")
+    p.add_argument("--mixer-option", action="append", metavar="KEY=VALUE", help="mixer option (repeatable)")
+    p.add_argument("--task-option", action="append", metavar="KEY=VALUE", help="task option (repeatable)")
+    p.add_argument("--layers", type=_positive_int, default=2)
+    p.add_argument("--d-model", type=_positive_int, default=64)
+    p.add_argument("--heads", type=_positive_int, default=2)
+    p.add_argument("--mlp-ratio", type=float, default=4.0)
+    p.add_argument("--steps", type=_positive_int, default=1000)
+    p.add_argument("--batch-size", type=_positive_int, default=32)
+    p.add_argument("--lr", type=_positive_float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seq-len", type=_positive_int, default=None)
+    p.add_argument("--vocab", type=_positive_int, default=None, help="MQAR vocabulary size")
+    p.add_argument("--num-pairs", type=_positive_int, default=None, help="MQAR key-value pairs")
+    p.add_argument("--corpus", default=None, help="LM corpus: code, docs, or a directory of text files")
+    p.add_argument("--eval-every", type=int, default=0)
+    p.add_argument("--eval-examples", type=_positive_int, default=512)
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--log-every", type=_positive_int, default=10)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="evaluate the newest checkpoint of a training run")
+    p.add_argument("--run", type=Path, required=True)
+    p.add_argument("--examples", type=_positive_int, default=512)
+    p.add_argument("--batch-size", type=_positive_int, default=64)
+    p.set_defaults(func=cmd_eval)
+
+    from seqmem import demo
+
+    demo.add_parser(sub)
+    _add_repro(sub)
+    try:
+        bench = importlib.import_module("seqmem.bench.cli")
+    except ImportError:
+        bench = None
+    if bench is not None:
+        bench.add_parser(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = make_parser()
+    args = ap.parse_args(argv)
+    if not getattr(args, "func", None):
+        ap.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (UsageError, ValueError, FileNotFoundError) as e:
+        print(f"seqmem: error: {e}".splitlines()[0], file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("seqmem: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

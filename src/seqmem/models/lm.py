@@ -1,0 +1,205 @@
+"""Language-model backbone: embeddings → pre-norm blocks (RMSNorm → mixer → residual → RMSNorm → SwiGLU →
+residual) → final RMSNorm → (tied) head.  One mixer per layer, so hybrids are a list of names."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqmem.mixers.base import State, check_positive_int
+from seqmem.registry import build_mixer
+
+
+@dataclass
+class LMConfig:
+    vocab_size: int = 256
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    #: one mixer name for every layer, or one name per layer (hybrids), e.g. ["mamba2", "mamba2", "attention"]
+    mixer: str | list[str] = "attention"
+    #: options for every layer's mixer, or one dict per layer
+    mixer_options: dict[str, Any] | list[dict[str, Any]] = field(default_factory=dict)
+    #: SwiGLU hidden width = mlp_ratio·d_model·2/3 rounded up to a multiple of 8 (LLaMA); 0 = no MLP (Mamba-2 stack)
+    mlp_ratio: float = 4.0
+    tie_embeddings: bool = True
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for k in ("vocab_size", "d_model", "n_layers", "n_heads"):
+            check_positive_int(k, getattr(self, k))
+        if self.mlp_ratio < 0:
+            raise ValueError(f"mlp_ratio must be >= 0, got {self.mlp_ratio}")
+        if isinstance(self.mixer, (list, tuple)):
+            if len(self.mixer) != self.n_layers:
+                raise ValueError(f"mixer lists {len(self.mixer)} layers but n_layers={self.n_layers}")
+            self.mixer = list(self.mixer)
+        elif not isinstance(self.mixer, str):
+            raise ValueError(f"mixer must be a name or a list of names, got {self.mixer!r}")
+        if isinstance(self.mixer_options, (list, tuple)):
+            if len(self.mixer_options) != self.n_layers:
+                raise ValueError(
+                    f"mixer_options lists {len(self.mixer_options)} layers but n_layers={self.n_layers}"
+                )
+            self.mixer_options = [dict(o) for o in self.mixer_options]
+        elif not isinstance(self.mixer_options, dict):
+            raise ValueError("mixer_options must be a dict or a list of dicts (one per layer)")
+
+    def layers(self) -> list[tuple[str, dict[str, Any]]]:
+        names = self.mixer if isinstance(self.mixer, list) else [self.mixer] * self.n_layers
+        opts = self.mixer_options if isinstance(self.mixer_options, list) else [self.mixer_options] * self.n_layers
+        return list(zip(names, opts))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LMConfig:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"LMConfig got unknown field(s) {sorted(unknown)}; valid: {sorted(known)}")
+        return cls(**d)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(d, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        g, u = self.gate_up(x).chunk(2, -1)
+        return self.down(F.silu(g) * u)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LMConfig, mixer_name: str, options: dict[str, Any]) -> None:
+        super().__init__()
+        opts = {"n_heads": cfg.n_heads, **options}
+        self.norm1 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mixer = build_mixer(mixer_name, cfg.d_model, **opts)
+        if cfg.mlp_ratio > 0:
+            hidden = 8 * math.ceil(cfg.mlp_ratio * cfg.d_model * 2 / 3 / 8)
+            self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps)
+            self.mlp = SwiGLU(cfg.d_model, hidden)
+        else:
+            self.norm2 = self.mlp = None
+
+    def forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
+        y, state = self.mixer(self.norm1(x), state)
+        x = x + y
+        if self.mlp is not None:
+            x = x + self.mlp(self.norm2(x))
+        return x, state
+
+
+class LanguageModel(nn.Module):
+    """Causal LM over any registered mixer(s): ``logits, state = model(input_ids, state)``."""
+
+    def __init__(self, cfg: LMConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, name, opts) for name, opts in cfg.layers())
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        nn.init.normal_(self.embed.weight, std=cfg.init_std)
+        for blk in self.blocks:
+            if blk.mlp is not None:
+                nn.init.normal_(blk.mlp.gate_up.weight, std=cfg.init_std)
+                nn.init.normal_(blk.mlp.down.weight, std=cfg.init_std / math.sqrt(2 * cfg.n_layers))
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.weight
+        else:
+            nn.init.normal_(self.head.weight, std=cfg.init_std)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def state_size(self, seq_len: int) -> int:
+        """Numbers per sequence held in the recurrent state (all layers) after ``seq_len`` tokens."""
+        return sum(blk.mixer.state_size(seq_len) for blk in self.blocks)
+
+    def _check_ids(self, input_ids: Tensor) -> None:
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be a (batch, time) tensor, got {getattr(input_ids, 'shape', input_ids)}")
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+        if input_ids.numel() == 0:
+            raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)})")
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= self.cfg.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), got range [{lo}, {hi}]")
+
+    def forward(self, input_ids: Tensor, state: list[State] | None = None) -> tuple[Tensor, list[State]]:
+        self._check_ids(input_ids)
+        if state is not None and (not isinstance(state, list) or len(state) != len(self.blocks)):
+            raise ValueError(f"state must be the list of {len(self.blocks)} per-layer states returned by the model")
+        x = self.embed(input_ids.long())
+        new_state = []
+        for i, blk in enumerate(self.blocks):
+            x, st = blk(x, None if state is None else state[i])
+            new_state.append(st)
+        return self.head(self.norm(x)), new_state
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: Tensor,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+        use_state: bool = True,
+    ) -> Tensor:
+        """Extend ``input_ids`` by ``max_new_tokens`` tokens: greedy (temperature 0) or sampled (top-k optional).
+
+        With ``use_state`` the prompt is read once and each new token costs one step of every mixer (streaming);
+        without it the whole prefix is recomputed each step (a slow reference; equal outputs).
+        """
+        check_positive_int("max_new_tokens", max_new_tokens)
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if top_k is not None:
+            check_positive_int("top_k", top_k)
+        ids = input_ids
+        logits, state = self(ids)
+        out = [ids]
+        for i in range(max_new_tokens):
+            nxt = _pick(logits[:, -1], temperature, top_k, generator)
+            out.append(nxt)
+            if i == max_new_tokens - 1:
+                break
+            if use_state:
+                logits, state = self(nxt, state)
+            else:
+                logits, _ = self(torch.cat(out, 1))
+        return torch.cat(out, 1)
+
+
+def _pick(logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> Tensor:
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, -1)
+    return torch.multinomial(probs, 1, generator=generator)

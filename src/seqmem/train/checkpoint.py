@@ -1,0 +1,105 @@
+"""Crash-safe checkpoints: weights in safetensors, trainer state (optimizer, scheduler, RNG, step) in torch format,
+written to a temporary directory and renamed into place, with a SHA-256 manifest checked on load."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+CKPT_PREFIX = "ckpt-"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    # tied parameters appear once (safetensors refuses shared storage)
+    seen: dict[int, str] = {}
+    out = {}
+    for name, t in model.state_dict().items():
+        key = t.data_ptr()
+        if key in seen and t.numel() > 0:
+            continue
+        seen[key] = name
+        out[name] = t.detach().contiguous().clone()
+    return out
+
+
+def save_checkpoint(directory: Path, step: int, model: nn.Module, trainer_state: dict[str, Any], keep: int = 2) -> Path:
+    """Write ``directory/ckpt-<step>/`` atomically; keep the newest ``keep`` checkpoints."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"{CKPT_PREFIX}{step:08d}"
+    tmp = Path(tempfile.mkdtemp(dir=directory, prefix=".tmp-ckpt-"))
+    try:
+        save_file(_weights(model), str(tmp / "model.safetensors"))
+        torch.save(trainer_state, tmp / "trainer.pt")
+        manifest = {"step": step, "files": {f: _sha256(tmp / f) for f in ("model.safetensors", "trainer.pt")}}
+        (tmp / "manifest.json").write_text(json.dumps(manifest))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in list_checkpoints(directory)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(CKPT_PREFIX))
+
+
+def verify_checkpoint(path: Path) -> bool:
+    try:
+        manifest = json.loads((Path(path) / "manifest.json").read_text())
+        return all(_sha256(Path(path) / f) == h for f, h in manifest["files"].items())
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def latest_good_checkpoint(directory: Path) -> Path | None:
+    """The newest checkpoint whose checksums verify; corrupt newer ones are skipped with a warning."""
+    for path in reversed(list_checkpoints(directory)):
+        if verify_checkpoint(path):
+            return path
+        warnings.warn(f"checkpoint {path} is corrupt or incomplete; falling back to an older one", stacklevel=2)
+    return None
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """Load ``model.safetensors`` from a checkpoint directory into ``model`` (strict up to tied weights)."""
+    tensors = load_file(str(Path(path) / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    tied = {n for n in missing if n == "head.weight" and getattr(model, "cfg", None) is not None}
+    missing = [n for n in missing if n not in tied]
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+
+
+def load_trainer_state(path: Path) -> dict[str, Any]:
+    return torch.load(Path(path) / "trainer.pt", weights_only=False)

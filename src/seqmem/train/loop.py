@@ -1,0 +1,236 @@
+"""Training loop: AdamW, linear warm-up + cosine decay, gradient clipping, periodic evaluation, JSONL metrics,
+atomic checkpoints and exact resume (weights, optimizer, scheduler, data and torch RNG state)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqmem.train.checkpoint import latest_good_checkpoint, load_trainer_state, load_weights, save_checkpoint
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    warmup_frac: float = 0.1
+    min_lr_frac: float = 0.0
+    clip: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.98)
+    eval_every: int = 0  # 0: evaluate only at the end
+    eval_examples: int = 512
+    eval_batch_size: int = 64
+    log_every: int = 10
+    checkpoint_every: int = 0  # 0: only at the end (when out_dir is given)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for k in ("steps", "batch_size", "eval_examples", "eval_batch_size", "log_every"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"TrainConfig.{k} must be a positive integer, got {v!r}")
+        for k in ("eval_every", "checkpoint_every"):
+            if getattr(self, k) < 0:
+                raise ValueError(f"TrainConfig.{k} must be >= 0")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.warmup_frac < 1:
+            raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
+        if self.clip < 0 or self.weight_decay < 0:
+            raise ValueError("clip and weight_decay must be >= 0")
+        self.betas = tuple(self.betas)
+
+
+@dataclass
+class TrainResult:
+    history: list[dict[str, Any]] = field(default_factory=list)
+    final: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, task: Any, n_examples: int = 512, batch_size: int = 64) -> dict[str, float]:
+    """Loss and accuracy over the scored positions of the task's fixed evaluation set (+ task metrics)."""
+    was_training = model.training
+    model.eval()
+    inputs, targets = task.eval_data(n_examples)
+    device = next(model.parameters()).device
+    tot_loss = tot_correct = tot_n = 0.0
+    extra: dict[str, float] = {}
+    extra_w: dict[str, float] = {}
+    for i in range(0, inputs.shape[0], batch_size):
+        x, y = inputs[i : i + batch_size].to(device), targets[i : i + batch_size].to(device)
+        logits, _ = model(x)
+        mask = y != -100
+        n = int(mask.sum())
+        if n == 0:
+            continue
+        tot_loss += float(F.cross_entropy(logits[mask].float(), y[mask], reduction="sum"))
+        tot_correct += float((logits[mask].argmax(-1) == y[mask]).sum())
+        tot_n += n
+        if hasattr(task, "metrics"):
+            for k, v in task.metrics(logits, y).items():
+                extra[k] = extra.get(k, 0.0) + float(v) * x.shape[0]
+                extra_w[k] = extra_w.get(k, 0.0) + x.shape[0]
+    model.train(was_training)
+    if tot_n == 0:
+        raise ValueError("evaluation set has no scored positions (targets are all -100)")
+    out = {"loss": tot_loss / tot_n, "accuracy": tot_correct / tot_n}
+    out.update({k: extra[k] / extra_w[k] for k in extra})
+    return out
+
+
+def _lr_lambda(cfg: TrainConfig):
+    warm = int(cfg.warmup_frac * cfg.steps)
+
+    def f(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        p = (step - warm) / max(1, cfg.steps - warm)
+        return cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(p, 1.0)))
+
+    return f
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+
+
+def train(
+    model: nn.Module,
+    task: Any,
+    cfg: TrainConfig,
+    out_dir: str | Path | None = None,
+    resume: bool = False,
+    progress: bool = False,
+    stop_after: int | None = None,
+) -> TrainResult:
+    """Train ``model`` on ``task``.  With ``out_dir``: ``metrics.jsonl`` (one object per log step) and checkpoints
+    under ``out_dir/checkpoints``; ``resume=True`` continues exactly from the newest good checkpoint.
+    ``stop_after`` ends the run early after that many steps (for tests of resumption)."""
+    device = next(model.parameters()).device
+    opt = make_optimizer(model, cfg)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    start = 0
+    result = TrainResult()
+    metrics_path = ckpt_dir = None
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        metrics_path, ckpt_dir = out_dir / "metrics.jsonl", out_dir / "checkpoints"
+        if resume:
+            ck = latest_good_checkpoint(ckpt_dir)
+            if ck is None:
+                raise ValueError(f"--resume: no valid checkpoint under {ckpt_dir}")
+            load_weights(model, ck)
+            st = load_trainer_state(ck)
+            if st.get("train_config") != asdict(cfg) | {"betas": list(cfg.betas)}:
+                raise ValueError(f"--resume: checkpoint {ck} was written with a different training configuration")
+            opt.load_state_dict(st["optimizer"])
+            sched.load_state_dict(st["scheduler"])
+            gen.set_state(st["data_rng"])
+            torch.set_rng_state(st["torch_rng"])
+            start = st["step"]
+            result.history = [r for r in _read_jsonl(metrics_path) if r["step"] <= start]
+            _write_jsonl(metrics_path, result.history)
+        elif metrics_path.exists():
+            metrics_path.unlink()
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=start, dynamic_ncols=True, leave=False)
+    model.train()
+    t0 = time.perf_counter()
+    tokens = 0
+    end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    for step in range(start + 1, end + 1):
+        x, y = task.sample(cfg.batch_size, gen)
+        x, y = x.to(device), y.to(device)
+        logits, _ = model(x)
+        loss = lm_loss(logits, y)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"loss became {float(loss)} at step {step}; lower the learning rate")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        opt.step()
+        sched.step()
+        tokens += x.numel()
+        record: dict[str, Any] | None = None
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            with torch.no_grad():
+                mask = y != -100
+                acc = float((logits[mask].argmax(-1) == y[mask]).float().mean()) if mask.any() else float("nan")
+            el = time.perf_counter() - t0
+            record = {"step": step, "loss": float(loss.detach()), "accuracy": acc, "lr": sched.get_last_lr()[0],
+                      "tokens_per_s": tokens / max(el, 1e-9)}
+        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+            ev = evaluate(model, task, cfg.eval_examples, cfg.eval_batch_size)
+            record = record or {"step": step, "loss": float(loss.detach())}
+            record.update({f"eval_{k}": v for k, v in ev.items()})
+            if step == cfg.steps:
+                result.final = ev
+        if record is not None:
+            result.history.append(record)
+            if metrics_path is not None:
+                with open(metrics_path, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+            if bar is not None:
+                bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record.get('accuracy', float('nan')):.3f}",
+                                tok_s=f"{record.get('tokens_per_s', 0):.0f}")
+        if bar is not None:
+            bar.update(1)
+        if ckpt_dir is not None and (
+            (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == end
+        ):
+            save_checkpoint(ckpt_dir, step, model, {
+                "step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                "data_rng": gen.get_state(), "torch_rng": torch.get_rng_state(),
+                "train_config": asdict(cfg) | {"betas": list(cfg.betas)},
+            })
+    if bar is not None:
+        bar.close()
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _read_jsonl(path: Path | None) -> list[dict[str, Any]]:
+    if path is None or not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a torn last line from a crash
+    return rows
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    from seqmem.repro.common import atomic_write_text
+
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
