@@ -200,3 +200,18 @@ def test_bad_inputs_raise():
         gated_delta_rule(q, k, v, beta, g.long())
     with pytest.raises(ValueError, match="scale"):
         delta_rule(q, k, v, beta, scale="big")
+
+
+@pytest.mark.parametrize("mode", ["recurrent", "chunk"])
+def test_gate_zero_erases_memory(mode):
+    """Gated DeltaNet's motivation: a_t = exp(g_t) -> 0 clears the memory, leaving S_t = beta_t k_t v_t^T."""
+    q, k, v, beta, g, s0 = make(13)
+    g = g.clone()
+    g[:, 9] = -1e4  # forget everything before token 9
+    _, S = gated_delta_rule(q[:, :10], k[:, :10], v[:, :10], beta[:, :10], g[:, :10], initial_state=s0, mode=mode,
+                            chunk_size=4)
+    expect = beta[:, 9, :, None, None] * k[:, 9, :, :, None] * v[:, 9, :, None, :]
+    assert_rel_close(S, expect, 1e-12, "state after a full reset")
+    o_full, _ = gated_delta_rule(q, k, v, beta, g, initial_state=s0, mode=mode, chunk_size=4)
+    o_tail, _ = gated_delta_rule(q[:, 9:], k[:, 9:], v[:, 9:], beta[:, 9:], g[:, 9:], mode=mode, chunk_size=4)
+    assert_rel_close(o_full[:, 9:], o_tail, 1e-12, "outputs after the reset ignore the past")
