@@ -284,7 +284,7 @@ def retrieval_loss(
     logp = logr - torch.logsumexp(logr, -1, keepdim=True).nan_to_num(neginf=0.0)
     src = source.clamp_min(0)
     picked = torch.gather(logp, 2, src[..., None])[..., 0]
-    nll = -(picked * valid)
+    nll = -torch.where(valid, picked, torch.zeros_like(picked))
     return nll.sum() / valid.sum().clamp_min(1) if reduction == "mean" else nll.sum()
 
 
@@ -307,7 +307,7 @@ def refine_alpha(
         a.requires_grad_(True)
         f = loss_fn(a)
         (g,) = torch.autograd.grad(f, a)
-        hist.append(float(f))
+        hist.append(float(f.detach()))
         a = (a.detach() - lr * g).clamp(min_alpha, 1.0)
     with torch.no_grad():
         hist.append(float(loss_fn(a)))

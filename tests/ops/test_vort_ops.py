@@ -1,0 +1,180 @@
+"""VORT retrieval ops: merged SOE retention (recurrent / chunk / parallel) vs the literal K-bank eqs. (14)-(16)
+and vs the unrolled sums of eqs. (13)/(16); local attention + entropy; plasticity loss and refinement."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from seqmem.ops import (
+    gl_weights,
+    local_window_attention,
+    refine_alpha,
+    retrieval_loss,
+    soe_coefficients,
+    soe_kernel,
+    soe_retention,
+)
+
+B, T, H, F, D = 2, 41, 2, 5, 3
+
+
+def data(dtype=torch.float64, seed=0, t=T):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.rand(B, t, H, F, generator=g, dtype=dtype)
+    k = torch.rand(B, t, H, F, generator=g, dtype=dtype)
+    v = torch.randn(B, t, H, D, generator=g, dtype=dtype)
+    a = 0.1 + 0.9 * torch.rand(B, t, generator=g, dtype=dtype)
+    return q, k, v, a
+
+
+def unrolled(q, k, v, a, S, Tz, normalizer="kernel", strict=False, eps0=1e-6):
+    """o_t = Σ_i s_ti ŵ_{t-i}^(α_i) v_i / (Σ_i s_ti [ŵ or 1] + ε0), straight from eqs. (13)/(16)."""
+    out = torch.zeros(B, q.shape[1], H, D, dtype=q.dtype)
+    for b in range(B):
+        for t in range(q.shape[1]):
+            idx = range(t) if strict else range(t + 1)
+            w = torch.stack([soe_kernel(a[b, i], [t - i], S, Tz)[0] for i in idx]) if len(idx) else None
+            if w is None:
+                continue
+            s = torch.einsum("hf,ihf->ih", q[b, t], k[b, list(idx)])
+            num = (s * w[:, None])[..., None] * v[b, list(idx)]
+            den = (s * w[:, None]).sum(0) if normalizer == "kernel" else s.sum(0)
+            out[b, t] = num.sum(0) / (den + eps0)[:, None]
+    return out
+
+
+@pytest.mark.parametrize("normalizer", ["kernel", "plain"])
+@pytest.mark.parametrize("strict", [False, True])
+def test_modes_agree_and_match_unrolled(normalizer, strict):
+    q, k, v, a = data()
+    c, xi, cn = soe_coefficients(a, 6, 64)
+    outs = {}
+    for mode in ("recurrent", "chunk", "parallel"):
+        outs[mode] = soe_retention(q, k, v, c, xi, cn, normalizer=normalizer, strict_causal=strict, mode=mode,
+                                   chunk_size=8)
+    ref = unrolled(q, k, v, a, 6, 64, normalizer, strict)
+    for mode, (o, st) in outs.items():
+        torch.testing.assert_close(o, ref, rtol=1e-10, atol=1e-12, msg=mode)
+        for key in st:
+            torch.testing.assert_close(st[key], outs["recurrent"][1][key], rtol=1e-10, atol=1e-12)
+
+
+def test_merged_equals_literal_k_banks():
+    """Eqs. (14)-(16) with K banks and hard routing == merged states with c_s(α_{k*}) (notes §2.7)."""
+    q, k, v, a = data(seed=1)
+    K, delta = 4, 0.1
+    banks = delta + (1 - delta) * torch.arange(1, K + 1, dtype=torch.float64) / K
+    kstar = (a[..., None] - banks).abs().argmin(-1)
+    C, xi, Cn = soe_coefficients(banks, 8, 100)  # (K, S'), (S',), (K,)
+    lam = torch.exp(-xi)
+    G = torch.zeros(B, K, H, xi.numel(), F, D, dtype=torch.float64)
+    bb = torch.zeros(B, K, H, xi.numel(), F, dtype=torch.float64)
+    outs = []
+    for t in range(T):
+        onehot = torch.nn.functional.one_hot(kstar[:, t], K).double()  # 1[k_t* = k]
+        w = onehot[:, :, None] * C[None]  # (B, K, S')
+        G = lam[:, None, None] * G + w[:, :, None, :, None, None] * torch.einsum(
+            "bhf,bhd->bhfd", k[:, t], v[:, t])[:, None, :, None]
+        bb = lam[:, None] * bb + w[:, :, None, :, None] * k[:, t][:, None, :, None]
+        cnow = (onehot * Cn).sum(1)[:, None] * (q[:, t] * k[:, t]).sum(-1)  # λ = 0 lump of the routed bank
+        num = torch.einsum("bhf,bkhsfd->bhd", q[:, t], G) + cnow[..., None] * v[:, t]
+        den = torch.einsum("bhf,bkhsf->bh", q[:, t], bb) + cnow
+        outs.append(num / (den + 1e-6)[..., None])
+    lit = torch.stack(outs, 1)
+    c, xi2, cn = soe_coefficients(banks[kstar], 8, 100)
+    merged, _ = soe_retention(q, k, v, c, xi2, cn, mode="chunk", chunk_size=7)
+    torch.testing.assert_close(merged, lit, rtol=1e-10, atol=1e-12)
+
+
+def test_float32_and_gradients():
+    q, k, v, a = data()
+    a = a.requires_grad_(True)
+    c, xi, cn = soe_coefficients(a, 10, 200)
+    grads = {}
+    for mode in ("recurrent", "chunk"):
+        o, _ = soe_retention(q, k, v, c, xi, cn, mode=mode, chunk_size=8)
+        grads[mode] = torch.autograd.grad(o.square().sum(), a, retain_graph=True)[0]
+    torch.testing.assert_close(grads["chunk"], grads["recurrent"], rtol=1e-9, atol=1e-12)
+    assert grads["chunk"].abs().max() > 0
+    q32, k32, v32, a32 = (x.float() for x in data())
+    c32, xi32, cn32 = soe_coefficients(a32, 15, 1000)
+    o1, _ = soe_retention(q32, k32, v32, c32, xi32, cn32, mode="recurrent")
+    o2, _ = soe_retention(q32, k32, v32, c32, xi32, cn32, mode="chunk", chunk_size=16)
+    assert (o1 - o2).abs().max() / o1.abs().max() < 1e-5
+
+
+def test_alpha_one_is_running_sum_linear_attention():
+    q, k, v, _ = data()
+    c, xi, cn = soe_coefficients(torch.ones(B, T, dtype=torch.float64), 15, 1000)
+    o, _ = soe_retention(q, k, v, c, xi, cn, mode="chunk", chunk_size=8)
+    s = torch.einsum("bthf,bihf->bhti", q, k).tril()
+    ref = torch.einsum("bhti,bihd->bthd", s, v) / (s.sum(-1).transpose(1, 2)[..., None] + 1e-6)
+    torch.testing.assert_close(o, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_bad_inputs():
+    q, k, v, a = data()
+    c, xi, cn = soe_coefficients(a, 6, 64)
+    with pytest.raises(ValueError):
+        soe_retention(q, k, v, c, xi, cn, mode="fast")
+    with pytest.raises(ValueError):
+        soe_retention(q, k, v, c, xi[:-1], cn)
+    with pytest.raises(ValueError):
+        soe_retention(q, k[:, :-1], v, c, xi, cn)
+    with pytest.raises(ValueError):
+        soe_retention(q, k, v, c, xi, cn, normalizer="none")
+    with pytest.raises(ValueError):
+        local_window_attention(q, k, v, 0)
+
+
+def test_local_window_attention_and_entropy():
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(B, T, H, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    w = 6
+    o_chunk, e_chunk = local_window_attention(q, k, v, w, mode="chunk", chunk_size=8)
+    o_rec, e_rec = local_window_attention(q, k, v, w, mode="recurrent")
+    torch.testing.assert_close(o_chunk, o_rec)
+    torch.testing.assert_close(e_chunk, e_rec)
+    # manual row t = 20
+    t = 20
+    s = torch.einsum("bhd,bkhd->bhk", q[:, t], k[:, t - w + 1 : t + 1]) / 2.0
+    p = s.softmax(-1)
+    torch.testing.assert_close(o_rec[:, t], torch.einsum("bhk,bkhd->bhd", p, v[:, t - w + 1 : t + 1]))
+    ent = (-(p * p.log()).sum(-1) / math.log(w)).mean(1)
+    torch.testing.assert_close(e_rec[:, t], ent)
+    assert (e_rec[:, 0] == 0).all() and ((e_rec >= 0) & (e_rec <= 1 + 1e-12)).all()
+    # continuing from the last window-1 keys gives the same result
+    o2, e2 = local_window_attention(q[:, 15:], k[:, 15:], v[:, 15:], w, k[:, 10:15], v[:, 10:15])
+    torch.testing.assert_close(o2, o_rec[:, 15:])
+    torch.testing.assert_close(e2, e_rec[:, 15:])
+
+
+def test_retrieval_loss_matches_definition_and_refinement():
+    g = torch.Generator().manual_seed(2)
+    t = 30
+    q = torch.randn(1, t, 1, 4, generator=g, dtype=torch.float64)
+    k = torch.randn(1, t, 1, 4, generator=g, dtype=torch.float64)
+    alpha = torch.full((1, t), 0.5, dtype=torch.float64)
+    source = torch.full((1, t), -1)
+    source[0, 25], source[0, 29] = 3, 1
+    loss = retrieval_loss(q, k, alpha, source, exact_kernel=True, reduction="sum")
+    manual = 0.0
+    for tt, i_star in ((25, 3), (29, 1)):
+        r = torch.tensor([math.exp(float(q[0, tt, 0] @ k[0, i, 0]) / 2) * float(gl_weights(0.5, [tt - i])[0])
+                          for i in range(tt)])
+        manual -= math.log(float(r[i_star] / r.sum()))
+    assert float(loss) == pytest.approx(manual, rel=1e-8)
+    soe_loss = retrieval_loss(q, k, alpha, source, n_terms=15, horizon=64, reduction="sum")
+    assert float(soe_loss) == pytest.approx(manual, rel=5e-3)
+    with pytest.raises(ValueError):
+        retrieval_loss(q, k, alpha, torch.full((1, t), 40))
+    # long-lag sources favour larger α: projected GD raises α of the source tokens and lowers the loss
+    a0 = torch.full((1, t), 0.3, dtype=torch.float64)
+    fn = lambda a: retrieval_loss(q, k, a, source, n_terms=15, horizon=64)  # noqa: E731
+    a_ref, hist = refine_alpha(a0, fn, min_alpha=0.1, lr=0.5, steps=20)
+    assert hist[-1] < hist[0] - 0.1
+    assert ((a_ref >= 0.1) & (a_ref <= 1.0)).all()
+    assert float(a_ref[0, 1]) > 0.3 and float(a_ref[0, 3]) > 0.3
