@@ -101,3 +101,31 @@ def test_gradients_reach_eta_and_gamma():
 def test_bad_options_raise(bad):
     with pytest.raises(ValueError):
         build_mixer("ska", 16, **{"n_heads": 2, **bad})
+
+
+def test_koopman_mlp():
+    """§3.3 / eq. (14): 2·d·d_k + d_k parameters, d_k = ⌈8d/3⌉₆₄ (448 → 1216, 768 → 2048, 128 → 384),
+    |λ_i| ≤ 1 after the clamp (= 1 with unit_circle), and the pair rotation equals W_readout·R·SiLU(W_lift h)."""
+    for d, dk in ((448, 1216), (768, 2048), (128, 384)):
+        m = build_mixer("koopman_mlp", d)
+        assert m.d_k == dk and sum(p.numel() for p in m.parameters()) == 2 * d * dk + dk
+    m = build_mixer("koopman_mlp", 16, d_k=8).double()
+    with torch.no_grad():
+        m.lam_re.copy_(torch.tensor([2.0, 0.5, 0.1, -1.0]))
+        m.lam_im.copy_(torch.tensor([0.0, 0.5, 0.2, 1.0]))
+    a, w = (t.detach() for t in m.eigenvalues())
+    assert (torch.sqrt(a**2 + w**2) <= 1 + 1e-12).all()
+    assert torch.allclose(a[1:3], m.lam_re[1:3]) and abs(float(a[0]) - 1.0) < 1e-12
+    x = x_(T=5)
+    y, st = m(x)
+    g = torch.nn.functional.silu(m.w_lift(x))
+    R = torch.zeros(8, 8, dtype=f64)
+    for i in range(4):
+        R[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[a[i], w[i]], [-w[i], a[i]]])
+    assert_rel_close(y, m.w_readout(g @ R.T), 1e-12, "eq. 14")
+    assert int(st["pos"][0]) == 5
+    u = build_mixer("koopman_mlp", 16, d_k=8, unit_circle=True)
+    a, w = (t.detach() for t in u.eigenvalues())
+    assert torch.allclose(a**2 + w**2, torch.ones(4))
+    with pytest.raises(ValueError):
+        build_mixer("koopman_mlp", 16, d_k=7)

@@ -76,3 +76,11 @@ def test_echo_tasks_protocol():
         assert y[b, -1] == latest[-1]
     with pytest.raises(ValueError):
         EchoMQAR(num_pairs=100)
+
+
+def test_echo_koopman_configs_match_paper_param_counts():
+    """With the Koopman MLP, Echo-50M has 50.1M and Echo-180M 184.9M parameters (paper: "50M", "180M";
+    notes §5.3: 50.1M / 185.0M), tied V = 32,000, Mamba-2 d_state 64."""
+    p50 = echo.meta_stats(echo.echo50m_config(ffn="koopman"), (64,))["params"]
+    p180 = echo.meta_stats(echo.echo180m_config(ffn="koopman"), (64,))["params"]
+    assert abs(p50 - 50.1e6) < 0.05e6 and abs(p180 - 185.0e6) < 0.2e6

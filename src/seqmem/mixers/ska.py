@@ -133,3 +133,65 @@ class SKAMixer(Mixer):
             f"{super().extra_repr()}, rank={self.rank}, chunk_size={self.chunk_size}, K={self.power}, "
             f"norm={self.norm!r}, operator_form={self.operator_form!r}"
         )
+
+
+@register("koopman_mlp")
+class KoopmanMLP(Mixer):
+    """Spectral Koopman MLP (Echo §3.3, eq. 14) as a token-wise, stateless layer.
+
+    ``g = SiLU(W_lift h) ∈ R^{d_k}``; consecutive pairs ``(g[2i], g[2i+1])`` are multiplied by the 2×2 real form of
+    ``λ_i = γ_i + iω_i`` with ``|λ_i|`` clamped to ≤ 1 (rescaling ``(γ_i, ω_i)``); ``out = W_readout z``.
+    Parameters ``2·d·d_k + d_k`` with ``d_k = ⌈d·8/3 / 64⌉·64`` by default.  In the LM backbone use it as its own
+    layer after each sequence layer with ``mlp_ratio=0`` (pre-norm + residual come from the backbone), which gives
+    the Echo block ``[Mamba-2; Koopman MLP]``.  Note (notes §2.11): ``W_readout·R`` is one linear map, so this is a
+    re-parametrised 2-matrix SiLU MLP; with the ≤ 1 clamp ``R`` may contract (not orthogonal, App. J.4).
+    """
+
+    contract_configs: ClassVar[list[dict]] = [{"d_k": 32}]
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int = 4,
+        impl: str = "fast",
+        d_k: int | None = None,
+        unit_circle: bool = False,
+    ) -> None:
+        super().__init__(d_model, n_heads, impl)
+        if d_k is None:
+            d_k = 64 * math.ceil(d_model * 8 / 3 / 64)
+        self.d_k = check_positive_int("d_k", d_k)
+        if d_k % 2:
+            raise ValueError(f"d_k must be even (pairs of features), got {d_k}")
+        if not isinstance(unit_circle, bool):
+            raise ValueError(f"unit_circle must be a bool, got {unit_circle!r}")
+        self.unit_circle = unit_circle
+        self.w_lift = nn.Linear(d_model, d_k, bias=False)
+        self.w_readout = nn.Linear(d_k, d_model, bias=False)
+        nn.init.xavier_uniform_(self.w_lift.weight)
+        nn.init.xavier_uniform_(self.w_readout.weight)
+        self.lam_re = nn.Parameter(torch.ones(d_k // 2))
+        self.lam_im = nn.Parameter(0.1 * torch.randn(d_k // 2))
+
+    def eigenvalues(self) -> tuple[Tensor, Tensor]:
+        """``(γ, ω)`` after the clamp ``|λ| ≤ 1`` (or projection onto ``|λ| = 1`` with ``unit_circle=True``)."""
+        rho = torch.sqrt(self.lam_re**2 + self.lam_im**2).clamp_min(1e-12)
+        s = 1.0 / rho if self.unit_circle else torch.clamp(1.0 / rho, max=1.0)
+        return self.lam_re * s, self.lam_im * s
+
+    def state_keys(self) -> set[str]:
+        return {"pos"}
+
+    def state_size(self, seq_len: int) -> int:
+        """Token-wise: the only state is a position counter (kept so batch mismatches are caught)."""
+        return 1
+
+    def _forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
+        g = torch.nn.functional.silu(self.w_lift(x))
+        g1, g2 = g[..., 0::2], g[..., 1::2]
+        a, w = self.eigenvalues()
+        z1 = a * g1 + w * g2  # eq. (14): [[γ, ω], [−ω, γ]] [g1; g2]
+        z2 = -w * g1 + a * g2
+        z = torch.stack([z1, z2], -1).flatten(-2)
+        pos = state["pos"] if state is not None else torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        return self.w_readout(z), {"pos": pos + x.shape[1]}

@@ -181,9 +181,13 @@ def hybrid_config(
     d_state: int = 64,
     vocab_size: int = 32000,
     mlp_ratio: float = 4.0,
+    ffn: str = "swiglu",
 ) -> LMConfig:
     """Mamba-2 stack with ``special`` ("ska" / "attention" / "mamba2") at the 0-based ``special_layers``.
-    The first and last layers must stay Mamba-2 (§3.4)."""
+    The first and last layers must stay Mamba-2 (§3.4).  ``ffn="koopman"``: every block's FFN is the Spectral
+    Koopman MLP (mixer ``koopman_mlp`` as its own backbone layer after each sequence layer, ``mlp_ratio=0``)."""
+    if ffn not in ("swiglu", "koopman"):
+        raise ValueError(f"ffn must be 'swiglu' or 'koopman', got {ffn!r}")
     if 0 in special_layers or n_layers - 1 in special_layers:
         raise ValueError("the first and last layers are always Mamba-2 (Echo §3.4)")
     mix, opts = [], []
@@ -195,10 +199,15 @@ def hybrid_config(
             if name == "mamba2"
             else ({"rank": rank, "chunk_size": chunk_size} if name == "ska" else {})
         )
+        if ffn == "koopman":
+            mix.append("koopman_mlp")
+            opts.append({})
+    if ffn == "koopman":
+        mlp_ratio = 0.0
     return LMConfig(
         vocab_size=vocab_size,
         d_model=d_model,
-        n_layers=n_layers,
+        n_layers=len(mix),
         n_heads=n_heads,
         mixer=mix,
         mixer_options=opts,
@@ -207,15 +216,16 @@ def hybrid_config(
     )
 
 
-def echo50m_config(special: str = "ska") -> LMConfig:
-    """Echo-50M (§3.4, §4.2): d = 448, 16 layers, 7 heads (P = 64), r = 56, SKA at 1-based {3, 7, 11, 15}
-    (0-based {2, 6, 10, 14}; notes §7.9), SwiGLU FFNs (the Mamba-2 + SKA + SwiGLU ablation family)."""
-    return hybrid_config(448, 16, 7, [2, 6, 10, 14], special, rank=56)
+def echo50m_config(special: str = "ska", ffn: str = "swiglu") -> LMConfig:
+    """Echo-50M (§3.4, §4.2): d = 448, 16 blocks, 7 heads (P = 64), r = 56, SKA at 1-based {3, 7, 11, 15}
+    (0-based {2, 6, 10, 14}; notes §7.9).  ``ffn="swiglu"``: the Mamba-2 + SKA + SwiGLU family; ``"koopman"``:
+    Echo proper (Koopman MLP, d_k = 1216)."""
+    return hybrid_config(448, 16, 7, [2, 6, 10, 14], special, rank=56, ffn=ffn)
 
 
-def echo180m_config(special: str = "ska") -> LMConfig:
-    """Echo-180M (§3.4): d = 768, 24 layers, 12 heads, r = 48, SKA at 1-based {8, 16} (0-based {7, 15})."""
-    return hybrid_config(768, 24, 12, [7, 15], special, rank=48)
+def echo180m_config(special: str = "ska", ffn: str = "swiglu") -> LMConfig:
+    """Echo-180M (§3.4): d = 768, 24 blocks, 12 heads, r = 48, SKA at 1-based {8, 16} (0-based {7, 15})."""
+    return hybrid_config(768, 24, 12, [7, 15], special, rank=48, ffn=ffn)
 
 
 def meta_stats(cfg: LMConfig, seq_lens=(2048, 131072)) -> dict[str, Any]:
@@ -372,6 +382,8 @@ def _write_tables(
         ("Mamba-2+Attn 50M", echo50m_config("attention")),
         ("Mamba-2 50M", echo50m_config("mamba2")),
         ("Echo-180M (Mamba-2+SKA+SwiGLU)", echo180m_config()),
+        ("Echo-50M (Mamba-2+SKA+Koopman MLP)", echo50m_config(ffn="koopman")),
+        ("Echo-180M (Mamba-2+SKA+Koopman MLP)", echo180m_config(ffn="koopman")),
     ):
         try:
             st = meta_stats(cfg, (64, 4096))
