@@ -169,36 +169,51 @@ class BlockAttention(Mixer):
         n = c + t
         nb = -(-n // L)
         b0 = (start - c) // L
-        pad = nb * L - n
-        Kp = F.pad(K, (0, 0, 0, 0, 0, pad)).view(b, nb, L, h, dh)
-        Vp = F.pad(V, (0, 0, 0, 0, 0, pad)).view(b, nb, L, h, dh)
-        Qp = F.pad(q, (0, 0, 0, 0, c, pad)).view(b, nb, L, h, dh)
+        if nb == 1:  # all queries in one block (decoding, short pieces): only the t new queries, no padding
+            Kp, Vp, Qp, off = K[:, None], V[:, None], q[:, None], c
+        else:  # several blocks: pad to whole blocks, queries at their in-block slots
+            pad = nb * L - n
+            Kp = F.pad(K, (0, 0, 0, 0, 0, pad)).view(b, nb, L, h, dh)
+            Vp = F.pad(V, (0, 0, 0, 0, 0, pad)).view(b, nb, L, h, dh)
+            Qp = F.pad(q, (0, 0, 0, 0, c, pad)).view(b, nb, L, h, dh)
+            off = 0
         ctxs = []
         for j in range(nb):  # sequential scan of the memory over blocks (cheap: a few matmuls per block)
             ctxs.append(self._mem_context(mem, b0 + j))
             if (j + 1) * L <= n:
                 mem = self._mem_update(mem, Kp[:, j], Vp[:, j], b0 + j, reference=False)
         ctx = {key: torch.stack([cx[key] for cx in ctxs], 1) for key in ctxs[0]}
-        pos = torch.arange(L, device=q.device)
-        q_rot = self._rope(Qp.reshape(b * nb, L, h, dh), pos).view(b, nb, L, h, dh)
-        k_rot = self._rope(Kp.reshape(b * nb, L, h, dh), pos).view(b, nb, L, h, dh)
-        y = self._attend_fast(q_rot, Qp, k_rot, Vp, ctx)
+        lq, lk = Qp.shape[2], Kp.shape[2]
+        qpos = torch.arange(off, off + lq, device=q.device)
+        kpos = torch.arange(lk, device=q.device)
+        q_rot = self._rope(Qp.reshape(b * nb, lq, h, dh), qpos).view(b, nb, lq, h, dh)
+        k_rot = self._rope(Kp.reshape(b * nb, lk, h, dh), kpos).view(b, nb, lk, h, dh)
+        y = self._attend_fast(q_rot, Qp, k_rot, Vp, ctx, off)
+        if nb == 1:
+            return y[:, 0], mem
         return y.reshape(b, nb * L, h, dh)[:, c : c + t], mem
 
-    def _local_mask(self, device) -> Tensor:
-        L = self.block_len
-        return torch.ones(L, L, dtype=torch.bool, device=device).tril()
+    def _local_mask(self, lq: int, lk: int, off: int, device) -> Tensor:
+        """mask[i, j]: query i (in-block position off + i) sees block key j (causal inside the block)."""
+        qi = torch.arange(lq, device=device)[:, None] + off
+        return torch.arange(lk, device=device)[None, :] <= qi
 
-    def _attend_fast(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
-        """Joint softmax over [memory tokens; causal block keys] for all blocks. Shapes (b, nb, L, h, dh)."""
+    def _attend_fast(
+        self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, off: int = 0
+    ) -> Tensor:
+        """Joint softmax over [memory tokens; causal block keys] for all blocks; (b, nb, L, h, dh) tensors.
+
+        ``off``: in-block position of the first query (queries and keys of one block may differ in length).
+        """
         qh, kh, vh = (z.permute(0, 3, 1, 2, 4) for z in (q_rot, k_rot, v))  # (b, h, nb, L, dh)
-        b, _, nb, L, _ = qh.shape
-        local = self._local_mask(q_rot.device).expand(b, 1, nb, L, L)
+        b, _, nb, lq, _ = qh.shape
+        lk = kh.shape[3]
+        local = self._local_mask(lq, lk, off, q_rot.device).expand(b, 1, nb, lq, lk)
         if "k" in ctx:
             km, vm = ctx["k"].permute(0, 3, 1, 2, 4), ctx["v"].permute(0, 3, 1, 2, 4)  # (b, h, nb, M, dh)
             M = km.shape[3]
             kh, vh = torch.cat([km, kh], 3), torch.cat([vm, vh], 3)
-            local = torch.cat([ctx["valid"][:, None, :, None, :].expand(b, 1, nb, L, M), local], -1)
+            local = torch.cat([ctx["valid"][:, None, :, None, :].expand(b, 1, nb, lq, M), local], -1)
         y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=local)
         return y.permute(0, 2, 3, 1, 4)
 

@@ -96,8 +96,10 @@ class Memorizing(BlockAttention):
         g = torch.sigmoid(self.mem_gate)[:, None]  # (h, 1), broadcast over head_dim
         return torch.where(has_mem, g * a_mem + (1 - g) * a_loc, a_loc)
 
-    def _attend_fast(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
-        a_loc = super()._attend_fast(q_rot, q_raw, k_rot, v, {})
+    def _attend_fast(
+        self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, off: int = 0
+    ) -> Tensor:
+        a_loc = super()._attend_fast(q_rot, q_raw, k_rot, v, {}, off)
         scale = self.head_dim**-0.5
         s = torch.einsum("bnlhd,bnmhd->bnhlm", q_raw, ctx["k"]) * scale
         valid = ctx["valid"][:, :, None, None, :]  # (b, nb, 1, 1, M)
@@ -180,8 +182,10 @@ class Infini(BlockAttention):
     def _norm(self, a: Tensor) -> Tensor:
         return a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + self.norm_eps)
 
-    def _attend_fast(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
-        a_loc = super()._attend_fast(q_rot, q_raw, k_rot, v, {})
+    def _attend_fast(
+        self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, off: int = 0
+    ) -> Tensor:
+        a_loc = super()._attend_fast(q_rot, q_raw, k_rot, v, {}, off)
         a_mem = self._norm(
             self._read(_elu1(q_raw), ctx["M"], ctx["z"], "bnlhk,bnhkv->bnlhv", "bnlhk,bnhk->bnlh")
         )
