@@ -371,7 +371,7 @@ class EchoMixture(_EchoTask):
         super().__init__(vocab_size, seq_len, eval_seed)
         self.n_vars, self.n_calls = n_vars, n_calls
         self.parts = [
-            EchoSysPrompt(vocab_size, seq_len, n_vars=n_vars, n_queries=min(2, n_vars), eval_seed=eval_seed),
+            EchoSysPrompt(vocab_size, seq_len, n_vars=n_vars, n_queries=n_vars, eval_seed=eval_seed),
             EchoToolTrace(vocab_size, seq_len, n_calls=n_calls, eval_seed=eval_seed),
         ]
 
