@@ -1,0 +1,70 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from seqmem.cli import main
+
+TRAIN = ["train", "--task", "mqar", "--mixer", "deltanet", "--layers", "1", "--d-model", "16", "--heads", "2",
+         "--steps", "6", "--batch-size", "4", "--vocab", "32", "--num-pairs", "2", "--seq-len", "16",
+         "--eval-examples", "16", "--no-progress", "--checkpoint-every", "3"]
+
+
+def test_list(capsys):
+    assert main(["list", "--d-model", "32", "--heads", "2", "--context", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "attention" in out and "mamba2" in out and "6,401" in out  # attention: 2·32·100 + 1
+
+
+def test_train_eval_resume(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*TRAIN, "--out", str(out)]) == 0
+    final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0 <= final["eval_accuracy"] <= 1
+    assert (out / "run.json").exists() and (out / "metrics.jsonl").exists()
+    assert main(["eval", "--run", str(out), "--examples", "16"]) == 0
+    ev = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert ev["loss"] == pytest.approx(final["eval_loss"], rel=1e-6)
+    assert main([*TRAIN, "--out", str(out), "--resume"]) == 0  # already finished: resumes at the end
+    # resuming with different arguments is refused
+    assert main([*TRAIN[:-2], "--out", str(out), "--resume", "--lr", "0.5"]) == 2
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--task", "mqar", "--mixer", "nope", "--out", "X"],
+        ["train", "--task", "mqar", "--mixer", "attention", "--steps", "-5", "--out", "X"],
+        ["train", "--task", "bogus", "--mixer", "attention", "--out", "X"],
+        ["train", "--task", "mqar", "--mixer", "attention", "--mixer-option", "bad_opt=1", "--out", "X"],
+        ["train", "--task", "mqar", "--mixer", "attention", "--mixer-option", "noequals", "--out", "X"],
+        ["eval", "--run", "/nonexistent/dir"],
+        ["demo", "--mixers", "nope"],
+        ["repro", "no_such_paper"],
+        ["no_such_command"],
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(argv, tmp_path):
+    argv = [str(tmp_path / "X") if a == "X" else a for a in argv]
+    p = subprocess.run([sys.executable, "-m", "seqmem", *argv], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.strip() and "warning" not in line]
+    assert len(lines) == 1 and "error" in lines[0], p.stderr
+
+
+def test_unwritable_out_dir(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main([*TRAIN, "--out", str(blocker / "sub")]) == 2
+
+
+def test_demo_smoke(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--mixers", "attention,deltanet", "--steps", "3", "--jobs", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| mixer |" in text
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {r["mixer"] for r in rows} == {"attention", "deltanet"}
+    assert all(r["error"] is None for r in rows)
+    assert (out / "accuracy_vs_state.png").stat().st_size > 1000

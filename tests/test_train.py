@@ -1,0 +1,72 @@
+import json
+
+import pytest
+import torch
+
+from seqmem.models import LanguageModel, LMConfig
+from seqmem.tasks.mqar import MQARTask
+from seqmem.train import TrainConfig, evaluate, train
+from seqmem.train.checkpoint import list_checkpoints
+
+
+def setup(seed=0):
+    torch.manual_seed(seed)
+    task = MQARTask(vocab_size=32, num_pairs=2, seq_len=16)
+    model = LanguageModel(LMConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, mixer="deltanet"))
+    return model, task
+
+
+CFG = dict(steps=12, batch_size=8, lr=3e-3, log_every=2, eval_every=6, eval_examples=32, checkpoint_every=4)
+
+
+def test_training_reduces_loss_and_writes_metrics(tmp_path):
+    model, task = setup()
+    before = evaluate(model, task, 64)
+    res = train(model, task, TrainConfig(**{**CFG, "steps": 60}), out_dir=tmp_path)
+    assert res.final["loss"] < before["loss"]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(2, 61, 2))
+    assert all("loss" in r for r in rows) and "eval_accuracy" in rows[-1]
+    assert len(list_checkpoints(tmp_path / "checkpoints")) == 2  # keeps the newest two
+
+
+def test_resume_is_exact(tmp_path):
+    model, task = setup()
+    full = train(model, task, TrainConfig(**CFG), out_dir=tmp_path / "a")
+    model, task = setup()
+    train(model, task, TrainConfig(**CFG), out_dir=tmp_path / "b", stop_after=5)  # "crash" after step 5
+    model, task = setup(seed=123)  # different init: everything must come from the checkpoint (step 4)
+    res = train(model, task, TrainConfig(**CFG), out_dir=tmp_path / "b", resume=True)
+    a = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
+    b = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+    strip = [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"} for line in a]
+    got = [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"} for line in b]
+    assert got == strip
+    assert res.final == full.final
+
+
+def test_corrupt_checkpoint_falls_back(tmp_path):
+    model, task = setup()
+    train(model, task, TrainConfig(**CFG), out_dir=tmp_path)
+    newest = list_checkpoints(tmp_path / "checkpoints")[-1]
+    with open(newest / "model.safetensors", "r+b") as f:
+        f.seek(100)
+        f.write(b"garbage!")
+    model, task = setup()
+    with pytest.warns(UserWarning, match="corrupt"):
+        train(model, task, TrainConfig(**CFG), out_dir=tmp_path, resume=True)
+
+
+def test_resume_without_checkpoint_or_with_other_config(tmp_path):
+    model, task = setup()
+    with pytest.raises(ValueError, match="no valid checkpoint"):
+        train(model, task, TrainConfig(**CFG), out_dir=tmp_path, resume=True)
+    train(model, task, TrainConfig(**CFG), out_dir=tmp_path)
+    with pytest.raises(ValueError, match="different training configuration"):
+        train(model, task, TrainConfig(**{**CFG, "lr": 1e-2}), out_dir=tmp_path, resume=True)
+
+
+@pytest.mark.parametrize("kw", [dict(steps=0), dict(lr=0), dict(warmup_frac=1.5), dict(batch_size=-1)])
+def test_bad_train_config(kw):
+    with pytest.raises(ValueError):
+        TrainConfig(**kw)
