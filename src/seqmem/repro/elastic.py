@@ -357,14 +357,21 @@ def plot_per_block(results: dict[str, dict[str, Any]], path: Path, title: str) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4))
+    base = results.get("Transformer++", {}).get("per_block_loss")
     for name, r in results.items():
-        pb = r["per_block_loss"]
-        ax.plot(range(len(pb)), [v / math.log(2) for v in pb], marker="o", ms=3, label=name)
+        pb = [v / math.log(2) for v in r["per_block_loss"]]
+        ax.plot(range(len(pb)), pb, marker="o", ms=3, label=name)
+        if base is not None:
+            ax2.plot(range(len(pb)), [a - b / math.log(2) for a, b in zip(pb, base)], marker="o", ms=3, label=name)
     ax.set_xlabel("block index")
     ax.set_ylabel("test loss (bits per byte)")
     ax.set_title(title)
     ax.legend(fontsize=8)
+    ax2.axhline(0.0, color="k", lw=0.5)
+    ax2.set_xlabel("block index")
+    ax2.set_ylabel("loss minus Transformer++ (bits per byte)")
+    ax2.set_title("difference to Transformer++ (same test windows)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
