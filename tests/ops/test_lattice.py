@@ -1,0 +1,327 @@
+"""Lattice ops: closed-form updates vs autograd, the sphere projection, Prop. 3.1, the forget-gate finding,
+reference loop == fast scan (C++ and PyTorch backends, outputs and gradients), the mini-batch approximation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import assert_rel_close
+from seqmem.ops import _lattice_cpp
+from seqmem.ops.lattice_ops import (
+    lattice_chunked,
+    lattice_scan,
+    lattice_step,
+    orthonormal_slots,
+    soft_threshold,
+    sphere_retract,
+)
+
+D64 = torch.float64
+
+
+def _rand(*shape, g, dtype=D64):
+    return torch.randn(*shape, generator=g, dtype=dtype)
+
+
+def _loss(objective: str, S, k, v):
+    """The ½-losses of the paper (eqs. 6, 9, 11, 19, 20) as functions of the state S (d, m)."""
+    phi = S / S.norm(dim=0, keepdim=True)
+    if objective == "dec":
+        return 0.5 * (phi @ k - v).pow(2).sum()
+    if objective == "enc":
+        return 0.5 * (phi.T @ v - k).pow(2).sum()
+    if objective == "sim":
+        return -(phi.T @ v) @ k
+    if objective == "ttt":
+        z = S @ k
+        return 0.5 * (z / z.norm() - v).pow(2).sum()
+    if objective == "delta":
+        return 0.5 * (S @ k - v).pow(2).sum()
+    raise AssertionError(objective)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# closed forms (eqs. 7, 8, 10/21, 12, 13, 19, 20) against autograd
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("objective", ["dec", "enc", "sim", "ttt", "delta"])
+def test_closed_form_step_is_one_gradient_step(objective):
+    g = torch.Generator().manual_seed(1)
+    d, m = 7, 5
+    S = _rand(d, m, g=g) * (0.5 + torch.rand(m, generator=g, dtype=D64))  # slots of any norm
+    k, v = _rand(m, g=g), _rand(d, g=g)
+    gamma = 0.37
+    Sg = S.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(_loss(objective, Sg, k, v), Sg)
+    step = lattice_step(S, k, v, torch.full((m,), gamma, dtype=D64), objective=objective, normalize=False)
+    assert_rel_close(step, S - gamma * grad, 1e-13, f"{objective}: closed form vs autograd")
+    assert (step - S).abs().max() > 1e-3  # the step moves the state
+
+
+@pytest.mark.parametrize("objective", ["dec", "enc", "sim"])
+def test_gradient_is_tangent_to_every_slot(objective):
+    """Scale invariance of the column-normalised losses: s_iᵀ ∂L/∂s_i = 0 (so the update is orthogonal)."""
+    g = torch.Generator().manual_seed(2)
+    S = _rand(6, 4, g=g).requires_grad_(True)
+    (grad,) = torch.autograd.grad(_loss(objective, S, _rand(4, g=g), _rand(6, g=g)), S)
+    radial = (grad * S.detach()).sum(0)
+    assert radial.abs().max() < 1e-13 * grad.abs().max()
+    assert grad.abs().max() > 1e-3
+
+
+def test_jacobian_of_column_normalisation_eq8():
+    s = torch.randn(5, dtype=D64)
+    J = torch.autograd.functional.jacobian(lambda x: x / x.norm(), s)
+    P = torch.eye(5, dtype=D64) - torch.outer(s, s) / s.dot(s)
+    assert_rel_close(J, P / s.norm(), 1e-14, "J_phi = P(s)/|s|")
+
+
+def test_delta_special_case_eq20():
+    g = torch.Generator().manual_seed(3)
+    S, k, v = _rand(5, 4, g=g), _rand(4, g=g), _rand(5, g=g)
+    gam = 0.3
+    out = lattice_step(S, k, v, torch.full((4,), gam, dtype=D64), objective="delta", normalize=False)
+    expect = S @ (torch.eye(4, dtype=D64) - gam * torch.outer(k, k)) + gam * torch.outer(v, k)
+    assert_rel_close(out, expect, 1e-14, "S(I - γkkᵀ) + γvkᵀ")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the sphere projection (eq. 14) and Prop. 3.1
+# ---------------------------------------------------------------------------------------------------------------
+def test_sphere_projection_beta_formula_and_pythagoras():
+    g = torch.Generator().manual_seed(4)
+    S = orthonormal_slots(1, 8, 6, generator=g, dtype=D64)[0]
+    h = _rand(8, g=g)
+    w = _rand(6, g=g)
+    dS = -(h[:, None] * w[None] - S * ((S.T @ h) * w)[None])  # column i: −w_i P(s_i) h
+    assert (dS * S).sum(0).abs().max() < 1e-14  # Δs_i ⊥ s_i
+    U = S + dS
+    assert_rel_close(U.norm(dim=0) ** 2, 1 + dS.norm(dim=0) ** 2, 1e-14, "Pythagoras")
+    beta = (1 + dS.norm(dim=0) ** 2) ** -0.5
+    assert_rel_close(sphere_retract(U), beta * U, 1e-15, "β-formula == exact renormalisation")
+
+
+@pytest.mark.parametrize("dtype,steps,tol", [(torch.float64, 2000, 1e-12), (torch.float32, 10000, 2e-6)])
+def test_slots_stay_unit_norm(dtype, steps, tol):
+    g = torch.Generator().manual_seed(5)
+    B, H, d, m = 1, 2, 6, 4
+    q = torch.randn(B, steps, H, m, generator=g, dtype=dtype)
+    k = torch.nn.functional.normalize(torch.randn(B, steps, H, m, generator=g, dtype=dtype), dim=-1)
+    v = torch.randn(B, steps, H, d, generator=g, dtype=dtype)
+    gam = torch.rand(B, steps, H, generator=g, dtype=dtype)
+    for obj in ("dec", "enc", "sim"):
+        _, S = lattice_scan(q, k, v, gam, objective=obj, chunk_size=256)
+        assert (S.norm(dim=-2) - 1).abs().max() < tol, obj
+
+
+def test_prop31_retraction_is_second_order():
+    """R_s(τu) = (s+τu)/‖s+τu‖ vs the exponential map cos τ s + sin τ u: error O(τ³) (×8 per halving)."""
+    g = torch.Generator().manual_seed(6)
+    s = torch.nn.functional.normalize(_rand(9, g=g), dim=0)
+    u = _rand(9, g=g)
+    u = u - s * s.dot(u)
+    u = u / u.norm()
+    errs = []
+    for tau in (0.1, 0.05, 0.025, 0.0125):
+        r = sphere_retract((s + tau * u)[:, None])[:, 0]
+        t = torch.tensor(tau, dtype=D64)
+        errs.append(float((r - (torch.cos(t) * s + torch.sin(t) * u)).norm()))
+    ratios = [a / b for a, b in zip(errs, errs[1:])]
+    assert all(7.5 < r < 8.5 for r in ratios), ratios
+    # first order: d/dτ R_s(τu)|₀ = u, and R_s(0) = s
+    eps = 1e-6
+    fd = (sphere_retract((s + eps * u)[:, None])[:, 0] - sphere_retract((s - eps * u)[:, None])[:, 0]) / (2 * eps)
+    assert_rel_close(fd, u, 1e-8, "dR/dτ at 0")
+    assert_rel_close(sphere_retract(s[:, None])[:, 0], s, 1e-15, "R_s(0) = s")
+
+
+@pytest.mark.parametrize("objective", ["dec", "enc", "sim"])
+def test_small_step_decreases_the_loss(objective):
+    g = torch.Generator().manual_seed(7)
+    fails = 0
+    for _ in range(20):
+        S = orthonormal_slots(1, 6, 4, generator=g, dtype=D64)[0]
+        k, v = _rand(4, g=g), _rand(6, g=g)
+        S2 = lattice_step(S, k, v, torch.full((4,), 1e-3, dtype=D64), objective=objective)
+        fails += int(_loss(objective, S2, k, v) >= _loss(objective, S, k, v))
+    assert fails == 0
+
+
+@pytest.mark.parametrize("objective", ["dec", "enc", "sim"])
+def test_forget_gate_equals_step_rescaling_under_projection(objective):
+    """Note §2.7 finding: P_C(μ s + Δ(γ)) = P_C(s + Δ(γ/μ)) — the forget gate (eq. 16) is redundant under (14)."""
+    g = torch.Generator().manual_seed(8)
+    S = orthonormal_slots(3, 6, 5, generator=g, dtype=D64)
+    k, v = _rand(3, 5, g=g), _rand(3, 6, g=g)
+    gam = torch.rand(3, 5, generator=g, dtype=D64)
+    mu = 0.2 + 0.8 * torch.rand(3, generator=g, dtype=D64)
+    a = lattice_step(S, k, v, gam, objective=objective, forget=mu)
+    b = lattice_step(S, k, v, gam / mu[:, None], objective=objective)
+    assert_rel_close(a, b, 1e-14, "forget gate vs rescaled step")
+    c = lattice_step(S, k, v, gam, objective=objective)
+    assert (a - c).abs().max() > 1e-3  # the gate does change the step (it is not a no-op)
+
+
+def test_soft_threshold_is_the_l1_prox():
+    y = torch.linspace(-2, 2, 41, dtype=D64)
+    tau = 0.3
+    grid = torch.linspace(-3, 3, 60001, dtype=D64)
+    brute = grid[(0.5 * (grid[None] - y[:, None]) ** 2 + tau * grid[None].abs()).argmin(1)]
+    assert (soft_threshold(y, tau) - brute).abs().max() < 2e-4
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reference loop == fast scan
+# ---------------------------------------------------------------------------------------------------------------
+def _inputs(B, T, H, m, d, dtype, per_slot=False, forget=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, m, generator=g, dtype=dtype)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, m, generator=g, dtype=dtype), dim=-1)
+    v = torch.randn(B, T, H, d, generator=g, dtype=dtype)
+    gam = torch.rand(B, T, H, *([m] if per_slot else []), generator=g, dtype=dtype)
+    mu = 0.5 + 0.5 * torch.rand(B, T, H, generator=g, dtype=dtype) if forget else None
+    S0 = orthonormal_slots(H, d, m, generator=g, dtype=dtype).expand(B, H, d, m).clone()
+    return [x if x is None else x.requires_grad_(True) for x in (q, k, v, gam, mu, S0)]
+
+
+FAST_CASES = [
+    ("dec", True, None), ("enc", True, None), ("sim", True, None), ("delta", False, None),
+    ("dec", False, None), ("ttt", False, None), ("dec", True, 0.05),
+]  # fmt: skip
+BACKENDS = ["torch"] + (["cpp"] if _lattice_cpp.available() else [])
+
+
+@pytest.mark.parametrize("objective,normalize,l1", FAST_CASES)
+@pytest.mark.parametrize("per_slot,forget", [(False, False), (True, True)])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scan_equals_reference_float64(objective, normalize, l1, per_slot, forget, backend):
+    if backend == "cpp" and not ((objective in ("dec", "enc", "sim") and normalize) or objective == "delta"):
+        pytest.skip("not a kernel case (the torch backend covers its checkpointed scan)")
+    if backend == "cpp" and l1 is not None:
+        pytest.skip("L1 runs the checkpointed scan")
+    B, T, H, m, d = 2, 19, 2, 4, 5
+    q, k, v, gam, mu, S0 = _inputs(B, T, H, m, d, D64, per_slot, forget)
+    ins = [x for x in (q, k, v, gam, mu, S0) if x is not None]
+    g = torch.Generator().manual_seed(9)
+    wy, wS = torch.randn(B, T, H, d, generator=g, dtype=D64), torch.randn(B, H, d, m, generator=g, dtype=D64)
+    res = {}
+    for mode in ("recurrent", "scan"):
+        y, S = lattice_scan(q, k, v, gam, S0, objective=objective, normalize=normalize, forget=mu, l1=l1,
+                            mode=mode, chunk_size=5, backend=backend)  # fmt: skip
+        grads = torch.autograd.grad((y * wy).sum() + (S * wS).sum(), ins)
+        res[mode] = (y, S, grads)
+    (yr, Sr, gr), (yf, Sf, gf) = res["recurrent"], res["scan"]
+    assert yr.abs().max() > 1e-3
+    assert_rel_close(yf, yr, 1e-12, "y")
+    assert_rel_close(Sf, Sr, 1e-12, "S_T")
+    for a, b in zip(gf, gr):
+        assert_rel_close(a, b, 1e-11, "gradient")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("objective", ["dec", "enc", "sim"])
+def test_scan_equals_reference_float32(backend, objective):
+    B, T, H, m, d = 2, 33, 2, 8, 8
+    q, k, v, gam, _, S0 = _inputs(B, T, H, m, d, torch.float32)
+    out = {}
+    for mode in ("recurrent", "scan"):
+        y, S = lattice_scan(q, k, v, gam, S0, objective=objective, mode=mode, chunk_size=8, backend=backend)
+        out[mode] = (y, S, torch.autograd.grad(y.pow(2).sum(), [q, k, v, gam]))
+    assert_rel_close(out["scan"][0], out["recurrent"][0], 1e-5, "y f32")
+    for a, b in zip(out["scan"][2], out["recurrent"][2]):
+        assert_rel_close(a, b, 1e-4, "grad f32")
+
+
+def test_gradcheck_tiny():
+    q, k, v, gam, mu, S0 = _inputs(1, 6, 1, 3, 4, D64, per_slot=True, forget=True)
+    for backend in BACKENDS:
+        assert torch.autograd.gradcheck(
+            lambda *a, be=backend: lattice_scan(*a[:4], a[5], forget=a[4], chunk_size=4, backend=be)[0],
+            (q, k, v, gam, mu, S0),
+        )
+
+
+def test_scan_is_causal_and_streams():
+    q, k, v, gam, _, S0 = _inputs(2, 30, 2, 4, 4, D64)
+    y, S = lattice_scan(q, k, v, gam, S0, chunk_size=7)
+    y1, S1 = lattice_scan(q[:, :13], k[:, :13], v[:, :13], gam[:, :13], S0, chunk_size=7)
+    y2, S2 = lattice_scan(q[:, 13:], k[:, 13:], v[:, 13:], gam[:, 13:], S1, chunk_size=7)
+    assert_rel_close(torch.cat([y1, y2], 1), y, 1e-13, "two pieces")
+    assert_rel_close(S2, S, 1e-13, "final state")
+    v2 = v.detach().clone()
+    v2[:, 20:] += 1.0
+    y3, _ = lattice_scan(q, k, v2, gam, S0)
+    assert_rel_close(y3[:, :20], y[:, :20], 1e-14, "future input changed the past")
+    assert (y3[:, 20:] - y[:, 20:]).abs().max() > 1e-3
+
+
+def test_fast_scan_memory_is_chunk_frugal():
+    """The scan's autograd keeps the inputs and one state per chunk, not one state per token."""
+    B, T, H, m, d = 1, 256, 2, 32, 32
+    q, k, v, gam, _, S0 = _inputs(B, T, H, m, d, torch.float32)
+    saved = {}
+    for mode in ("recurrent", "scan"):
+        total = [0]
+
+        def pack(t, total=total):
+            total[0] += t.numel()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y, _ = lattice_scan(q, k, v, gam, S0, mode=mode, chunk_size=32)
+        saved[mode] = total[0]
+    per_token_states = T * B * H * d * m
+    assert saved["recurrent"] > per_token_states  # autograd through the loop keeps every state
+    assert saved["scan"] < 0.25 * per_token_states, saved
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# mini-batch approximation (note §3.2)
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("objective", ["dec", "enc", "sim"])
+def test_chunked_with_chunk_one_is_exact_and_larger_chunks_differ(objective):
+    q, k, v, gam, _, S0 = _inputs(2, 24, 2, 4, 6, D64)
+    y, S = lattice_scan(q, k, v, gam, S0, objective=objective)
+    y1, (S1, A1) = lattice_chunked(q, k, v, gam, S0, objective=objective, chunk_size=1)
+    assert_rel_close(y1, y, 1e-12, "C=1")
+    assert_rel_close(sphere_retract(S1 + A1), S, 1e-12, "C=1 state")
+    y4, _ = lattice_chunked(q, k, v, gam, S0, objective=objective, chunk_size=4)
+    y4, y = y4.detach(), y.detach()
+    assert float((y4 - y).abs().max() / y.abs().max()) > 1e-3  # a different model
+
+
+def test_chunked_streams_across_partial_chunks():
+    q, k, v, gam, _, S0 = _inputs(1, 21, 2, 4, 4, D64)
+    y, (Sc, A) = lattice_chunked(q, k, v, gam, S0, chunk_size=6)
+    ya, (Sa, Aa) = lattice_chunked(q[:, :9], k[:, :9], v[:, :9], gam[:, :9], S0, chunk_size=6)
+    yb, (Sb, Ab) = lattice_chunked(q[:, 9:], k[:, 9:], v[:, 9:], gam[:, 9:], Sa, chunk_size=6,
+                                   initial_update=Aa, offset=3)  # fmt: skip
+    assert_rel_close(torch.cat([ya, yb], 1), y, 1e-13, "chunked split")
+    assert_rel_close(Sb, Sc, 1e-13, "chunk-start state")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# errors
+# ---------------------------------------------------------------------------------------------------------------
+def test_bad_inputs_raise():
+    q, k, v, gam, _, S0 = _inputs(1, 5, 1, 4, 4, D64)
+    with pytest.raises(ValueError, match="m <= d"):
+        orthonormal_slots(1, 3, 4)
+    with pytest.raises(ValueError, match="no exact chunk form"):
+        lattice_scan(q, k, v, gam, mode="chunk")
+    with pytest.raises(ValueError, match="objective"):
+        lattice_scan(q, k, v, gam, objective="pca")
+    with pytest.raises(ValueError, match="m <= d"):
+        lattice_scan(q, k, v[..., :3], gam)
+    with pytest.raises(ValueError, match="gamma"):
+        lattice_scan(q, k, v, gam[:, :3])
+    with pytest.raises(ValueError, match="initial_state"):
+        lattice_scan(q, k, v, gam, S0[:, :, :2])
+    with pytest.raises(ValueError, match="chunk_size"):
+        lattice_scan(q, k, v, gam, chunk_size=0)
+    with pytest.raises(ValueError, match="backend"):
+        lattice_scan(q, k, v, gam, backend="cuda")
+    with pytest.raises(ValueError, match="l1"):
+        lattice_scan(q, k, v, gam, l1=-1.0)
+    with pytest.raises(ValueError, match="cpp"):
+        lattice_scan(q, k, v, gam, objective="ttt", normalize=False, backend="cpp")
