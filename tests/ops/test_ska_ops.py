@@ -82,12 +82,16 @@ CFGS = [
 ]
 
 
-@pytest.mark.parametrize("cfg", CFGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
-@pytest.mark.parametrize("dtype", [f64, torch.float32], ids=["f64", "f32"])
+CASES = [pytest.param(c, f64, id="f64-" + "-".join(f"{k}={v}" for k, v in c.items())) for c in CFGS] + [
+    pytest.param(c, torch.float32, id="f32-" + "-".join(f"{k}={v}" for k, v in c.items())) for c in CFGS[:4]
+]
+
+
+@pytest.mark.parametrize("cfg,dtype", CASES)
 def test_recurrent_equals_chunk(cfg, dtype):
     tol = 1e-10 if dtype == f64 else 2e-4
     cfg = dict(cfg)
-    q, k, v = qkv(dtype=dtype, requires_grad=True)
+    q, k, v = qkv(T=29, dtype=dtype, requires_grad=True)
     gamma = torch.tensor(cfg.pop("gamma", 1.2), dtype=dtype, requires_grad=True)
     w = torch.randn(v.shape, dtype=dtype, generator=torch.Generator().manual_seed(9))
     res = {}
@@ -96,7 +100,7 @@ def test_recurrent_equals_chunk(cfg, dtype):
         grads = torch.autograd.grad((o * w).sum(), [q, k, v, gamma], allow_unused=True)
         res[mode] = (o, st, grads)
     (o_r, s_r, g_r), (o_c, s_c, g_c) = res["recurrent"], res["chunk"]
-    if cfg["chunk_size"] < 37:
+    if cfg["chunk_size"] < 29:
         assert o_r.abs().max() > 1e-3
         assert_rel_close(o_c, o_r, tol, "output")
         for a, b in zip(g_c, g_r):
@@ -280,7 +284,7 @@ def test_spectral_normalisation_props_d2_d3():
     """Prop. D.2/D.3 hold with the exact σ_max; with the paper's 6 detached power iterations ‖Â‖₂ can exceed 1
     (notes §2.6: σ is under-estimated), so the bound is only approximate in the actual algorithm."""
     g = torch.Generator().manual_seed(0)
-    A = 2.0 * torch.randn(300, 24, 24, dtype=f64, generator=g) / math.sqrt(24)
+    A = 2.0 * torch.randn(150, 24, 24, dtype=f64, generator=g) / math.sqrt(24)
     exact = A / exact_sigma(A).clamp_min(1)[:, None, None]
     assert exact_sigma(exact).max() <= 1 + 1e-9
     assert exact_sigma(torch.linalg.matrix_power(exact, 2)).max() <= 1 + 1e-9
@@ -289,7 +293,7 @@ def test_spectral_normalisation_props_d2_d3():
     approx = A * ska_spectral_scale(A, 6)
     assert exact_sigma(approx).max() > 1.01  # the 6-step estimate leaves ‖Â‖ > 1 for some matrices
     assert exact_sigma(approx).max() < 1.5
-    many = A * ska_spectral_scale(A, 300)
+    many = A * ska_spectral_scale(A, 200)
     assert exact_sigma(many).max() <= 1 + 1e-3
 
 
