@@ -1,0 +1,283 @@
+"""Lattice (Karami & Mirrokni 2025, arXiv:2504.05646): the orthogonal-state-recurrence block of Appendix A.
+
+Block (shared notes/lattice.md §2.11; details the paper leaves open are marked (R), our recommendation):
+
+    u = x W_qk                                   one projection shared by q and k (App. A)
+    q = silu(conv_q(u)),  k = silu(conv_k(u))    two short causal depthwise convolutions (kernel 4 (R), SiLU (R))
+    q, k ← q/‖q‖, k/‖k‖ per head                 (R, DeltaNet convention; ``qk_norm``)
+    v = x W_v,  γ_t = sigmoid(x W_γ + b)         input-dependent step size, per head or per slot (R)
+    y = OSR scan (seqmem.ops.lattice_scan)       DEC / ENC / SIM + sphere projection (eq. 14)
+    out = (y ⊙ gelu(x W_g)) W_o                  GeLU post-gate, output projection
+
+Per head the state is ``S ∈ R^{d×m}`` (``d = head_dim``, ``m = n_slots ≤ d``), started from a fixed random
+orthonormal ``S_0`` per head (a buffer; ``learn_s0=True`` makes it a parameter, column-normalised when used).
+Registered: ``lattice`` (DEC), ``lattice_enc``, ``lattice_sim``.  The rows of the Table 4 ablation and the TTT
+baseline are options of the same block (see ``LADDER`` below): DeltaNet update (``objective="delta",
+normalize=False``, eq. 20), orthogonal update without the sphere projection (``normalize=False``, eq. 7/13),
++ sphere projection (the default, eq. 14), + forget gate (``forget_gate=True``, eq. 16), and the paper's model
+of TTT (``objective="ttt", normalize=False``, eq. 19).  ``lattice_chunked`` (the TTT-style mini-batch
+approximation, note §3.2) is a DIFFERENT model, registered separately.
+
+``impl="reference"`` runs the per-token loop under autograd; ``impl="fast"`` runs the same recurrence with the
+fused C++ scan (or the PyTorch hand-VJP scan) and a chunk-recompute backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqmem.mixers._conv import ShortConv
+from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
+from seqmem.ops.lattice_ops import LATTICE_OBJECTIVES, lattice_chunked, lattice_scan, orthonormal_slots
+from seqmem.registry import register
+
+#: mixer options of the Table 4 ablation ladder and of the TTT baseline, all in the Lattice block
+LADDER: dict[str, dict[str, Any]] = {
+    "deltanet (eq. 20)": {"objective": "delta", "normalize": False},
+    "+ orthogonal recurrence (eq. 7)": {"objective": "dec", "normalize": False},
+    "+ normalized projection (eq. 14)": {"objective": "dec", "normalize": True},
+    "+ forget gate (eq. 16)": {"objective": "dec", "normalize": True, "forget_gate": True},
+}
+TTT_OPTIONS: dict[str, Any] = {"objective": "ttt", "normalize": False}
+
+
+def _check_head_dims(d_model: int, n_heads: int, head_dim: int | None, n_slots: int | None) -> tuple[int, ...]:
+    if head_dim is None:
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass head_dim")
+        head_dim = d_model // n_heads
+    check_positive_int("head_dim", head_dim)
+    n_slots = head_dim if n_slots is None else check_positive_int("n_slots", n_slots)
+    return head_dim, n_slots
+
+
+@register("lattice", objective="dec")
+class LatticeMixer(Mixer):
+    """Lattice block: orthogonal slot-memory recurrence (DEC/ENC/SIM), shared q/k projection, GeLU gate."""
+
+    contract_configs: ClassVar[list[dict[str, Any]]] = [
+        {"chunk_size": 8},
+        {"chunk_size": 8, "gamma_per_slot": True, "forget_gate": True, "learn_s0": True},
+        {"chunk_size": 8, "objective": "ttt", "normalize": False, "n_slots": 4, "conv_size": 2},
+        {"chunk_size": 8, "objective": "delta", "normalize": False, "forget_gate": True},
+        {"chunk_size": 8, "normalize": False, "l1": 0.01},
+    ]
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int = 4,
+        impl: str = "fast",
+        objective: str = "dec",
+        normalize: bool = True,
+        head_dim: int | None = None,
+        n_slots: int | None = None,
+        conv_size: int = 4,
+        qk_norm: bool = True,
+        gamma_per_slot: bool = False,
+        forget_gate: bool = False,
+        l1: float = 0.0,
+        learn_s0: bool = False,
+        chunk_size: int = 64,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(d_model, n_heads, impl)
+        self.objective = check_choice("objective", objective, LATTICE_OBJECTIVES)
+        for name, val in (
+            ("normalize", normalize), ("qk_norm", qk_norm), ("gamma_per_slot", gamma_per_slot),
+            ("forget_gate", forget_gate), ("learn_s0", learn_s0),
+        ):  # fmt: skip
+            if not isinstance(val, bool):
+                raise ValueError(f"{name} must be a bool, got {val!r}")
+        self.normalize = normalize
+        self.head_dim, self.n_slots = _check_head_dims(d_model, n_heads, head_dim, n_slots)
+        if self.n_slots > self.head_dim:
+            raise ValueError(
+                f"n_slots={self.n_slots} > head_dim={self.head_dim}: orthonormal initial slots need m <= d"
+            )
+        self.conv_size = check_positive_int("conv_size", conv_size)
+        self.chunk_size = check_positive_int("chunk_size", chunk_size)
+        if isinstance(l1, bool) or not isinstance(l1, (int, float)) or l1 < 0:
+            raise ValueError(f"l1 must be a non-negative number, got {l1!r}")
+        self.l1 = float(l1)
+        self.qk_norm, self.gamma_per_slot, self.forget_gate, self.learn_s0 = (
+            qk_norm, gamma_per_slot, forget_gate, learn_s0
+        )  # fmt: skip
+        H, d, m = n_heads, self.head_dim, self.n_slots
+        self.qk_proj = nn.Linear(d_model, H * m, bias=False)  # shared by q and k (App. A)
+        self.conv_q = ShortConv(H * m, conv_size)
+        self.conv_k = ShortConv(H * m, conv_size)
+        self.v_proj = nn.Linear(d_model, H * d, bias=False)
+        self.gamma_proj = nn.Linear(d_model, H * m if gamma_per_slot else H)
+        if forget_gate:
+            self.forget_proj = nn.Linear(d_model, H)
+            nn.init.constant_(self.forget_proj.bias, 3.0)  # μ ≈ 0.95 at init
+        self.gate_proj = nn.Linear(d_model, H * d, bias=False)
+        self.o_proj = nn.Linear(H * d, d_model, bias=False)
+        s0 = orthonormal_slots(H, d, m, generator=torch.Generator().manual_seed(seed))
+        if learn_s0:
+            self.S0 = nn.Parameter(s0)
+        else:
+            self.register_buffer("S0", s0)
+
+    # -- contract -------------------------------------------------------------------------------------------
+    def state_keys(self) -> set[str]:
+        return {"S", "conv_q", "conv_k"}
+
+    def state_size(self, seq_len: int) -> int:
+        H, d, m = self.n_heads, self.head_dim, self.n_slots
+        return H * d * m + 2 * (self.conv_size - 1) * H * m
+
+    def initial_state(self, batch: int, dtype: torch.dtype, device: torch.device) -> State:
+        H, d, m = self.n_heads, self.head_dim, self.n_slots
+        return {
+            "S": self.S0.to(dtype=dtype, device=device).unsqueeze(0).expand(batch, H, d, m),
+            "conv_q": torch.zeros(batch, self.conv_size - 1, H * m, dtype=dtype, device=device),
+            "conv_k": torch.zeros(batch, self.conv_size - 1, H * m, dtype=dtype, device=device),
+        }
+
+    def _features(self, x: Tensor, state: State) -> tuple[Tensor, ...]:
+        B, T, _ = x.shape
+        H, d, m = self.n_heads, self.head_dim, self.n_slots
+        u = self.qk_proj(x)
+        q, cq = self.conv_q(u, state["conv_q"])
+        k, ck = self.conv_k(u, state["conv_k"])
+        q = F.silu(q).view(B, T, H, m)
+        k = F.silu(k).view(B, T, H, m)
+        if self.qk_norm:
+            q = F.normalize(q, dim=-1, eps=1e-6)
+            k = F.normalize(k, dim=-1, eps=1e-6)
+        v = self.v_proj(x).view(B, T, H, d)
+        gamma = torch.sigmoid(self.gamma_proj(x))
+        gamma = gamma.view(B, T, H, m) if self.gamma_per_slot else gamma.view(B, T, H)
+        mu = torch.sigmoid(self.forget_proj(x)) if self.forget_gate else None
+        return q, k, v, gamma, mu, cq, ck
+
+    def _forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
+        B, T, _ = x.shape
+        if state is None:
+            state = self.initial_state(B, x.dtype, x.device)
+        q, k, v, gamma, mu, cq, ck = self._features(x, state)
+        y, S = lattice_scan(
+            q, k, v, gamma, state["S"], objective=self.objective, normalize=self.normalize, forget=mu,
+            l1=self.l1 if self.l1 > 0 else None, chunk_size=self.chunk_size,
+            mode="recurrent" if self.impl == "reference" else "scan",
+        )  # fmt: skip
+        y = y.reshape(B, T, -1) * F.gelu(self.gate_proj(x))  # GeLU post-gate
+        return self.o_proj(y), {"S": S, "conv_q": cq, "conv_k": ck}
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, objective={self.objective!r}, normalize={self.normalize}, "
+            f"head_dim={self.head_dim}, n_slots={self.n_slots}"
+        )
+
+
+@register("lattice_enc", objective="enc")
+class LatticeEncMixer(LatticeMixer):
+    """Lattice-ENC block: the encoding objective ½‖φ(S)ᵀv − k‖² (eqs. 9-10, 21)."""
+
+    contract_configs: ClassVar[list[dict[str, Any]]] = [
+        {"chunk_size": 8},
+        {"chunk_size": 8, "gamma_per_slot": True, "forget_gate": True, "n_slots": 4},
+    ]
+
+
+@register("lattice_sim", objective="sim")
+class LatticeSimMixer(LatticeMixer):
+    """Lattice-SIM block: the similarity objective −⟨φ(S)ᵀv, k⟩ (eqs. 11-12)."""
+
+    contract_configs: ClassVar[list[dict[str, Any]]] = [
+        {"chunk_size": 8},
+        {"chunk_size": 8, "gamma_per_slot": True, "forget_gate": True, "n_slots": 4},
+    ]
+
+
+@register("lattice_chunked", objective="dec")
+class LatticeChunkedMixer(LatticeMixer):
+    """Mini-batch Lattice (note §3.2, TTT-style): all gradients of a chunk taken at its start state.
+
+    A DIFFERENT model from ``lattice`` (equal only for ``chunk_size=1``); chunks are counted from the sequence
+    start, so the state also holds the chunk-start slots, the partial-chunk update and a position counter.
+    ``impl="reference"``: a per-token loop with the same mini-batch semantics; ``impl="fast"``: cumsum form.
+    """
+
+    contract_configs: ClassVar[list[dict[str, Any]]] = [
+        {"chunk_size": 8},
+        {"chunk_size": 5, "objective": "enc", "gamma_per_slot": True, "n_slots": 4},
+    ]
+
+    def __init__(self, d_model: int, n_heads: int = 4, impl: str = "fast", objective: str = "dec",
+                 head_dim: int | None = None, n_slots: int | None = None, conv_size: int = 4,
+                 qk_norm: bool = True, gamma_per_slot: bool = False, learn_s0: bool = False,
+                 chunk_size: int = 16, seed: int = 0) -> None:  # fmt: skip
+        if objective not in ("dec", "enc", "sim"):
+            raise ValueError(f"lattice_chunked: objective must be 'dec', 'enc' or 'sim', got {objective!r}")
+        super().__init__(
+            d_model, n_heads, impl, objective=objective, normalize=True, head_dim=head_dim, n_slots=n_slots,
+            conv_size=conv_size, qk_norm=qk_norm, gamma_per_slot=gamma_per_slot, learn_s0=learn_s0,
+            chunk_size=chunk_size, seed=seed,
+        )  # fmt: skip
+
+    def state_keys(self) -> set[str]:
+        return {"S", "A", "pos", "conv_q", "conv_k"}
+
+    def state_size(self, seq_len: int) -> int:
+        H, d, m = self.n_heads, self.head_dim, self.n_slots
+        return 2 * H * d * m + 1 + 2 * (self.conv_size - 1) * H * m
+
+    def initial_state(self, batch: int, dtype: torch.dtype, device: torch.device) -> State:
+        st = super().initial_state(batch, dtype, device)
+        st["A"] = torch.zeros_like(st["S"])
+        st["pos"] = torch.zeros(batch, dtype=torch.long, device=device)
+        return st
+
+    def _forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
+        B, T, _ = x.shape
+        if state is None:
+            state = self.initial_state(B, x.dtype, x.device)
+        pos = state["pos"]
+        if not bool((pos == pos[0]).all()):
+            raise ValueError("lattice_chunked: all sequences of a batch must be at the same position")
+        offset = int(pos[0]) % self.chunk_size
+        q, k, v, gamma, _, cq, ck = self._features(x, state)
+        S0, A = state["S"], state["A"]
+        if self.impl == "fast":
+            y, (S0, A) = lattice_chunked(
+                q, k, v, gamma, S0, objective=self.objective, chunk_size=self.chunk_size,
+                initial_update=A, offset=offset,
+            )  # fmt: skip
+        else:
+            y, S0, A = self._reference(q, k, v, gamma, S0, A, offset)
+        y = y.reshape(B, T, -1) * F.gelu(self.gate_proj(x))
+        return self.o_proj(y), {"S": S0, "A": A, "pos": pos + T, "conv_q": cq, "conv_k": ck}
+
+    def _reference(self, q, k, v, gamma, S0, A, offset):
+        """Per token: Δ_t from the chunk-start slots S⁰, U_t = S⁰ + Σ Δ, S_t = U_t/‖U_t‖, y_t = S_t q_t."""
+        T = k.shape[1]
+        if gamma.dim() == 3:
+            gamma = gamma.unsqueeze(-1).expand_as(k)
+        S0 = S0 / S0.norm(dim=-2, keepdim=True)
+        ys, pos = [], offset
+        for t in range(T):
+            kt, vt, gt = k[:, t], v[:, t], gamma[:, t]
+            if self.objective == "dec":
+                h, c = (S0 @ kt.unsqueeze(-1)).squeeze(-1) - vt, kt
+            elif self.objective == "enc":
+                h, c = vt, (S0.transpose(-1, -2) @ vt.unsqueeze(-1)).squeeze(-1) - kt
+            else:
+                h, c = -vt, kt
+            p = (S0.transpose(-1, -2) @ h.unsqueeze(-1)).squeeze(-1)
+            w = gt * c
+            A = A - (h.unsqueeze(-1) * w.unsqueeze(-2) - S0 * (p * w).unsqueeze(-2))
+            U = S0 + A
+            St = U / U.norm(dim=-2, keepdim=True)
+            ys.append((St @ q[:, t].unsqueeze(-1)).squeeze(-1))
+            pos += 1
+            if pos == self.chunk_size:
+                S0, A, pos = St, torch.zeros_like(A), 0
+        return torch.stack(ys, 1), S0, A
