@@ -39,6 +39,14 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "deltanet": ("deltanet", {}),
     "vla": ("vla", {}),
 }
+#: extra models selectable with --models (not run by default)
+EXTRA_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "vla_nonorm": ("vla", {"normalizer": "none"}),
+    "vla_unit_u": ("vla", {"u_scale": 1.0}),
+    "vla_fixed_a": ("vla_fixed_a", {}),
+    "vla_v2": ("vla_v2", {}),
+}
+ALL_MODELS = {**MODELS, **EXTRA_MODELS}
 
 # ------------------------------------------------------------------------------------ the paper's numbers
 # MQAR capacity: Table 11 (seed 42, 1,000 steps) for n = 8..48; n = 4 from Fig. 5 (3-seed mean, text)
@@ -98,7 +106,9 @@ def scale_config(scale: str) -> dict[str, Any]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experiments", default=",".join(EXPERIMENTS), help=f"comma list of {EXPERIMENTS}")
-    p.add_argument("--models", default=",".join(MODELS), help=f"comma list of {list(MODELS)}")
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma list of {list(ALL_MODELS)}")
+    p.add_argument("--steps", type=int, default=None, help="override the training steps of every experiment")
+    p.add_argument("--capacity-ns", default=None, help="override the MQAR capacity n list, e.g. 4,8")
     p.add_argument("--lr-sweep", default=None, help="comma list of learning rates (default: per scale)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
 
@@ -127,7 +137,7 @@ def _train_one(model_key: str, task, steps: int, lr: float, seed: int, cfg: dict
     from seqmem.models import LanguageModel, LMConfig
     from seqmem.train import TrainConfig, evaluate, train
 
-    mixer, opts = MODELS[model_key]
+    mixer, opts = ALL_MODELS[model_key]
     torch.manual_seed(seed)
     lm = LanguageModel(LMConfig(vocab_size=task.vocab_size, d_model=cfg["d_model"], n_layers=2,
                                 n_heads=cfg["n_heads"], mixer=mixer, mixer_options=opts, mlp_ratio=3.0))
@@ -445,16 +455,28 @@ def _run(args: argparse.Namespace, scale: str, cfg: dict[str, Any]) -> int:
     if bad:
         raise ValueError(f"unknown experiment(s) {bad}; choose from {EXPERIMENTS}")
     models = [m.strip() for m in getattr(args, "models", ",".join(MODELS)).split(",") if m.strip()]
-    bad = sorted(set(models) - set(MODELS))
+    bad = sorted(set(models) - set(ALL_MODELS))
     if bad:
-        raise ValueError(f"unknown model(s) {bad}; choose from {list(MODELS)}")
+        raise ValueError(f"unknown model(s) {bad}; choose from {list(ALL_MODELS)}")
+    steps = getattr(args, "steps", None)
+    if steps is not None:
+        if steps <= 0:
+            raise ValueError(f"--steps must be positive, got {steps}")
+        for key in ("copy", "capacity", "capacity_long", "long", "ood"):
+            if cfg.get(key):
+                cfg[key]["steps"] = steps
+    if getattr(args, "capacity_ns", None):
+        cfg["capacity"]["ns"] = [int(x) for x in str(args.capacity_ns).split(",")]
+        cfg["capacity_long"] = None
     lrs, lrs_main = _lrs(args, cfg)
     if getattr(args, "seed", 0):
         rest = [s for s in cfg["seeds"] if s != int(args.seed)]
         cfg["seeds"] = [int(args.seed)] + rest[: len(cfg["seeds"]) - 1]
     command = (f"seqmem repro vla --scale {scale} --out {out} --experiments {','.join(exps)} "
                f"--models {','.join(models)}"
-               + (f" --lr-sweep {args.lr_sweep}" if getattr(args, "lr_sweep", None) else ""))
+               + (f" --lr-sweep {args.lr_sweep}" if getattr(args, "lr_sweep", None) else "")
+               + (f" --steps {steps}" if steps is not None else "")
+               + (f" --capacity-ns {args.capacity_ns}" if getattr(args, "capacity_ns", None) else ""))
     runs: list[dict[str, Any]] = []
     timing: dict[str, float] = {}
     for e in exps:
