@@ -1,0 +1,314 @@
+"""Lattice (paper 002, arXiv:2504.05646): scan speed, LM table (Table 2 in miniature), ablation ladder (Table 4).
+
+``seqmem repro lattice --scale smoke|small|paper --out DIR [--experiments speed,lm,ablation]``
+
+* ``speed``: training throughput (forward + backward) of the exact recurrence: the plain per-token loop under
+  autograd (``mode="recurrent"``) vs the fast exact scan (fused C++ kernel; PyTorch hand-VJP scan), for the op
+  and for a full Lattice block; and the activation memory kept for the backward at T = 8k.  Not in the paper
+  (it reports no timings).
+* ``lm``: byte-level LM on the offline ``code`` corpus (seqmem.tasks.lm.LMTask) for Transformer++
+  (``attention``), Linear Attention, Mamba2, DeltaNet, Gated DeltaNet, TTT (eq. 19 in the Lattice block) and
+  Lattice-DEC/ENC/SIM — the paper's Table 2 models.  The paper trains 110M models on 2.4B tokens of the Pile
+  and Books3 (perplexity, 32k-token vocabulary); we train ~0.1M-parameter models on ~10^5 bytes, so only the
+  ORDERING can be compared, and at this scale it is mostly noise — see docs/results/lattice/README.md.
+* ``ablation``: Table 4's ladder in the Lattice block: DeltaNet update (eq. 20) → + orthogonal recurrence
+  (eq. 7) → + normalized projection (eq. 14) → + forget gate (eq. 16).
+
+Every table shows the paper's number beside ours and our scale; bpb = bits per byte (ours), ppl = perplexity
+per token (paper) are different units.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seqmem.repro.common import write_results
+
+SCALES = ["smoke", "small", "paper"]
+EXPERIMENTS = ["speed", "lm", "ablation"]
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "smoke": {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 64, "batch": 4, "steps": 3, "lr": 3e-3,
+              "eval_examples": 8, "max_files": 40, "speed_T": 64, "speed_B": 2, "speed_H": 2, "speed_d": 16,
+              "speed_reps": 1, "mem_T": 512},
+    "small": {"d_model": 64, "n_layers": 2, "n_heads": 2, "seq_len": 256, "batch": 8, "steps": 60, "lr": 3e-3,
+              "eval_examples": 64, "max_files": 400, "speed_T": 256, "speed_B": 8, "speed_H": 4, "speed_d": 32,
+              "speed_reps": 2, "mem_T": 8192},
+    # the paper's 110M setting (12 layers x 768, 2k context, 0.5M tokens/step, ~4,800 steps): far beyond a CPU
+    "paper": {"d_model": 768, "n_layers": 12, "n_heads": 12, "seq_len": 2048, "batch": 256, "steps": 4800,
+              "lr": 3e-4, "eval_examples": 1024, "max_files": None, "speed_T": 2048, "speed_B": 8,
+              "speed_H": 12, "speed_d": 64, "speed_reps": 2, "mem_T": 8192},
+}  # fmt: skip
+
+TTT = {"objective": "ttt", "normalize": False}
+MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "Transformer++": ("attention", {}),
+    "Linear-Attention": ("linear_attention", {}),
+    "Mamba2": ("mamba2", {}),
+    "DeltaNet": ("deltanet", {}),
+    "Gated-DeltaNet": ("gated_deltanet", {}),
+    "TTT (eq. 19)": ("lattice", TTT),
+    "Lattice-DEC": ("lattice", {}),
+    "Lattice-ENC": ("lattice_enc", {}),
+    "Lattice-SIM": ("lattice_sim", {}),
+}
+# Table 2 (110M params / 2.4B tokens), perplexity: Pile 2k and Books 512 (the closest to our short contexts)
+PAPER_T2 = {
+    "Transformer++": (11.58, 20.60), "Linear-Attention": (12.56, 21.04), "Mamba2": (11.51, 19.94),
+    "DeltaNet": (11.62, 20.28), "Gated-DeltaNet": (11.31, 19.76), "TTT (eq. 19)": (11.59, 20.11),
+    "Lattice-DEC": (10.88, 19.06), "Lattice-ENC": (10.90, 19.11), "Lattice-SIM": (10.89, 19.08),
+}  # fmt: skip
+LADDER: dict[str, tuple[str, dict[str, Any], float]] = {
+    "DeltaNet (eq. 20, Lattice block)": ("lattice", {"objective": "delta", "normalize": False}, 11.62),
+    "+ orthogonal recurrence (eq. 7)": ("lattice", {"objective": "dec", "normalize": False}, 11.26),
+    "+ normalized projection (eq. 14)": ("lattice", {"objective": "dec"}, 10.94),
+    "+ forget gate (eq. 16)": ("lattice", {"objective": "dec", "forget_gate": True}, 10.94),
+}
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--experiments", default=",".join(EXPERIMENTS), help="comma-separated: speed,lm,ablation")
+    parser.add_argument("--steps", type=int, default=None, help="override the training steps of the scale")
+    parser.add_argument("--corpus", default="code", help="LM corpus: code, docs or a path")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# speed
+# ------------------------------------------------------------------------------------------------------------
+def _time(fn, reps: int) -> float:
+    fn()  # warm-up (builds the kernel on first use)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def bench_scan(T: int, B: int, H: int, d: int, reps: int = 2, seed: int = 0) -> list[dict[str, Any]]:
+    """Training throughput (fwd + bwd, tokens/s) of ``lattice_scan`` DEC per mode/backend, float32, 1 thread."""
+    from seqmem.ops import _lattice_cpp
+    from seqmem.ops.lattice_ops import lattice_scan
+
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, d, generator=g).requires_grad_()
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, d, generator=g), dim=-1).requires_grad_()
+    v = torch.randn(B, T, H, d, generator=g).requires_grad_()
+    gam = torch.rand(B, T, H, generator=g).requires_grad_()
+    variants = [("recurrent", "auto"), ("scan", "torch")]
+    if _lattice_cpp.available():
+        variants.append(("scan", "cpp"))
+    rows, base = [], None
+    for mode, backend in variants:
+
+        def step(mode=mode, backend=backend):
+            y, _ = lattice_scan(q, k, v, gam, mode=mode, backend=backend, chunk_size=64)
+            y.sum().backward()
+
+        dt = _time(step, reps)
+        tps = B * T / dt
+        base = base or tps
+        label = "plain loop (autograd)" if mode == "recurrent" else f"exact scan ({backend})"
+        rows.append({"level": "op", "impl": label, "shape": f"B={B} T={T} H={H} d=m={d}",
+                     "ms_per_step": 1e3 * dt, "tokens_per_s": tps, "speedup": tps / base})  # fmt: skip
+    return rows
+
+
+def bench_block(T: int, B: int, d_model: int, H: int, reps: int = 2) -> list[dict[str, Any]]:
+    """Training throughput of one Lattice block (projections, convs, scan, gate) per impl."""
+    import os
+
+    from seqmem import build_mixer
+
+    rows, base = [], None
+    x = torch.randn(B, T, d_model, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    for label, impl, env in (("reference (plain loop)", "reference", None), ("fast (torch scan)", "fast", "torch"),
+                             ("fast (C++ scan)", "fast", None)):  # fmt: skip
+        old = os.environ.get("SEQMEM_LATTICE_BACKEND")
+        if env:
+            os.environ["SEQMEM_LATTICE_BACKEND"] = env
+        try:
+            m = build_mixer("lattice", d_model, n_heads=H, impl=impl)
+
+            def step(m=m):
+                y, _ = m(x)
+                y.pow(2).mean().backward()
+
+            dt = _time(step, reps)
+        finally:
+            if env:
+                if old is None:
+                    os.environ.pop("SEQMEM_LATTICE_BACKEND", None)
+                else:
+                    os.environ["SEQMEM_LATTICE_BACKEND"] = old
+        tps = B * T / dt
+        base = base or tps
+        rows.append({"level": "block", "impl": label, "shape": f"B={B} T={T} D={d_model} H={H}",
+                     "ms_per_step": 1e3 * dt, "tokens_per_s": tps, "speedup": tps / base})  # fmt: skip
+    return rows
+
+
+def saved_bytes(T: int, B: int = 1, H: int = 4, d: int = 64, mode: str = "scan") -> int:
+    """Bytes autograd keeps for the backward of ``lattice_scan`` (float32), measured with saved-tensor hooks."""
+    from seqmem.ops.lattice_ops import lattice_scan
+
+    g = torch.Generator().manual_seed(0)
+    ins = [torch.randn(B, T, H, d, generator=g).requires_grad_() for _ in range(3)]
+    gam = torch.rand(B, T, H, generator=g).requires_grad_()
+    total = [0]
+    seen: set[int] = set()
+
+    def pack(t):
+        key = t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total[0] += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lattice_scan(*ins, gam, mode=mode, chunk_size=64)
+    return total[0]
+
+
+def run_speed(cfg: dict[str, Any], out: Path, command: str) -> list[dict[str, Any]]:
+    torch.set_num_threads(1)
+    rows = bench_scan(cfg["speed_T"], cfg["speed_B"], cfg["speed_H"], cfg["speed_d"], cfg["speed_reps"])
+    rows += bench_block(cfg["speed_T"], cfg["speed_B"], cfg["speed_H"] * cfg["speed_d"], cfg["speed_H"],
+                        cfg["speed_reps"])  # fmt: skip
+    for r in rows:
+        r["paper"] = "— (no timings in the paper)"
+    write_results(out, "speed", rows, columns=["level", "impl", "shape", "ms_per_step", "tokens_per_s", "speedup",
+                                              "paper"],  # fmt: skip
+                  title="Training throughput of the exact Lattice recurrence (fwd+bwd, float32, 1 thread)",
+                  command=command, scale_note="CPU, one thread; speedup relative to the plain loop")
+    T = cfg["mem_T"]
+    mem = []
+    for mode in ("scan", "recurrent"):
+        if mode == "recurrent" and T > 2048:  # measure at 1k and scale linearly (it is linear in T)
+            b = saved_bytes(1024, mode=mode) * T / 1024
+            note = "measured at T=1024, x T/1024"
+        else:
+            b, note = saved_bytes(T, mode=mode), "measured"
+        mem.append({"mode": mode, "T": T, "shape": "B=1 H=4 d=m=64 float32", "saved_MB_per_layer": b / 2**20,
+                    "how": note, "paper": "—"})  # fmt: skip
+    note = "per sequence and layer; the scan keeps its inputs + one state per chunk of 64 tokens"
+    write_results(out, "memory", mem, columns=["mode", "T", "shape", "saved_MB_per_layer", "how", "paper"],
+                  title="Activation memory kept for the backward by one Lattice scan", command=command,
+                  scale_note=note)  # fmt: skip
+    return rows + mem
+
+
+# ------------------------------------------------------------------------------------------------------------
+# LM experiments
+# ------------------------------------------------------------------------------------------------------------
+def _train_one(name: str, mixer: str, opts: dict[str, Any], cfg: dict[str, Any], task, seed: int):
+    from seqmem.models import LanguageModel, LMConfig
+    from seqmem.train import TrainConfig, evaluate, train
+
+    torch.manual_seed(seed)
+    model = LanguageModel(LMConfig(vocab_size=256, d_model=cfg["d_model"], n_layers=cfg["n_layers"],
+                                   n_heads=cfg["n_heads"], mixer=mixer, mixer_options=dict(opts)))  # fmt: skip
+    tc = TrainConfig(steps=cfg["steps"], batch_size=cfg["batch"], lr=cfg["lr"], weight_decay=0.1, warmup_frac=0.1,
+                     clip=1.0, eval_every=0, eval_examples=cfg["eval_examples"],
+                     eval_batch_size=min(32, cfg["eval_examples"]), log_every=max(1, cfg["steps"] // 10),
+                     seed=seed)  # fmt: skip
+    t0 = time.perf_counter()
+    res = train(model, task, tc)
+    secs = time.perf_counter() - t0
+    ev = evaluate(model, task, n_examples=cfg["eval_examples"], batch_size=min(32, cfg["eval_examples"]))
+    pos = {k: v for k, v in ev.items() if k.startswith("bpb_pos_")}
+    hist = [{"step": h.get("step"), "loss": h.get("loss")} for h in res.history if "loss" in h]
+    return {"model": name, "mixer": mixer, "options": opts, "params": model.num_parameters(),
+            "val_bpb": ev.get("bpb", ev["loss"] / 0.6931471805599453), "val_acc": ev["accuracy"],
+            "train_seconds": secs, "positions": pos, "history": hist}  # fmt: skip
+
+
+def _plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in results:
+        pos = r["positions"]
+        if not pos:
+            continue
+        keys = sorted(pos, key=lambda s: int(s.split("_")[2]))
+        xs = [(int(s.split("_")[2]) + int(s.split("_")[3])) / 2 for s in keys]
+        ax.plot(xs, [pos[s] for s in keys], marker="o", label=r["model"])
+    ax.set_xlabel("context position (bytes)")
+    ax.set_ylabel("val bits per byte")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_lm(cfg, out: Path, command: str, seed: int, corpus: str, which: str) -> list[dict[str, Any]]:
+    from seqmem.tasks.lm import LMTask
+
+    task = LMTask(corpus, seq_len=cfg["seq_len"], max_files=cfg["max_files"], n_buckets=8)
+    results = []
+    if which == "lm":
+        todo = [(n, m, o, PAPER_T2[n]) for n, (m, o) in MODELS.items()]
+    else:
+        todo = [(n, m, o, p) for n, (m, o, p) in LADDER.items()]
+    for name, mixer, opts, paper in todo:
+        r = _train_one(name, mixer, opts, cfg, task, seed)
+        r["paper"] = paper
+        results.append(r)
+        print(f"[lattice/{which}] {name}: val bpb {r['val_bpb']:.4f} ({r['params']} params, "
+              f"{r['train_seconds']:.0f}s)", flush=True)  # fmt: skip
+    scale = (f"{cfg['n_layers']} layers x d={cfg['d_model']}, {cfg['n_heads']} heads, byte-level {corpus!r} corpus, "
+             f"T={cfg['seq_len']}, {cfg['steps']} steps x {cfg['batch']} seqs "
+             f"(~{cfg['steps'] * cfg['batch'] * cfg['seq_len'] / 1e3:.0f}k bytes), seed {seed}")  # fmt: skip
+    if which == "lm":
+        rows = [{"model": r["model"], "paper_pile2k_ppl": r["paper"][0], "paper_books512_ppl": r["paper"][1],
+                 "ours_val_bpb": r["val_bpb"], "ours_params": r["params"], "scale": "ours: see scale note; "
+                 "paper: 110M params, 2.4B tokens"} for r in results]  # fmt: skip
+        cols = ["model", "paper_pile2k_ppl", "paper_books512_ppl", "ours_val_bpb", "ours_params", "scale"]
+        title = "Table 2 in miniature: LM quality (paper: perplexity; ours: bits per byte; lower is better)"
+    else:
+        rows = [{"configuration": r["model"], "paper_ppl": r["paper"], "ours_val_bpb": r["val_bpb"],
+                 "ours_params": r["params"], "scale": "ours: see scale note; paper: 125M, the Pile"}
+                for r in results]  # fmt: skip
+        cols = ["configuration", "paper_ppl", "ours_val_bpb", "ours_params", "scale"]
+        title = "Table 4 ablation ladder in the Lattice block (paper: Pile ppl; ours: val bits per byte)"
+    write_results(out, which, rows, columns=cols, title=title, command=command, scale_note=scale,
+                  extra={"runs": results})  # fmt: skip
+    _plot(results, out / f"{which}_bpb_vs_position.png", f"{title.split(':')[0]} — val bpb by position")
+    return results
+
+
+def run(args) -> int:
+    scale = args.scale
+    cfg = dict(CONFIGS[scale])
+    if getattr(args, "steps", None):
+        cfg["steps"] = int(args.steps)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    exps = [e.strip() for e in getattr(args, "experiments", ",".join(EXPERIMENTS)).split(",") if e.strip()]
+    bad = [e for e in exps if e not in EXPERIMENTS]
+    if bad:
+        raise ValueError(f"unknown experiment(s) {bad}; valid: {EXPERIMENTS}")
+    corpus = getattr(args, "corpus", "code")
+    seed = int(getattr(args, "seed", 0))
+    command = f"seqmem repro lattice --scale {scale} --experiments {','.join(exps)} --seed {seed}" + (
+        f" --steps {args.steps}" if getattr(args, "steps", None) else ""
+    )
+    summary: dict[str, Any] = {"scale": scale, "config": cfg, "command": command}
+    t0 = time.perf_counter()
+    if "speed" in exps:
+        summary["speed"] = run_speed(cfg, out, command)
+    for which in ("lm", "ablation"):
+        if which in exps:
+            res = run_lm(cfg, out, command, seed, corpus, which)
+            summary[which] = [{k: r[k] for k in ("model", "val_bpb", "params", "train_seconds")} for r in res]
+    summary["seconds"] = time.perf_counter() - t0
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return 0
