@@ -8,10 +8,10 @@ import os
 
 import pytest
 import torch
-from conftest import assert_rel_close
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import assert_rel_close
 from seqmem import build_mixer, get_entry, list_mixers
 
 TOL = {torch.float64: 1e-9, torch.float32: 2e-4}

@@ -1,7 +1,7 @@
 import pytest
 import torch
-from conftest import assert_rel_close
 
+from conftest import assert_rel_close
 from seqmem.models import LanguageModel, LMConfig
 
 
