@@ -7,6 +7,7 @@ import argparse
 import json
 
 import numpy as np
+import torch
 
 from seqmem.repro import elastic
 
@@ -32,8 +33,6 @@ def test_table12_matches_paper_magnitudes():
 def test_gbt_bilinear_close_to_zoh_state():
     f = np.sin(np.linspace(0, 6, 300))
     c_bil = elastic.gbt_compress(f, 16, 0.5)
-    import torch
-
     c_zoh = elastic.hippo_compress(torch.tensor(f)[:, None], 16, mode="direct")[0, :, 0].numpy()
     assert np.abs(c_bil - c_zoh).max() < 0.05 * np.abs(c_zoh).max()
 
@@ -49,6 +48,7 @@ def test_repro_smoke(tmp_path):
         "hippo_table12",
         "hippo_table13",
         "throughput",
+        "topic_task",
     ):
         assert (tmp_path / f"{name}.md").exists() and (tmp_path / f"{name}.json").exists(), name
     assert (tmp_path / "per_block.png").stat().st_size > 1000
@@ -61,3 +61,14 @@ def test_repro_smoke(tmp_path):
         assert np.isfinite(r["ours PPL (bytes)"]) and 1 < r["ours PPL (bytes)"] < 300
     readme = (tmp_path / "README.md").read_text()
     assert "Automatic checks" in readme and "Table 12" in readme
+
+
+def test_topic_task_draws_from_a_per_sequence_subset():
+    task = elastic.TopicTask(vocab=50, topic=3, seq_len=40)
+    x, y = task.sample(6, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (6, 40) and (x[:, 1:] == y[:, :-1]).all()
+    for row in x:
+        assert len(set(row.tolist())) <= 3
+    assert len({tuple(sorted(set(r.tolist()))) for r in x}) > 1  # topics differ between sequences
+    xe, _ = task.eval_data(4)
+    assert (xe == task.eval_data(4)[0]).all()
