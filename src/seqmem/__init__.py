@@ -5,3 +5,8 @@ from seqmem.registry import build_mixer, get_entry, list_mixers, register
 
 __version__ = "0.1.0"
 __all__ = ["Mixer", "State", "build_mixer", "count_state", "get_entry", "list_mixers", "register", "state_to"]
+
+# register model_type "seqmem" with transformers' auto classes when (and only if) they get imported — see seqmem.hf
+from seqmem.hf._hook import install as _install_hf  # noqa: E402
+
+_install_hf()

@@ -1,0 +1,62 @@
+"""``SeqmemConfig``: a ``transformers`` configuration mirroring :class:`seqmem.models.LMConfig`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PretrainedConfig
+
+from seqmem.models.lm import LMConfig
+
+__all__ = ["SeqmemConfig"]
+
+
+class SeqmemConfig(PretrainedConfig):
+    """Configuration of :class:`~seqmem.hf.SeqmemForCausalLM` (``model_type = "seqmem"``).
+
+    Fields are those of :class:`seqmem.models.LMConfig`: ``vocab_size``, ``d_model``, ``n_layers``, ``n_heads``,
+    ``mixer`` (a registered mixer name, or one name per layer for hybrids), ``mixer_options`` (a dict for every layer,
+    or one dict per layer), ``mlp_ratio`` (0 = no MLP), ``tie_embeddings``, ``norm_eps``, ``init_std``.  Every field
+    has a default, so ``AutoConfig.for_model("seqmem")`` works (a 2-layer attention model over 256 byte tokens).
+    """
+
+    model_type = "seqmem"
+    attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads"}
+
+    vocab_size: int = 256
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    mixer: str | list[str] = "attention"
+    mixer_options: dict[str, Any] | list[dict[str, Any]] | None = None
+    mlp_ratio: float = 4.0
+    tie_embeddings: bool = True
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    use_cache: bool = True
+    tie_word_embeddings: bool | None = None
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        if self.mixer_options is None:
+            self.mixer_options = {}
+        if isinstance(self.mixer, tuple):
+            self.mixer = list(self.mixer)
+        if self.tie_word_embeddings is None:
+            self.tie_word_embeddings = bool(self.tie_embeddings)
+        self.tie_embeddings = bool(self.tie_word_embeddings)
+        self.to_lm_config()  # validate (clear ValueErrors) before anything is built
+        super().__post_init__(**kwargs)
+
+    def to_lm_config(self) -> LMConfig:
+        """The equivalent :class:`seqmem.models.LMConfig`."""
+        return LMConfig(
+            vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
+            mixer=self.mixer, mixer_options=self.mixer_options or {}, mlp_ratio=float(self.mlp_ratio),
+            tie_embeddings=bool(self.tie_embeddings), norm_eps=float(self.norm_eps), init_std=float(self.init_std),
+        )
+
+    @classmethod
+    def from_lm_config(cls, cfg: LMConfig, **kwargs: Any) -> SeqmemConfig:
+        """A ``SeqmemConfig`` with the fields of ``cfg`` (extra ``transformers`` kwargs allowed)."""
+        d = cfg.to_dict()
+        return cls(**d, tie_word_embeddings=d["tie_embeddings"], **kwargs)
