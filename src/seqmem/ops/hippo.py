@@ -90,8 +90,21 @@ def _gauss(M: int) -> tuple[np.ndarray, np.ndarray]:
     return u, w
 
 
-@functools.lru_cache(maxsize=256)
+_CACHE_MAX_FLOATS = 1 << 22  # results larger than this (32 MiB in float64) are not memoised
+
+
 def _transition_np(N: int, t1: float, t2: float) -> np.ndarray:
+    if N * N <= _CACHE_MAX_FLOATS:
+        return _transition_cached(N, t1, t2)
+    return _transition_impl(N, t1, t2)
+
+
+@functools.lru_cache(maxsize=128)
+def _transition_cached(N: int, t1: float, t2: float) -> np.ndarray:
+    return _transition_impl(N, t1, t2)
+
+
+def _transition_impl(N: int, t1: float, t2: float) -> np.ndarray:
     r = t1 / t2
     if r == 0.0:
         return np.zeros((N, N))
@@ -120,8 +133,18 @@ def legs_transition(N: int, t1: float, t2: float, dtype: torch.dtype = torch.flo
     return torch.tensor(_transition_np(N, float(t1), float(t2)), dtype=dtype)
 
 
-@functools.lru_cache(maxsize=64)
 def _kernel_np(N: int, s0: int, length: int, T: int) -> np.ndarray:
+    if N * length <= _CACHE_MAX_FLOATS:
+        return _kernel_cached(N, s0, length, T)
+    return _kernel_impl(N, s0, length, T)
+
+
+@functools.lru_cache(maxsize=128)
+def _kernel_cached(N: int, s0: int, length: int, T: int) -> np.ndarray:
+    return _kernel_impl(N, s0, length, T)
+
+
+def _kernel_impl(N: int, s0: int, length: int, T: int) -> np.ndarray:
     z = 2.0 * np.arange(s0, s0 + length + 1, dtype=np.float64) / T - 1.0
     P = _legendre_table(N, z)  # P_0..P_N
     Q = np.empty((N, z.size))
