@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
 from seqmem.ops.fractional import CONSTRUCTIONS, gl_weights, soe_coefficients
-from seqmem.ops.vort_ops import local_window_attention, soe_kernel_matrix, soe_retention
+from seqmem.ops.vort_ops import local_window_attention, refine_alpha, retrieval_loss, soe_kernel_matrix, soe_retention
 from seqmem.registry import register
 
 KERNELS = ("soe", "gl", "exp", "mixture")
@@ -229,6 +229,7 @@ class VORT(Mixer):
             self.mix_log_rate = nn.Parameter(torch.tensor(np.log(rates), dtype=torch.float32))
             self.mix_weight_raw = nn.Parameter(torch.tensor(np.log(np.expm1(pi)), dtype=torch.float32))
         self._entity_override: Tensor | None = None
+        self._alpha_override_t: Tensor | None = None
         self.last_alpha: Tensor | None = None
 
     # -- options --
@@ -240,6 +241,54 @@ class VORT(Mixer):
             yield self
         finally:
             self._entity_override = None
+
+    @contextlib.contextmanager
+    def alpha_override(self, alpha: Tensor):
+        """Within this context, use ``alpha`` (batch, time) in [δ, 1] as the per-token orders (e.g. refined α)."""
+        self._alpha_override_t = alpha
+        try:
+            yield self
+        finally:
+            self._alpha_override_t = None
+
+    def retrieval_loss(self, x: Tensor, source: Tensor, exact_kernel: bool = False) -> Tensor:
+        """Plasticity objective L_ret (eq. 24) of this layer on a whole sequence ``x`` (batch, time, d_model).
+
+        ``source`` (batch, time): index of the ground-truth source token of each query (−1: not scored).  Uses
+        this layer's q, k (per head, summed) and its routed α (continuous α_t; banked mode uses the quantised α with
+        the straight-through gradient), so adding ``λ_ret · L_ret`` to a training loss sends gradient into the α
+        routing (W_α, b_α, the entropy/entity weights) — our reading of Section 5 (docs/vort.md).
+        """
+        self._check_input(x)
+        if self.kernel not in ("soe", "gl"):
+            raise ValueError("retrieval_loss needs a fractional kernel (kernel='soe' or 'gl')")
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
+        ent = x.new_zeros(b, t)
+        if self.local_window > 0:
+            ent = local_window_attention(q, k, v, self.local_window, chunk_size=self.chunk_size)[1]
+        alpha = self._alpha(x, ent)
+        return retrieval_loss(q, k, alpha, source, n_terms=self.n_soe, horizon=self.horizon, eps=self.soe_eps,
+                              exact_kernel=exact_kernel or self.kernel == "gl")
+
+    def refine_alpha(self, x: Tensor, source: Tensor, lr: float = 0.1, steps: int = 10) -> tuple[Tensor, list]:
+        """Test-time plasticity: projected GD on the per-token α of ``x`` (clip to [δ, 1]) minimising L_ret.
+
+        Returns the refined α (batch, time) and the loss history; use it with :meth:`alpha_override`.
+        """
+        b, t, _ = x.shape
+        with torch.no_grad():
+            q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
+            ent = x.new_zeros(b, t)
+            if self.local_window > 0:
+                ent = local_window_attention(q, k, v, self.local_window, chunk_size=self.chunk_size)[1]
+            a0 = self._alpha(x, ent)
+
+        def f(a: Tensor) -> Tensor:
+            return retrieval_loss(q, k, a, source, n_terms=self.n_soe, horizon=self.horizon, eps=self.soe_eps,
+                                  exact_kernel=self.kernel == "gl")
+
+        return refine_alpha(a0, f, min_alpha=self.min_alpha, lr=lr, steps=steps)
 
     def bank_orders(self) -> Tensor:
         """α_k = δ + (1−δ) k/K, k = 1..K (the paper's bank grid; α_K = 1)."""
@@ -284,6 +333,13 @@ class VORT(Mixer):
         return x
 
     def _alpha(self, x: Tensor, ent: Tensor) -> Tensor:
+        if self._alpha_override_t is not None:
+            a = self._alpha_override_t.to(x.dtype)
+            if a.shape != x.shape[:2]:
+                raise ValueError(f"alpha override must be (batch, time) = {tuple(x.shape[:2])}, got {tuple(a.shape)}")
+            if (a < self.min_alpha - 1e-12).any() or (a > 1).any():
+                raise ValueError(f"alpha override must lie in [min_alpha, 1] = [{self.min_alpha}, 1]")
+            return a
         if self.alpha_mode == "fixed":
             return x.new_full(x.shape[:2], self.alpha)
         if self._entity_override is not None:

@@ -1,0 +1,311 @@
+"""VORT (paper 000): SOE kernel accuracy (Fig. 4), Zipf-lag retrieval (Table 1), entity label copy (Table 2).
+
+``seqmem repro vort --scale smoke|small|paper``.  Models (all share the keyed retrieval accumulator of eq. 16,
+one layer): PL = ``vort_fixed_alpha`` (α = 0.7, SOE S = 15), Exp = ``exp_decay`` (λ swept, chosen on a validation
+stream), Mix-5 = ``exp_mixture`` (log-spaced init and fitted-to-PL init), VORT = ``vort`` (per-token α, banked
+routing off, local window), ablations S = 1 and the exact GL convolution (``kernel="gl"``).  Task generators are
+ours (seqmem.tasks.vort_tasks; the paper specifies none).  Table 3 (PG-19 char-LM) is not run here (see
+docs/results/vort/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqmem.ops import gl_weights, soe_kernel
+from seqmem.registry import build_mixer
+from seqmem.repro.common import atomic_write_text, write_results
+from seqmem.tasks.vort_tasks import EntityLabelCopy, ZipfLagRetrieval, lag_bin
+
+SCALES = ["smoke", "small", "paper"]
+PAPER_T1 = {"PL": (91.3, 87.6, 79.4), "Exp": (90.8, 81.2, 52.3), "Mix-5": (91.0, 83.7, 61.8)}
+PAPER_T2 = {"PL": (93.1, 89.4, 82.7), "Exp": (92.6, 83.1, 58.4), "Mix-5": (92.9, 85.8, 65.2)}
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "smoke": dict(n1=128, n2=128, betas=[1.0], q1=8, E=3, M=4, d=16, heads=1, feats=8, S=8, steps=3, batch=2,
+                  lr=3e-3, n_val=4, n_test=4, lam_grid=[1e-2, 1e-1], window=8, exact=True),
+    "small": dict(n1=1024, n2=1024, betas=[1.0], q1=48, E=10, M=10, d=64, heads=1, feats=64, S=15, steps=40,
+                  batch=8, lr=3e-3, n_val=16, n_test=32, lam_grid=[1e-3, 3e-3, 1e-2, 3e-2], window=16,
+                  exact=True),
+    "paper": dict(n1=10_000, n2=8_000, betas=[1.0, 1.5, 2.0], q1=256, E=20, M=20, d=128, heads=2, feats=64,
+                  S=15, steps=3000, batch=8, lr=3e-4, n_val=200, n_test=1000,
+                  lam_grid=[1e-4, 3e-4, 1e-3, 3e-3, 1e-2], window=64, exact=False),
+}
+
+
+class RetrievalModel(nn.Module):
+    """One retrieval layer over structured inputs: x_t = [E_key[mem] + E_lab[label] + E_fill[filler] ; E_key[query]]
+    → mixer → linear head over the C labels (our single-layer setup for Tables 1-2)."""
+
+    def __init__(self, mixer: str, n_keys: int, n_labels: int, n_filler: int, d_model: int,
+                 sharpness: float = 0.0, **mixer_options):
+        super().__init__()
+        de = d_model // 2
+        self.key = nn.Embedding(n_keys + 1, de)
+        self.lab = nn.Embedding(n_labels + 1, de)
+        self.fill = nn.Embedding(n_filler + 1, de)
+        for e, std in ((self.key, 1.0), (self.lab, 1.0), (self.fill, 0.1)):
+            nn.init.normal_(e.weight, std=std)
+        self.mixer = build_mixer(mixer, 2 * de, **mixer_options)
+        self.head = nn.Linear(2 * de, n_labels)
+        if sharpness:
+            self.structured_init(sharpness)
+
+    @torch.no_grad()
+    def structured_init(self, sharpness: float) -> None:
+        """Start from the retrieval solution (our choice; notes §8 'oracle keys'): q reads the query channel
+        (× sharpness), k the memory channel, v and the output projection are identities, so that training
+        concentrates on the readout and the kernel rather than on discovering retrieval."""
+        m = self.mixer
+        d = m.d_model
+        de, h, dh = d // 2, m.n_heads, m.head_dim
+        W = torch.zeros(3 * d, d)
+        for j in range(h):  # each head sees the same channels (first min(dh, de) dims)
+            r = min(dh, de)
+            W[j * dh : j * dh + r, de : de + r] = sharpness * torch.eye(r)
+            W[d + j * dh : d + j * dh + r, :r] = torch.eye(r)
+        W[2 * d :, :] = torch.eye(d)
+        m.qkv.weight.copy_(W)
+        m.out.weight.copy_(torch.eye(d))
+        self.head.weight.zero_()
+        self.head.weight[:, :de] = self.lab.weight[1:] / math.sqrt(de)  # read the label out of the value
+        self.head.bias.zero_()
+
+    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+        mk, ml, fi, qk = (batch[k] + 1 for k in ("mem_key", "mem_label", "filler", "query_key"))
+        zero = lambda e, i: e(i) * (i > 0)[..., None]  # noqa: E731  (index 0 = nothing)
+        mem = zero(self.key, mk) + zero(self.lab, ml) + zero(self.fill, fi)
+        x = torch.cat([mem, zero(self.key, qk)], -1)
+        y, _ = self.mixer(x)
+        return self.head(y)
+
+
+def train_eval(task, model: RetrievalModel, cfg: dict, seed: int, val: dict, test: dict, edges) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.0)
+    g = torch.Generator().manual_seed(seed + 17)
+    t0 = time.time()
+    losses = []
+    for step in range(cfg["steps"]):
+        b = task.sample(cfg["batch"], g)
+        logits = model(b)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b["target"].reshape(-1), ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        lr = cfg["lr"] * min(1.0, (step + 1) / max(1, cfg["steps"] // 10))
+        for pg in opt.param_groups:
+            pg["lr"] = lr
+        opt.step()
+        losses.append(float(loss.detach()))
+    res = {"train_seconds": time.time() - t0, "final_train_loss": sum(losses[-5:]) / max(1, len(losses[-5:]))}
+    res["val"] = evaluate(model, val, edges)
+    res["test"] = evaluate(model, test, edges)
+    return res
+
+
+@torch.no_grad()
+def evaluate(model: RetrievalModel, data: dict[str, Tensor], edges, batch: int = 8) -> dict[str, float]:
+    correct = torch.zeros(3)
+    count = torch.zeros(3)
+    n = data["target"].shape[0]
+    for i in range(0, n, batch):
+        b = {k: v[i : i + batch] for k, v in data.items()}
+        pred = model(b).argmax(-1)
+        bins = lag_bin(b["lag"], edges)
+        ok = pred == b["target"]
+        for k in range(3):
+            m = bins == k
+            correct[k] += (ok & m).sum()
+            count[k] += m.sum()
+    acc = (100 * correct / count.clamp_min(1)).tolist()
+    return {"short": acc[0], "medium": acc[1], "long": acc[2], "all": float(100 * correct.sum() / count.sum()),
+            "n_short": int(count[0]), "n_medium": int(count[1]), "n_long": int(count[2])}
+
+
+def kernel_experiment(out: Path, command: str) -> list[dict]:
+    """Fig. 4b (exactly reproducible, no training): max_{j≤T} |ŵ_j − w_j| vs S, α = 0.5, T = 1000."""
+    j = torch.arange(1001, dtype=torch.float64)
+    rows = []
+    for S in (5, 8, 10, 12, 15, 20, 25, 30):
+        r = {"S": S}
+        for con in ("corrected", "theorem", "paper"):
+            r[f"ours {con}"] = float((soe_kernel(0.5, j, S, 1000, construction=con) - gl_weights(0.5, j)).abs().max())
+        r["paper (Fig. 4b)"] = "< 4e-3" if S == 15 else None
+        r["scale"] = "exact (no training)"
+        rows.append(r)
+    write_results(out, "kernel_soe_error", rows, title="SOE max error vs S (Fig. 4b; α = 0.5, T = 1000, ε = 1e-3)",
+                  command=command, scale_note="identical to the paper's setting",
+                  columns=["S", "paper (Fig. 4b)", "ours corrected", "ours theorem", "ours paper", "scale"])
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+        jj = torch.arange(1, 10001, dtype=torch.float64)
+        for a in (0.3, 0.5, 0.7, 0.9):
+            ax[0].loglog(jj, gl_weights(a, jj), label=f"GL α={a}")
+        ax[0].loglog(jj, torch.exp(-0.025 * jj).clamp_min(1e-12), "k--", label="e^{-0.025 j}")
+        ax[0].set_ylim(1e-6, 2)
+        ax[0].set_xlabel("lag j")
+        ax[0].legend()
+        ax[0].set_title("Fig. 4a: GL weights vs exponential")
+        for con in ("corrected", "theorem", "paper"):
+            ax[1].semilogy([r["S"] for r in rows], [r[f"ours {con}"] for r in rows], "o-", label=con)
+        ax[1].axhline(4e-3, color="gray", ls=":", label="paper: < 4e-3 at S=15")
+        ax[1].set_xlabel("S")
+        ax[1].set_ylabel("max |ŵ_j − w_j|, j ≤ 1000")
+        ax[1].legend()
+        ax[1].set_title("Fig. 4b: SOE error (α = 0.5)")
+        fig.tight_layout()
+        fig.savefig(out / "kernel.png", dpi=100)
+        plt.close(fig)
+    except ImportError:  # pragma: no cover
+        pass
+    return rows
+
+
+def model_specs(cfg: dict, n: int) -> list[tuple[str, str, dict]]:
+    base = dict(n_heads=cfg["heads"], n_features=cfg["feats"], chunk_size=64, horizon=n, strict_causal=True,
+                sharpness=cfg.get("sharpness", 1.0))
+    specs = [(f"PL (α=0.7, S={cfg['S']})", "vort_fixed_alpha", dict(base, n_soe=cfg["S"]))]
+    for lam in cfg["lam_grid"]:
+        specs.append((f"Exp λ={lam:g}", "exp_decay", dict(base, decay_rate=lam)))
+    specs.append(("Mix-5 (log-spaced init)", "exp_mixture", dict(base, mixture_init="logspace")))
+    specs.append(("Mix-5 (fit-to-PL init)", "exp_mixture", dict(base, mixture_init="fit")))
+    specs.append(("VORT adaptive α (ours)", "vort", dict(base, n_soe=cfg["S"], local_window=cfg["window"])))
+    specs.append(("ablation PL S=1", "vort_fixed_alpha", dict(base, n_soe=1)))
+    if cfg["exact"]:
+        specs.append(("ablation PL exact GL conv.", "vort_fixed_alpha", dict(base, kernel="gl")))
+    return specs
+
+
+def retrieval_experiment(name: str, tasks: list, cfg: dict, edges, paper: dict, out: Path, seed: int,
+                         command: str, scale_note: str, short: str) -> dict[str, Any]:
+    runs: dict[str, list[dict]] = {}
+    for ti, task in enumerate(tasks):
+        val = task.eval_data(cfg["n_val"], seed=10_000 + ti)
+        test = task.eval_data(cfg["n_test"], seed=20_000 + ti)
+        for label, mixer, opts in model_specs(cfg, task.seq_len):
+            torch.manual_seed(seed)
+            opts = dict(opts)
+            sharp = opts.pop("sharpness")
+            model = RetrievalModel(mixer, task.n_keys, task.n_labels, task.n_filler, cfg["d"], sharpness=sharp, **opts)
+            r = train_eval(task, model, cfg, seed, val, test, edges)
+            r["task_index"] = ti
+            runs.setdefault(label, []).append(r)
+            print(f"[vort/{name}] task {ti} {label}: test {r['test']} ({r['train_seconds']:.0f}s)", flush=True)
+
+    def avg(label, split, key):
+        return sum(r[split][key] for r in runs[label]) / len(runs[label])
+
+    exp_labels = [k for k in runs if k.startswith("Exp")]
+    best_exp = max(exp_labels, key=lambda k: avg(k, "val", "all"))  # tuned on the validation stream only
+    mix = "Mix-5 (log-spaced init)"
+    main = [("PL", next(k for k in runs if k.startswith("PL"))), ("Exp", best_exp), ("Mix-5", mix)]
+    rows = []
+    for pname, label in main:
+        rows.append({"model": f"{pname}: {label}", **{f"paper {b}": paper[pname][i] for i, b in
+                                                       enumerate(("short", "medium", "long"))},
+                     **{f"ours {b}": avg(label, "test", b) for b in ("short", "medium", "long")},
+                     "scale": short})
+    for label in runs:
+        if label not in dict(main).values():
+            rows.append({"model": label, **{f"ours {b}": avg(label, "test", b) for b in ("short", "medium", "long")},
+                         "scale": short})
+    cols = ["model", "paper short", "ours short", "paper medium", "ours medium", "paper long", "ours long", "scale"]
+    write_results(out, name, rows, columns=cols, command=command, scale_note=scale_note,
+                  title=f"{name}: accuracy (%) by lag bin; Exp λ chosen on validation = {best_exp}",
+                  extra={"runs": runs, "edges": list(edges)})
+    sweep = [{"λ": k, "paper": "only the tuned λ is reported",
+              **{f"ours val {b}": avg(k, "val", b) for b in ("short", "medium", "long", "all")},
+              **{f"ours test {b}": avg(k, "test", b) for b in ("short", "medium", "long")}, "scale": short}
+             for k in exp_labels]
+    write_results(out, f"{name}_lambda_sweep", sweep, title=f"{name}: full Exp λ sweep per bin", command=command,
+                  scale_note=scale_note)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for label in runs:
+            ax.plot([0, 1, 2], [avg(label, "test", b) for b in ("short", "medium", "long")], "o-", label=label)
+        ax.set_xticks([0, 1, 2], [f"≤{edges[0]:g}", f"{edges[0]:g}–{edges[1]:g}", f">{edges[1]:g}"])
+        ax.set_ylabel("test accuracy (%)")
+        ax.set_title(name)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / f"{name}.png", dpi=100)
+        plt.close(fig)
+    except ImportError:  # pragma: no cover
+        pass
+    return {"best_exp": best_exp, "runs": runs}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--experiments", default="kernel,table1,table2", help="comma list of kernel,table1,table2")
+    p.add_argument("--threads", type=int, default=1)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.scale not in CONFIGS:
+        raise ValueError(f"scale must be one of {SCALES}")
+    exps = [e for e in getattr(args, "experiments", "kernel,table1,table2").split(",") if e]
+    bad = set(exps) - {"kernel", "table1", "table2"}
+    if bad:
+        raise ValueError(f"unknown experiments {sorted(bad)}; choose from kernel, table1, table2")
+    torch.set_num_threads(int(getattr(args, "threads", 1) or 1))
+    cfg = CONFIGS[args.scale]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    seed = int(getattr(args, "seed", 0))
+    command = f"seqmem repro vort --scale {args.scale} --experiments {','.join(exps)} --seed {seed}"
+    t0 = time.time()
+    summary: dict[str, Any] = {"scale": args.scale, "config": cfg}
+    if "kernel" in exps:
+        summary["kernel"] = kernel_experiment(out, command)
+    if "table1" in exps:
+        n = cfg["n1"]
+        f = n / 10_000
+        edges = (100 * f, 1000 * f)
+        note = (f"n={n} (paper 10,000), bins scaled ×{f:g}, β∈{cfg['betas']} (paper 1.0/1.5/2.0), "
+                f"{cfg['q1']} queries/seq, {cfg['steps']}×{cfg['batch']} train seqs (paper 5,000×20 epochs), "
+                f"d={cfg['d']}, d_φ={cfg['feats']}, {cfg['n_test']} test seqs, 1 seed")
+        tasks = [ZipfLagRetrieval(seq_len=n, beta=b, n_queries=cfg["q1"]) for b in cfg["betas"]]
+        short = f"n={n}, bins ×{f:g}, {cfg['steps']}×{cfg['batch']} seqs"
+        summary["table1"] = retrieval_experiment("table1_zipf", tasks, cfg, edges, PAPER_T1, out, seed, command,
+                                                 note, short)["best_exp"]
+    if "table2" in exps:
+        n = cfg["n2"]
+        f = n / 8_000
+        edges = (200 * f, 2000 * f)
+        note = (f"n={n} (paper 8,000), bins scaled ×{f:g}, E={cfg['E']} (paper 20), {cfg['M']} mentions/entity, "
+                f"{cfg['steps']}×{cfg['batch']} train seqs, d={cfg['d']}, d_φ={cfg['feats']}, "
+                f"{cfg['n_test']} test seqs, 1 seed")
+        tasks = [EntityLabelCopy(seq_len=n, n_entities=cfg["E"], mentions=cfg["M"])]
+        short = f"n={n}, bins ×{f:g}, E={cfg['E']}, {cfg['steps']}×{cfg['batch']} seqs"
+        summary["table2"] = retrieval_experiment("table2_entity", tasks, cfg, edges, PAPER_T2, out, seed, command,
+                                                 note, short)["best_exp"]
+    summary["seconds"] = time.time() - t0
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
+    print(f"[vort] done in {summary['seconds']:.0f}s -> {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    ns = argparse.Namespace(scale="smoke", out="runs/repro/vort", seed=0, experiments="kernel,table1,table2",
+                            threads=1)
+    raise SystemExit(run(ns))
