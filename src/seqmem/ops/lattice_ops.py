@@ -250,6 +250,10 @@ def lattice_scan(
     B, T, H, m, d = _check(q, k, v, gamma, initial_state, objective, normalize, forget, l1, mode, chunk_size)
     if backend not in ("auto", "cpp", "torch"):
         raise ValueError(f"backend must be 'auto', 'cpp' or 'torch', got {backend!r}")
+    if mode == "scan" and backend != "torch":
+        out = _cpp_scan(q, k, v, gamma, initial_state, objective, normalize, forget, l1, chunk_size, backend)
+        if out is not None:
+            return out
     qt, kt, vt, gt, S0, mu, lam = _prepare(q, k, v, gamma, initial_state, normalize, forget, l1, objective)
     if mode == "recurrent":
         S = S0
@@ -263,27 +267,6 @@ def lattice_scan(
         y = torch.stack(ys, 0)
         return y.reshape(T, B, H, d).transpose(0, 1), S.reshape(B, H, d, m)
     fast = lam is None and ((objective in _OSR and normalize) or (objective == "delta" and not normalize))
-    cpp_ok = (
-        fast
-        and backend != "torch"
-        and k.device.type == "cpu"
-        and k.dtype in (torch.float32, torch.float64)
-        and all(x.dtype == k.dtype for x in (qt, vt, gt, S0))
-        and (mu is None or mu.dtype == k.dtype)
-        and _lattice_cpp.available()
-    )
-    if backend == "cpp" and not cpp_ok:
-        raise ValueError("backend='cpp' is not available for these inputs/options (or no C++ compiler)")
-    if cpp_ok:
-        N = B * H
-        y, S = _lattice_cpp.CppScan.apply(
-            S0.contiguous(),
-            *(x.transpose(0, 1).reshape(N, T, -1) for x in (qt, kt, vt, gt)),
-            None if mu is None else mu.transpose(0, 1).contiguous(),
-            objective,
-            chunk_size,
-        )
-        return y.reshape(B, H, T, d).transpose(1, 2), S.reshape(B, H, d, m)
     if fast:
         mu4 = None if mu is None else mu[:, :, None, None]
         y, S = _FastScan.apply(
@@ -293,6 +276,45 @@ def lattice_scan(
     else:
         y, S = _checkpointed_scan(qt, kt, vt, gt, S0, mu, lam, objective, normalize, chunk_size, eps)
     return y.reshape(T, B, H, d).transpose(0, 1), S.reshape(B, H, d, m)
+
+
+def _cpp_scan(q, k, v, gamma, initial_state, objective, normalize, forget, l1, chunk_size, backend):
+    """The fused C++ scan when it applies (else None; ``backend="cpp"`` then raises)."""
+    B, T, H, m = k.shape
+    d = v.shape[-1]
+    dt = k.dtype
+    ok = (
+        l1 is None
+        and ((objective in _OSR and normalize) or (objective == "delta" and not normalize))
+        and k.device.type == "cpu"
+        and dt in (torch.float32, torch.float64)
+        and all(x.dtype == dt for x in (q, v))
+        and (not isinstance(gamma, Tensor) or gamma.dtype == dt)
+        and (forget is None or forget.dtype == dt)
+        and (initial_state is None or initial_state.dtype == dt)
+        and _lattice_cpp.available()
+    )
+    if not ok:
+        if backend == "cpp":
+            raise ValueError("backend='cpp' is not available for these inputs/options (or no C++ compiler)")
+        return None
+    N = B * H
+
+    def nt(x):  # (B, T, H, ...) -> (N, T, ...), one copy
+        return x.transpose(1, 2).reshape(N, T, -1)
+
+    if not isinstance(gamma, Tensor):
+        gamma = torch.full((B, T, H), float(gamma), dtype=dt)
+    if gamma.dim() == 3:
+        gamma = gamma.unsqueeze(-1).expand(B, T, H, m)
+    S0 = torch.eye(d, m, dtype=dt).expand(N, d, m) if initial_state is None else initial_state.reshape(N, d, m)
+    if objective in _OSR:
+        S0 = sphere_retract(S0)
+    mu = None if forget is None else forget.transpose(1, 2).reshape(N, T)
+    y, S = _lattice_cpp.CppScan.apply(
+        S0.contiguous(), nt(q), nt(k), nt(v), nt(gamma), mu, objective, chunk_size
+    )  # fmt: skip
+    return y.reshape(B, H, T, d).transpose(1, 2), S.reshape(B, H, d, m)
 
 
 def _checkpointed_scan(qt, kt, vt, gt, S0, mu, lam, objective, normalize, chunk_size, eps):
