@@ -1,0 +1,216 @@
+"""``seqmem bench speed|decode`` argument parsing (added to the main CLI by :func:`add_parser`)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seqmem.bench.common import (
+    DTYPES,
+    check_writable_dir,
+    check_writable_file,
+    md_table,
+    parse_lengths,
+    resolve_device,
+    resolve_dtype,
+    resolve_mixers,
+    write_json,
+)
+
+
+def _pos_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def _nonneg_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}")
+    return v
+
+
+def _pos_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
+    return v
+
+
+def _common(p: argparse.ArgumentParser, repeats: int, warmup: int, impl: str) -> None:
+    p.add_argument("--mixers", default=None, help="comma-separated mixer names (default: every registered mixer)")
+    p.add_argument("--lengths", default=None, help="comma-separated lengths, k = 1024 (e.g. 1k,2k,4k)")
+    p.add_argument("--d-model", type=_pos_int, default=256)
+    p.add_argument("--heads", type=_pos_int, default=4)
+    p.add_argument("--batch", type=_pos_int, default=1)
+    p.add_argument("--repeats", type=_pos_int, default=repeats, help="timed repeats per measurement")
+    p.add_argument("--warmup", type=_nonneg_int, default=warmup, help="untimed warm-up calls per measurement")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument("--impl", default=impl, choices=["fast", "reference", "both"])
+    p.add_argument("--max-seconds", type=_pos_float, default=30.0,
+                   help="time cap per measurement; what would exceed it is reported 'not run'")
+    p.add_argument("--threads", type=_pos_int, default=None, help="torch.set_num_threads (default: unchanged)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=None, help="write the records to this JSON file")
+    p.add_argument("--plot", type=Path, default=None, help="write PNG plots to this directory")
+    p.add_argument("--markdown", type=Path, default=None, help="write the summary tables to this Markdown file")
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``bench`` with sub-commands ``speed`` and ``decode`` to the CLI's sub-parsers ``sub``."""
+    p = sub.add_parser("bench", help="benchmarks: training speed and decode cost of the mixers")
+    bsub = p.add_subparsers(dest="bench", metavar="BENCH", parser_class=type(p))
+
+    s = bsub.add_parser("speed", help="forward+backward time of one mixer layer vs sequence length")
+    _common(s, repeats=3, warmup=1, impl="both")
+    s.add_argument("--ref-lengths", default=None,
+                   help="lengths at which impl=reference is measured (default: --lengths); capped by --max-seconds")
+    s.add_argument("--ref-repeats", type=_pos_int, default=None, help="timed repeats for impl=reference")
+    s.add_argument("--ref-warmup", type=_nonneg_int, default=None, help="warm-up calls for impl=reference")
+    s.add_argument("--no-flops", action="store_true", help="skip the FLOP count (GFLOP/s, %% of GEMM peak)")
+    s.add_argument("--gemm-size", type=_pos_int, default=1024, help="n of the n×n GEMM measuring the peak")
+    s.set_defaults(func=cmd_speed)
+
+    d = bsub.add_parser("decode", help="per-token decode time and state bytes vs context length")
+    _common(d, repeats=20, warmup=3, impl="both")
+    d.add_argument("--piece", type=_pos_int, default=1024, help="tokens per piece when streaming the context")
+    d.set_defaults(func=cmd_decode)
+    p.set_defaults(func=lambda args: (p.print_help(sys.stderr), 2)[1])
+
+
+def _setup(args: argparse.Namespace):
+    from seqmem.repro.common import machine_info
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype)
+    mixers = resolve_mixers(args.mixers)
+    if args.json is not None:
+        check_writable_file(args.json)
+    if args.plot is not None:
+        check_writable_dir(args.plot)
+    if args.markdown is not None:
+        check_writable_file(args.markdown)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    return device, dtype, mixers, machine_info()
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The equivalent command line, every option spelled out (also when called from Python)."""
+    parts = ["seqmem", "bench", args.bench]
+    for k, v in vars(args).items():
+        if k in ("func", "cmd", "bench") or v is None or v is False:
+            continue
+        parts.append("--" + k.replace("_", "-"))
+        if v is not True:
+            parts.append(shlex.quote(str(v)))
+    return " ".join(parts)
+
+
+def _emit(args: argparse.Namespace, text: str, payload: dict[str, Any]) -> None:
+    print(text)
+    if args.markdown is not None:
+        from seqmem.repro.common import atomic_write_text
+
+        atomic_write_text(args.markdown, text)
+    if args.json is not None:
+        write_json(args.json, payload)
+
+
+def _header(args: argparse.Namespace, machine: dict[str, Any], title: str) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return (f"## {title}\n\nCommand: `{_command(args)}`\n\nMachine: {machine['cpu']}, {machine['cores']} cores, "
+            f"torch {machine['torch']}, {machine['threads']} thread(s), {when}; "
+            f"d_model={args.d_model}, heads={args.heads}, batch={args.batch}, dtype={args.dtype}, "
+            f"device={args.device}, --max-seconds {args.max_seconds:g}\n\n")
+
+
+def cmd_speed(args: argparse.Namespace) -> int:
+    from seqmem.bench.speed import DEFAULT_LENGTHS_CPU, DEFAULT_LENGTHS_CUDA, run_speed, summarize_speed
+
+    device, dtype, mixers, machine = _setup(args)
+    default = DEFAULT_LENGTHS_CUDA if device.type == "cuda" else DEFAULT_LENGTHS_CPU
+    lengths = parse_lengths(args.lengths, default)
+    ref_lengths = parse_lengths(args.ref_lengths, lengths) if args.ref_lengths is not None else lengths
+    t0 = time.time()
+    out = run_speed(args, device, dtype, mixers, lengths, ref_lengths, machine, _log)
+    rows, targets = summarize_speed(out["records"], (4096, 2048, 16384))
+    peak = out["peak"]
+    text = _header(args, machine, "seqmem bench speed")
+    text += (f"GEMM peak ({peak['n']}×{peak['n']} {peak['dtype']} matmul, best of the runs at start and end): "
+             f"{peak['gflops']:.1f} GFLOP/s. Total time {time.time() - t0:.0f} s.\n\n")
+    text += "### Forward+backward time per length\n\n"
+    text += ("fast_ms / ref_ms: median ms (or why not measured); fast/ref: speed-up of impl=fast over "
+             "impl=reference; attn/mixer: attention's time over this mixer's (> 1: the mixer is faster); "
+             "%peak: counted matrix GFLOP/s over the GEMM peak.\n\n")
+    text += md_table(rows, ["mixer", "T", "fast_ms", "spread_%", "ref_ms", "fast/ref", "attn/mixer", "ktok/s",
+                            "GFLOP/s", "%peak"])
+    text += "\n### Targets (issue #8 §4 (a), (b), (d))\n\n"
+    text += md_table(targets, list(targets[0]) if targets else ["mixer"])
+    payload = {"bench": "speed", "command": _command(args), "machine": machine, "gemm_peak": peak,
+               "settings": {"lengths": lengths, "ref_lengths": ref_lengths, "mixers": mixers,
+                            **{k: v for k, v in vars(args).items() if k not in ("func", "json", "plot", "markdown")}},
+               "records": out["records"], "summary": rows, "targets": targets}
+    if args.plot is not None:
+        from seqmem.bench.plots import plot_speed
+
+        payload["plots"] = [str(p) for p in plot_speed(out["records"], args.plot)]
+    _emit(args, text, payload)
+    return 0
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    from seqmem.bench.decode import DEFAULT_CONTEXTS, run_decode, summarize_decode
+
+    device, dtype, mixers, machine = _setup(args)
+    contexts = parse_lengths(args.lengths, DEFAULT_CONTEXTS)
+    t0 = time.time()
+    out = run_decode(args, device, dtype, mixers, contexts, machine, _log)
+    text = _header(args, machine, "seqmem bench decode") + f"Total time {time.time() - t0:.0f} s.\n\n"
+    payload: dict[str, Any] = {"bench": "decode", "command": _command(args), "machine": machine,
+                               "settings": {"contexts": contexts, "mixers": mixers,
+                                            **{k: v for k, v in vars(args).items()
+                                               if k not in ("func", "json", "plot", "markdown")}},
+                               "records": out["records"]}
+    from seqmem.bench.speed import impls_of
+
+    for impl in impls_of(args.impl):
+        rows, flat = summarize_decode(out["records"], impl)
+        text += f"### Decode, impl={impl}: ms per token and state per context\n\n"
+        text += ("attn/mixer: attention's step time over this mixer's at the same context (> 1: the mixer is "
+                 "faster).\n\n")
+        text += md_table(rows, ["mixer", "context", "ms/token", "state_KiB", "attn/mixer"])
+        text += f"\n### Flatness (issue #8 §4 (c)), impl={impl}\n\n"
+        text += md_table(flat, list(flat[0]) if flat else ["mixer"]) + "\n"
+        payload[f"summary_{impl}"] = rows
+        payload[f"flatness_{impl}"] = flat
+    if args.plot is not None:
+        from seqmem.bench.plots import plot_decode
+
+        payload["plots"] = [str(p) for impl in impls_of(args.impl)
+                            for p in plot_decode(out["records"], args.plot,
+                                                 prefix="decode" if impl == "fast" else f"decode_{impl}", impl=impl)]
+    _emit(args, text, payload)
+    return 0

@@ -1,0 +1,242 @@
+"""Shared pieces of the benchmarks: argument parsing, a time-capped measurement loop, records and output."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seqmem.repro.common import atomic_write_text, machine_info
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ------------------------------------------------------------------------------------------------ argument parsing
+def parse_lengths(spec: str | None, default: list[int]) -> list[int]:
+    """``"1k,2k,4096"`` → ``[1024, 2048, 4096]`` (``k`` = 1024, sorted, duplicates removed)."""
+    if spec is None:
+        return list(default)
+    out: set[int] = set()
+    for part in spec.split(","):
+        p = part.strip().lower()
+        if not p:
+            continue
+        mult = 1
+        if p.endswith("k"):
+            mult, p = 1024, p[:-1]
+        try:
+            v = int(float(p) * mult) if mult != 1 else int(p)
+        except ValueError:
+            raise ValueError(f"--lengths: {part.strip()!r} is not a length (use e.g. 1k,2k,4096)") from None
+        if v <= 0:
+            raise ValueError(f"--lengths: lengths must be positive, got {part.strip()!r}")
+        out.add(v)
+    if not out:
+        raise ValueError("--lengths: no lengths given")
+    return sorted(out)
+
+
+def resolve_mixers(spec: str | None) -> list[str]:
+    """Comma-separated mixer names (validated against the registry); ``None`` → every registered mixer."""
+    import seqmem
+
+    known = seqmem.list_mixers()
+    if spec is None or spec.strip().lower() == "all":
+        return known
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if not names:
+        raise ValueError("--mixers: no mixer names given")
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ValueError(f"--mixers: unknown mixer(s) {bad}; registered: {', '.join(known)}")
+    return list(dict.fromkeys(names))
+
+
+def resolve_device(name: str) -> torch.device:
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device: {name!r} is not a torch device") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but CUDA is not available on this machine")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device: only cpu and cuda are supported, got {name!r}")
+    return dev
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"--dtype must be one of {list(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def fmt_len(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+# ------------------------------------------------------------------------------------------------ timing
+class CapExceeded(Exception):
+    """Raised (by SIGALRM) when a measurement runs past its time cap."""
+
+
+@contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise :class:`CapExceeded` once ``seconds`` have passed (best effort: a long C++ call such as one backward
+    pass is interrupted only when it returns).  No-op off the main thread or without ``setitimer``."""
+    if (
+        seconds is None
+        or not hasattr(signal, "setitimer")
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        yield
+        return
+
+    def handler(signum, frame):  # noqa: ARG001
+        raise CapExceeded
+
+    old = signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(
+    fn: Callable[[], Any],
+    *,
+    warmup: int,
+    repeats: int,
+    max_seconds: float | None,
+    device: torch.device,
+) -> dict[str, Any]:
+    """Run ``fn`` ``warmup`` times untimed, then up to ``repeats`` timed times, all within ``max_seconds``.
+
+    Returns ``{"status": "ok", "times_ms": [...], "first_call_s": ...}`` or ``{"status": "not run", "note": ...}``.
+    A repeat is started only if the time spent so far plus the slowest call seen fits in the cap; a measurement
+    with no completed timed repeat is "not run" (nothing is ever extrapolated).
+    """
+    times: list[float] = []
+    slowest = 0.0
+    t_start = time.perf_counter()
+
+    def fits() -> bool:
+        return max_seconds is None or (time.perf_counter() - t_start) + slowest <= max_seconds
+
+    try:
+        with time_limit(max_seconds):
+            for _ in range(warmup):
+                t0 = time.perf_counter()
+                fn()
+                synchronize(device)
+                slowest = max(slowest, time.perf_counter() - t0)
+            for _ in range(repeats):
+                if times and not fits():
+                    break
+                if not times and not fits():
+                    return {"status": "not run", "note": f"one call takes {slowest:.2f} s; warm-up + one repeat "
+                            f"would exceed --max-seconds {max_seconds:g}", "first_call_s": slowest}
+                t0 = time.perf_counter()
+                fn()
+                synchronize(device)
+                dt = time.perf_counter() - t0
+                slowest = max(slowest, dt)
+                times.append(dt * 1e3)
+    except CapExceeded:
+        if not times:
+            return {"status": "not run", "note": f"exceeded --max-seconds {max_seconds:g}",
+                    "first_call_s": time.perf_counter() - t_start}
+    return {"status": "ok", "times_ms": times, "first_call_s": slowest}
+
+
+def summarize_times(times_ms: list[float]) -> dict[str, float]:
+    """median, min, max and the relative spread ``(max - min) / median`` of the timed repeats."""
+    med = statistics.median(times_ms)
+    lo, hi = min(times_ms), max(times_ms)
+    return {"median_ms": med, "min_ms": lo, "max_ms": hi, "spread": (hi - lo) / med if med > 0 else 0.0}
+
+
+# ------------------------------------------------------------------------------------------------ output
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    def clean(o: Any) -> Any:
+        if isinstance(o, float) and (math.isnan(o) or math.isinf(o)):
+            return None
+        if isinstance(o, dict):
+            return {k: clean(v) for k, v in o.items()}
+        if isinstance(o, list | tuple):
+            return [clean(v) for v in o]
+        return o
+
+    atomic_write_text(Path(path), json.dumps(clean(payload), indent=1, default=str) + "\n")
+
+
+def check_writable_dir(path: Path) -> Path:
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".seqmem-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"cannot write to directory {path}: {e.strerror or e}") from None
+    return path
+
+
+def check_writable_file(path: Path) -> Path:
+    path = Path(path)
+    if path.exists() and path.is_dir():
+        raise ValueError(f"--json: {path} is a directory, expected a file name")
+    check_writable_dir(path.parent if str(path.parent) else Path("."))
+    return path
+
+
+def base_record(bench: str, mixer: str, impl: str, seq_len: int, args: Any, device: torch.device,
+                dtype: torch.dtype, machine: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "bench": bench, "mixer": mixer, "impl": impl, "seq_len": seq_len, "batch": args.batch,
+        "d_model": args.d_model, "n_heads": args.heads, "device": str(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "machine": machine,
+    }
+
+
+def md_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    def f(v: Any) -> str:
+        if v is None:
+            return "—"
+        if isinstance(v, float):
+            if math.isnan(v):
+                return "—"
+            a = abs(v)
+            if a >= 1000:
+                return f"{v:,.0f}"
+            if a >= 100:
+                return f"{v:.0f}"
+            if a >= 10:
+                return f"{v:.1f}"
+            if a >= 0.01 or a == 0:
+                return f"{v:.2f}"
+            return f"{v:.1e}"
+        return str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(f(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["machine_info"]

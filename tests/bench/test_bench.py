@@ -1,0 +1,129 @@
+"""``seqmem bench speed|decode`` run end to end on tiny sizes, write valid JSON and PNGs; bad arguments exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from seqmem.bench.common import measure, parse_lengths
+from seqmem.bench.decode import state_bytes
+from seqmem.bench.flops import count_flops
+from seqmem.bench.speed import crossover
+from seqmem.cli import main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+TINY = ["--mixers", "attention,deltanet", "--lengths", "64,128", "--repeats", "1", "--warmup", "0",
+        "--d-model", "32", "--heads", "2"]
+
+
+def _png_ok(path) -> bool:
+    return path.exists() and path.read_bytes()[:8] == PNG and path.stat().st_size > 1000
+
+
+def test_speed_end_to_end(tmp_path, capsys):
+    js = tmp_path / "speed.json"
+    assert main(["bench", "speed", *TINY, "--gemm-size", "256", "--json", str(js), "--plot", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert "| mixer | T | fast_ms" in out and "crossover" in out
+    data = json.loads(js.read_text())
+    assert data["bench"] == "speed" and data["machine"]["torch"] == torch.__version__
+    assert data["gemm_peak"]["gflops"] > 0
+    recs = data["records"]
+    assert {(r["mixer"], r["impl"], r["seq_len"]) for r in recs} == {
+        (m, i, n) for m in ("attention", "deltanet") for i in ("fast", "reference") for n in (64, 128)}
+    for r in recs:
+        for k in ("bench", "mixer", "impl", "seq_len", "batch", "d_model", "n_heads", "device", "median_ms",
+                  "tokens_per_s", "machine"):
+            assert k in r, k
+        assert r["status"] == "ok" and r["median_ms"] > 0 and r["d_model"] == 32 and r["n_heads"] == 2
+        assert r["tokens_per_s"] == pytest.approx(r["seq_len"] / (r["median_ms"] / 1e3))
+        if r["impl"] == "fast":
+            assert r["flops"] > 0 and 0 < r["frac_of_peak"]
+    # attention's ratio to itself is 1; the reference speed-up is the ratio of the two medians
+    row = next(s for s in data["summary"] if s["mixer"] == "attention" and s["T"] == "128")
+    assert row["attn/mixer"] == pytest.approx(1.0)
+    assert row["fast/ref"] == pytest.approx(row["ref_ms"] / row["fast_ms"])
+    assert _png_ok(tmp_path / "p" / "speed_time.png") and _png_ok(tmp_path / "p" / "speed_fast_vs_reference.png")
+
+
+def test_decode_end_to_end(tmp_path):
+    js = tmp_path / "decode.json"
+    args = ["bench", "decode", *TINY, "--piece", "50", "--impl", "fast", "--json", str(js), "--plot", str(tmp_path)]
+    assert main(args) == 0
+    data = json.loads(js.read_text())
+    recs = {(r["mixer"], r["seq_len"]): r for r in data["records"]}
+    assert set(recs) == {(m, n) for m in ("attention", "deltanet") for n in (64, 128)}
+    assert all(r["status"] == "ok" and r["median_ms"] > 0 for r in recs.values())
+    # attention's KV cache: 2 · d_model floats per token (+ one int64 position); deltanet's state is constant
+    assert recs[("attention", 64)]["state_bytes"] == 2 * 32 * 64 * 4 + 8
+    assert recs[("attention", 128)]["state_bytes"] == 2 * 32 * 128 * 4 + 8
+    assert recs[("deltanet", 64)]["state_bytes"] == recs[("deltanet", 128)]["state_bytes"] > 0
+    assert _png_ok(tmp_path / "decode_time.png") and _png_ok(tmp_path / "decode_state.png")
+
+
+def test_time_cap_reports_not_run(tmp_path):
+    js = tmp_path / "s.json"
+    assert main(["bench", "speed", *TINY, "--impl", "fast", "--no-flops", "--max-seconds", "0.000001",
+                 "--gemm-size", "64", "--json", str(js)]) == 0
+    recs = json.loads(js.read_text())["records"]
+    assert recs and all(r["status"] == "not run" and r["median_ms"] is None for r in recs)
+    assert all("max-seconds" in r["note"] for r in recs)
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "speed", "--mixers", "no_such_mixer"],
+    ["bench", "speed", "--lengths", "abc"],
+    ["bench", "speed", "--lengths", "0"],
+    ["bench", "speed", "--repeats", "0"],
+    ["bench", "decode", "--max-seconds", "-1"],
+    ["bench", "decode", "--dtype", "int8"],
+    ["bench", "speed", "--impl", "slow"],
+    ["bench", "decode", "--device", "tpu"],
+    ["bench"],
+])
+def test_bad_arguments_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(main(argv))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "error" in err or "usage" in err
+
+
+def test_cuda_unavailable_is_a_usage_error(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    assert main(["bench", "speed", "--device", "cuda", "--mixers", "attention"]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_parse_lengths():
+    assert parse_lengths("2k,1k,1024,96", []) == [96, 1024, 2048]
+    assert parse_lengths(None, [5]) == [5]
+    with pytest.raises(ValueError):
+        parse_lengths("1x", [])
+
+
+def test_crossover():
+    attn = {1024: 10.0, 2048: 40.0, 4096: 160.0}
+    assert crossover({1024: 5.0, 2048: 5.0, 4096: 5.0}, attn)["text"] == "<= 1k"
+    assert crossover({1024: 50.0, 2048: 400.0, 4096: 1600.0}, attn)["text"] == "> 4k"
+    c = crossover({1024: 20.0, 2048: 20.0, 4096: 20.0}, attn)  # ratio 0.5, 2, 8: crosses between 1k and 2k
+    assert c["text"] == "1k–2k" and c["estimate"] == pytest.approx(1024 * 2 ** 0.5)
+
+
+def test_flop_count_matches_formula():
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    assert count_flops(lambda: a @ b) == 2 * 8 * 16 * 4
+    conv = torch.nn.Conv1d(6, 6, 4, groups=6, bias=False)
+    x = torch.randn(1, 6, 10, requires_grad=True)
+    fwd = 2 * 6 * 7 * 4  # output elements × kernel taps, depthwise
+    assert count_flops(lambda: conv(x).sum().backward()) == 3 * fwd  # forward + input grad + weight grad
+
+
+def test_measure_counts_repeats_and_state_bytes():
+    res = measure(lambda: None, warmup=1, repeats=3, max_seconds=10.0, device=torch.device("cpu"))
+    assert res["status"] == "ok" and len(res["times_ms"]) == 3
+    st = {"S": torch.zeros(2, 4, 8), "pos": torch.zeros(2, dtype=torch.long)}
+    assert state_bytes(st) == 4 * 8 * 4 + 8
