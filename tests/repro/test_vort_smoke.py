@@ -69,3 +69,11 @@ def test_entity_generator_layout_and_bins():
     assert lag_bin(lag, (5, 50)).tolist() == [-1, 0, 0, 1, 1, 2]
     with pytest.raises(ValueError):
         EntityLabelCopy(seq_len=10, n_entities=5, mentions=5)
+
+
+def test_repro_vort_table3_smoke(tmp_path):
+    args = argparse.Namespace(scale="smoke", out=tmp_path, seed=0, experiments="table3", threads=1)
+    assert repro_vort.run(args) == 0
+    rows = json.loads((tmp_path / "table3_lm.json").read_text())["rows"]
+    assert len(rows) == 4 and all(0 < r["ours bpb (all)"] < 9 for r in rows)
+    assert "paper" in (tmp_path / "table3_lm.md").read_text()
