@@ -339,7 +339,7 @@ class EchoCommonWord(_EchoTask):
 
     def _example(self, g):
         n = self.list_len
-        toks_ = self._distinct(2 * n - 1, *self.keys, g)
+        toks_ = self._distinct(2 * n - 1, *self.values, g)
         common, a_rest, b_rest = toks_[0], toks_[1:n], toks_[n:]
         a = a_rest + [common]
         b = b_rest + [common]
