@@ -68,8 +68,7 @@ Ctx = dict[str, Tensor]
     "block_attention", description="Transformer++ block-local causal softmax attention (RoPE, no memory)"
 )
 class BlockAttention(Mixer):
-    """Block-local causal softmax attention (Transformer++ of the Elastic Memory paper); base of the memory
-    mixers."""
+    """Block-local causal softmax attention (the paper's Transformer++); base of the memory mixers."""
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [{"block_len": 8}]
 
@@ -110,8 +109,7 @@ class BlockAttention(Mixer):
         return {}
 
     def _mem_update(self, mem: State, k_raw: Tensor, v: Tensor, blk: int, reference: bool) -> State:
-        """Fold the completed block ``blk`` (raw keys / values, (batch, L, heads, head_dim)) into the
-        memory."""
+        """Fold completed block ``blk`` (raw keys / values, (batch, L, heads, head_dim)) into the memory."""
         return mem
 
     # -- contract
@@ -303,8 +301,7 @@ class Elastic(BlockAttention):
         self.set_sampling(sampling, alpha, eps)
 
     def set_sampling(self, sampling: str, alpha: float | None = None, eps: float | None = None) -> None:
-        """Switch the retrieval sample points (test-time inductive-bias injection, Section 3.5); no
-        retraining."""
+        """Switch the retrieval sample points: test-time inductive-bias injection (Section 3.5)."""
         check_choice("sampling", sampling, SAMPLINGS)
         eps = getattr(self, "eps", 1e-3) if eps is None else eps
         if not (isinstance(eps, (int, float)) and 0 < eps < 1):

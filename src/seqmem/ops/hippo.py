@@ -193,8 +193,7 @@ def legs_block(N: int, block_len: int, i: int, dtype: torch.dtype = torch.float6
 def legs_block_bank(
     N: int, block_len: int, n_blocks: int, dtype: torch.dtype = torch.float32
 ) -> tuple[Tensor, Tensor]:
-    """Stacked bank ``(P (n_blocks, N, N), K̄ (n_blocks, N, block_len))`` (float64 math, stored as
-    ``dtype``)."""
+    """Stacked bank ``(P (n_blocks, N, N), K̄ (n_blocks, N, block_len))``: float64 math, ``dtype`` storage."""
     if isinstance(n_blocks, bool) or not isinstance(n_blocks, int) or n_blocks <= 0:
         raise ValueError(f"n_blocks must be a positive integer, got {n_blocks!r}")
     Ps, Ks = zip(*(legs_block(N, block_len, i) for i in range(n_blocks)))
