@@ -24,7 +24,7 @@ def _png_ok(path) -> bool:
 
 def test_speed_end_to_end(tmp_path, capsys):
     js = tmp_path / "speed.json"
-    assert main(["bench", "speed", *TINY, "--gemm-size", "256", "--json", str(js), "--plot", str(tmp_path / "p")]) == 0
+    assert main(["bench", "speed", *TINY, "--gemm-sizes", "256", "--json", str(js), "--plot", str(tmp_path / "p")]) == 0
     out = capsys.readouterr().out
     assert "| mixer | T | fast_ms" in out and "crossover" in out
     data = json.loads(js.read_text())
@@ -66,7 +66,7 @@ def test_decode_end_to_end(tmp_path):
 def test_time_cap_reports_not_run(tmp_path):
     js = tmp_path / "s.json"
     assert main(["bench", "speed", *TINY, "--impl", "fast", "--no-flops", "--max-seconds", "0.000001",
-                 "--gemm-size", "64", "--json", str(js)]) == 0
+                 "--gemm-sizes", "64", "--json", str(js)]) == 0
     recs = json.loads(js.read_text())["records"]
     assert recs and all(r["status"] == "not run" and r["median_ms"] is None for r in recs)
     assert all("max-seconds" in r["note"] for r in recs)

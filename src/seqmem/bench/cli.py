@@ -86,7 +86,8 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--ref-repeats", type=_pos_int, default=None, help="timed repeats for impl=reference")
     s.add_argument("--ref-warmup", type=_nonneg_int, default=None, help="warm-up calls for impl=reference")
     s.add_argument("--no-flops", action="store_true", help="skip the FLOP count (GFLOP/s, %% of GEMM peak)")
-    s.add_argument("--gemm-size", type=_pos_int, default=1024, help="n of the n×n GEMM measuring the peak")
+    s.add_argument("--gemm-sizes", default="512,1024,2048",
+                   help="sizes n of the n×n GEMMs measuring the peak (the best rate counts)")
     s.set_defaults(func=cmd_speed)
 
     d = bsub.add_parser("decode", help="per-token decode time and state bytes vs context length")
@@ -121,7 +122,7 @@ def _command(args: argparse.Namespace) -> str:
     """The equivalent command line, every option spelled out (also when called from Python)."""
     parts = ["seqmem", "bench", args.bench]
     for k, v in vars(args).items():
-        if k in ("func", "cmd", "bench") or v is None or v is False:
+        if k in ("func", "cmd", "bench") or k.endswith("_parsed") or v is None or v is False:
             continue
         parts.append("--" + k.replace("_", "-"))
         if v is not True:
@@ -153,6 +154,10 @@ def cmd_speed(args: argparse.Namespace) -> int:
     device, dtype, mixers, machine = _setup(args)
     default = DEFAULT_LENGTHS_CUDA if device.type == "cuda" else DEFAULT_LENGTHS_CPU
     lengths = parse_lengths(args.lengths, default)
+    try:
+        args.gemm_sizes_parsed = parse_lengths(args.gemm_sizes, [])
+    except ValueError as e:
+        raise ValueError(str(e).replace("--lengths", "--gemm-sizes")) from None
     ref_lengths = parse_lengths(args.ref_lengths, lengths) if args.ref_lengths is not None else lengths
     t0 = time.time()
     out = run_speed(args, device, dtype, mixers, lengths, ref_lengths, machine, _log)

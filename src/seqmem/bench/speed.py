@@ -52,7 +52,7 @@ def _step_fn(m: torch.nn.Module, x: torch.Tensor, g: torch.Tensor) -> Callable[[
 def run_speed(args: Any, device: torch.device, dtype: torch.dtype, mixers: list[str], lengths: list[int],
               ref_lengths: list[int], machine: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
     """Measure every (mixer, impl, length); return ``{"peak": ..., "records": [...]}``."""
-    peak0 = gemm_peak(device, dtype, n=args.gemm_size)
+    peak0 = gemm_peak(device, dtype, args.gemm_sizes_parsed)
     log(f"GEMM peak ({peak0['n']}³ {peak0['dtype']}): {peak0['gflops']:.1f} GFLOP/s")
     records: list[dict[str, Any]] = []
     cap = args.max_seconds
@@ -115,7 +115,7 @@ def run_speed(args: Any, device: torch.device, dtype: torch.dtype, mixers: list[
                         f"{time.perf_counter() - t0:.1f} s)")
                 del x, g, step
             del m
-    peak1 = gemm_peak(device, dtype, n=args.gemm_size)
+    peak1 = gemm_peak(device, dtype, args.gemm_sizes_parsed)
     peak = peak0 if peak0["gflops"] >= peak1["gflops"] else peak1
     peak["measured"] = [peak0["gflops"], peak1["gflops"]]
     log(f"GEMM peak at the end: {peak1['gflops']:.1f} GFLOP/s; using the best, {peak['gflops']:.1f}")
