@@ -176,7 +176,12 @@ def build_model(c: dict[str, Any], names: list[str], opts: list[dict[str, Any]])
         mixer=names,
         mixer_options=opts,
     )
-    return LanguageModel(cfg)
+    return _device_model(LanguageModel(cfg))
+
+
+def _device_model(model):
+    """The GPU when one is present (``--scale paper`` needs it), else the CPU."""
+    return model.to("cuda") if torch.cuda.is_available() else model
 
 
 def train_cfg(c: dict[str, Any], seed: int):
@@ -204,11 +209,12 @@ def train_cfg(c: dict[str, Any], seed: int):
 def token_losses(model, x: torch.Tensor, y: torch.Tensor, batch: int = 8) -> torch.Tensor:
     """Per-token cross-entropy (nats), shape (n, T)."""
     model.eval()
+    dev = next(model.parameters()).device
     out = []
     for i in range(0, x.shape[0], batch):
-        logits, _ = model(x[i : i + batch])
-        out.append(F.cross_entropy(logits.double().transpose(1, 2), y[i : i + batch], reduction="none"))
-    return torch.cat(out)
+        logits, _ = model(x[i : i + batch].to(dev))
+        out.append(F.cross_entropy(logits.double().transpose(1, 2), y[i : i + batch].to(dev), reduction="none"))
+    return torch.cat(out).cpu()
 
 
 def summarise(ce: torch.Tensor, key: torch.Tensor | None, block_len: int) -> dict[str, Any]:
@@ -236,6 +242,8 @@ def throughput(model, task, c: dict[str, Any], steps: int) -> float:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x, y = task.sample(c["batch"], torch.Generator().manual_seed(123))
+    dev = next(model.parameters()).device
+    x, y = x.to(dev), y.to(dev)
     times = []
     for _ in range(steps + 1):
         t0 = time.perf_counter()
@@ -321,7 +329,7 @@ def table13(model, x: torch.Tensor, c: dict[str, Any], ppl_by_n: dict[int, float
     grabbed: list[torch.Tensor] = []
     hook = layer.register_forward_hook(lambda mod, inp, out: grabbed.append(inp[0].detach()))
     model.eval()
-    model(x)
+    model(x.to(next(model.parameters()).device))
     hook.remove()
     h = grabbed[0].double()
     _, k, v = layer.qkv(h.to(layer.qkv.weight.dtype)).double().chunk(3, -1)
@@ -442,14 +450,16 @@ def topic_check(scale: str, seed: int) -> list[dict[str, Any]]:
         from seqmem.models import LanguageModel, LMConfig
 
         names, opts = specs[name]
-        m = LanguageModel(
-            LMConfig(
-                vocab_size=t["vocab"],
-                d_model=c["d_model"],
-                n_layers=c["n_layers"],
-                n_heads=c["n_heads"],
-                mixer=names,
-                mixer_options=opts,
+        m = _device_model(
+            LanguageModel(
+                LMConfig(
+                    vocab_size=t["vocab"],
+                    d_model=c["d_model"],
+                    n_layers=c["n_layers"],
+                    n_heads=c["n_heads"],
+                    mixer=names,
+                    mixer_options=opts,
+                )
             )
         )
         cfg = TrainConfig(
@@ -538,6 +548,12 @@ def plot_per_block(results: dict[str, dict[str, Any]], path: Path, title: str) -
 def run(args) -> int:
     torch.set_num_threads(1)
     scale = args.scale
+    if scale == "paper" and not torch.cuda.is_available():
+        print(
+            "seqmem repro elastic: --scale paper is the inferred 100M / 32k-token configuration and needs a GPU "
+            "(hours per model); use --scale small on a CPU"
+        )
+        return 2
     c = dict(CONFIGS[scale])
     if getattr(args, "steps", None):
         c["steps"] = int(args.steps)
