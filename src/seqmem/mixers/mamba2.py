@@ -10,7 +10,6 @@ State: ``"conv"`` ``(batch, d_conv - 1, d_inner + 2 d_state)`` (the conv's last 
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import torch
@@ -72,7 +71,6 @@ class Mamba2(Mixer):
         self.D = nn.Parameter(torch.ones(h))
         self.norm = GatedRMSNorm(self.d_inner, norm_eps, norm_before_gate=False)
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
-        nn.init.uniform_(self.in_proj.weight, -1 / math.sqrt(d_model), 1 / math.sqrt(d_model))
 
     def state_keys(self) -> set[str]:
         return {"conv", "ssm"}

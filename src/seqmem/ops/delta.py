@@ -84,7 +84,7 @@ def _delta_core(q, k, v, beta, g, scale, initial_state, mode, chunk_size):
 
     if t == 0:
         return v.new_zeros(b, 0, h, dv), S
-    C = chunk_size
+    C = min(chunk_size, t)  # short inputs (e.g. decoding one token) need no padding to a full chunk
     # padding: k = v = q = beta = g = 0 on the padded tail leaves the state unchanged (exact)
     qc, kc, vc = (to_chunks(x, C) for x in (qh, kh, vh))  # (b, h, n, C, d)
     bc = to_chunks(bh, C)  # (b, h, n, C)

@@ -76,7 +76,7 @@ def linear_attention(
 
     if t == 0:
         return v.new_zeros(b, 0, h, dv), S
-    C = chunk_size
+    C = min(chunk_size, t)  # short inputs (e.g. decoding one token) need no padding to a full chunk
     qc, kc, vc = (to_chunks(x, C) for x in (qh, kh, vh))  # (b, h, n, C, d)
     causal = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device))
     attn = (qc @ kc.transpose(-1, -2)).masked_fill(~causal, 0.0)

@@ -82,7 +82,7 @@ def ssd(
 
     if t == 0:
         return x.new_zeros(b, 0, h, p), S
-    L = chunk_size
+    L = min(chunk_size, t)  # short inputs (e.g. decoding one token) need no padding to a full chunk
     xc, Bc, Cc = (to_chunks(z, L) for z in (xdt, Bh, Ch))  # (b, h, nc, L, .)
     ac = to_chunks(a, L)  # (b, h, nc, L); padded steps have dt = 0: decay 1 and no input (exact)
     decay = torch.exp(segsum(ac))  # (b, h, nc, L, L): lower-triangular semiseparable mask
