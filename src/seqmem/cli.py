@@ -102,8 +102,19 @@ def _task_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         if args.num_pairs is not None:
             opts.setdefault("num_pairs", args.num_pairs)
     elif args.task == "lm":
+        tokenizer = getattr(args, "tokenizer", None)
+        dataset = getattr(args, "dataset", None)
+        if dataset is not None or tokenizer not in (None, "byte"):
+            # real datasets and/or non-byte tokenizers: the "text" task (seqmem.tasks.text)
+            if dataset is not None and args.corpus is not None:
+                raise UsageError("give either --dataset or --corpus, not both")
+            opts.setdefault("dataset", dataset if dataset is not None else args.corpus or "code")
+            opts.setdefault("tokenizer", tokenizer or "byte")
+            return "text", opts
         if args.corpus is not None:
             opts.setdefault("corpus", args.corpus)
+    elif getattr(args, "dataset", None) is not None or getattr(args, "tokenizer", None) not in (None, "byte"):
+        raise UsageError("--dataset and --tokenizer apply to --task lm only")
     return args.task, opts
 
 
@@ -119,13 +130,52 @@ def build_run(spec: dict[str, Any]):
     return model, task
 
 
+def _init_distributed(device: str) -> tuple[int, int, str]:
+    """Under ``torchrun`` (``WORLD_SIZE`` > 1): join the process group — NCCL with one GPU per rank
+    (``cuda:$LOCAL_RANK``) when ``--device cuda``, else gloo — and return ``(rank, world_size, device)``."""
+    import os
+
+    import torch
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1, device
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda but no GPU is available")
+        torch.cuda.set_device(local)
+        device, backend = f"cuda:{local}", "nccl"
+    else:
+        backend = "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    rank, world, device = _init_distributed(args.device)
+    try:
+        return _train(args, rank, world, device)
+    finally:
+        if world > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _train(args: argparse.Namespace, rank: int, world: int, device: str) -> int:
     import torch
 
     from seqmem.repro.common import atomic_write_text
     from seqmem.train import TrainConfig, train
+    from seqmem.train.tracking import make_loggers
 
-    out = _check_out_dir(args.out)
+    main = rank == 0
+    out = _check_out_dir(args.out) if main else Path(args.out)
     mixers = args.mixer.split(",")
     task_name, task_opts = _task_from_args(args)
     spec = {
@@ -151,14 +201,26 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UsageError(f"--resume: arguments differ from the run in {out}; use the same arguments")
     torch.manual_seed(args.seed)
     model, task = build_run(spec)
-    model.to(args.device)
-    if not args.resume:
+    model.to(device)
+    if main and not args.resume:
         atomic_write_text(spec_path, json.dumps(spec, indent=2))
+    if main and hasattr(task, "save_tokenizer"):
+        task.save_tokenizer(out / "tokenizer")
     cfg = TrainConfig(**spec["train"])
-    print(f"model: {model.num_parameters():,} parameters, mixer {spec['model']['mixer']}, "
-          f"state {model.state_size(task.seq_len):,} numbers/sequence at T={task.seq_len}", file=sys.stderr)
-    res = train(model, task, cfg, out_dir=out, resume=args.resume, progress=not args.no_progress)
-    print(json.dumps({"step": cfg.steps, **{f"eval_{k}": v for k, v in res.final.items()}}))
+    if main:
+        dist_note = f", {world} processes (DDP), {cfg.batch_size} sequences/step in all" if world > 1 else ""
+        print(f"model: {model.num_parameters():,} parameters, mixer {spec['model']['mixer']}, "
+              f"state {model.state_size(task.seq_len):,} numbers/sequence at T={task.seq_len}{dist_note}",
+              file=sys.stderr)
+    loggers = make_loggers(args.log, out, spec) if main else []
+    try:
+        res = train(model, task, cfg, out_dir=out, resume=args.resume, progress=not args.no_progress,
+                    loggers=loggers)
+    finally:
+        for lg in loggers:
+            lg.close()
+    if main:
+        print(json.dumps({"step": cfg.steps, **{f"eval_{k}": v for k, v in res.final.items()}}))
     return 0
 
 
@@ -227,7 +289,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=_positive_int, default=1024)
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("train", help="train a language model on a task")
+    p = sub.add_parser("train", help="train a language model on a task (multi-process: torchrun ... -m seqmem train)")
     p.add_argument("--task", required=True, choices=["mqar", "lm"])
     p.add_argument("--mixer", required=True, help="mixer name, or a comma-separated list (one per layer)")
     p.add_argument("--mixer-option", action="append", metavar="KEY=VALUE", help="mixer option (repeatable)")
@@ -245,6 +307,15 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab", type=_positive_int, default=None, help="MQAR vocabulary size")
     p.add_argument("--num-pairs", type=_positive_int, default=None, help="MQAR key-value pairs")
     p.add_argument("--corpus", default=None, help="LM corpus: code, docs, or a directory of text files")
+    p.add_argument("--dataset", default=None,
+                   help="LM dataset: pg19, proof-pile, fineweb-edu or any Hugging Face dataset name (needs the "
+                        "datasets package and network), or a local directory / text, .jsonl, .parquet file, or "
+                        "datasets.save_to_disk directory (see docs/ecosystem.md)")
+    p.add_argument("--tokenizer", default=None,
+                   help="LM tokenizer: byte (default), a Hugging Face tokenizer name or local path, a "
+                        "tokenizer.json file, or train:VOCAB (byte-level BPE trained on the train split)")
+    p.add_argument("--log", action="append", choices=["tensorboard", "wandb"], default=None,
+                   help="extra metric backend (repeatable; offline; metrics.jsonl is always written)")
     p.add_argument("--eval-every", type=int, default=0)
     p.add_argument("--eval-examples", type=_positive_int, default=512)
     p.add_argument("--checkpoint-every", type=int, default=0)

@@ -1,5 +1,12 @@
 """Training loop: AdamW, linear warm-up + cosine decay, gradient clipping, periodic evaluation, JSONL metrics,
-atomic checkpoints and exact resume (weights, optimizer, scheduler, data and torch RNG state)."""
+atomic checkpoints and exact resume (weights, optimizer, scheduler, data and torch RNG state).
+
+Multi-process (``torchrun``): when ``torch.distributed`` is initialised with world size W > 1, the model is wrapped in
+``DistributedDataParallel``; every rank draws the same global batch from the shared data RNG and trains on its own
+slice of it (``torch.tensor_split`` of the batch into W parts), each rank's loss is its token-sum divided by the
+*global* number of scored tokens (times W, undone by DDP's gradient averaging), so gradients, optimizer steps and the
+logged loss equal a single-process run with the same global batch up to float summation order.  Rank 0 writes
+metrics and checkpoints; checkpoints hold no world size, so a run resumes on any number of processes."""
 
 from __future__ import annotations
 
@@ -58,34 +65,62 @@ class TrainResult:
     seconds: float = 0.0
 
 
+def dist_info() -> tuple[int, int]:
+    """``(rank, world_size)`` of the initialised default process group, else ``(0, 1)``."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100)
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, task: Any, n_examples: int = 512, batch_size: int = 64) -> dict[str, float]:
-    """Loss and accuracy over the scored positions of the task's fixed evaluation set (+ task metrics)."""
+def evaluate(
+    model: nn.Module, task: Any, n_examples: int = 512, batch_size: int = 64, distributed: bool = False
+) -> dict[str, float]:
+    """Loss and accuracy over the scored positions of the task's fixed evaluation set (+ task metrics).
+
+    ``distributed=True`` (every rank of the process group must call it): rank r evaluates batches r, r+W, …; the
+    per-batch sums are gathered and added in batch order, so the result equals the single-process one exactly."""
     was_training = model.training
     model.eval()
     inputs, targets = task.eval_data(n_examples)
     device = next(model.parameters()).device
-    tot_loss = tot_correct = tot_n = 0.0
-    extra: dict[str, float] = {}
-    extra_w: dict[str, float] = {}
-    for i in range(0, inputs.shape[0], batch_size):
+    rank, world = dist_info() if distributed else (0, 1)
+    parts: list[tuple[int, float, float, int, int, dict[str, float]]] = []
+    for j, i in enumerate(range(0, inputs.shape[0], batch_size)):
+        if j % world != rank:
+            continue
         x, y = inputs[i : i + batch_size].to(device), targets[i : i + batch_size].to(device)
         logits, _ = model(x)
         mask = y != -100
         n = int(mask.sum())
         if n == 0:
             continue
-        tot_loss += float(F.cross_entropy(logits[mask].float(), y[mask], reduction="sum"))
-        tot_correct += float((logits[mask].argmax(-1) == y[mask]).sum())
+        loss_sum = float(F.cross_entropy(logits[mask].float(), y[mask], reduction="sum"))
+        correct = float((logits[mask].argmax(-1) == y[mask]).sum())
+        mets = {k: float(v) for k, v in task.metrics(logits, y).items()} if hasattr(task, "metrics") else {}
+        parts.append((j, loss_sum, correct, n, x.shape[0], mets))
+    if world > 1:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, parts)
+        parts = sorted((p for g in gathered for p in g), key=lambda p: p[0])
+    tot_loss = tot_correct = tot_n = 0.0
+    extra: dict[str, float] = {}
+    extra_w: dict[str, float] = {}
+    for _, loss_sum, correct, n, bsz, mets in parts:
+        tot_loss += loss_sum
+        tot_correct += correct
         tot_n += n
-        if hasattr(task, "metrics"):
-            for k, v in task.metrics(logits, y).items():
-                extra[k] = extra.get(k, 0.0) + float(v) * x.shape[0]
-                extra_w[k] = extra_w.get(k, 0.0) + x.shape[0]
+        for k, v in mets.items():
+            extra[k] = extra.get(k, 0.0) + v * bsz
+            extra_w[k] = extra_w.get(k, 0.0) + bsz
     model.train(was_training)
     if tot_n == 0:
         raise ValueError("evaluation set has no scored positions (targets are all -100)")
@@ -123,11 +158,20 @@ def train(
     resume: bool = False,
     progress: bool = False,
     stop_after: int | None = None,
+    loggers: list[Any] | None = None,
 ) -> TrainResult:
     """Train ``model`` on ``task``.  With ``out_dir``: ``metrics.jsonl`` (one object per log step) and checkpoints
     under ``out_dir/checkpoints``; ``resume=True`` continues exactly from the newest good checkpoint.
-    ``stop_after`` ends the run early after that many steps (for tests of resumption)."""
+    ``stop_after`` ends the run early after that many steps (for tests of resumption).  ``loggers``: extra metric
+    sinks with ``log(record, step)`` (e.g. :mod:`seqmem.train.tracking`), called on rank 0 only.
+
+    Under ``torchrun`` (an initialised process group of W > 1 ranks) this trains with DistributedDataParallel; see
+    the module docstring.  ``cfg.batch_size`` is the global batch (at least W)."""
     device = next(model.parameters()).device
+    rank, world = dist_info()
+    main = rank == 0
+    if world > 1 and cfg.batch_size < world:
+        raise ValueError(f"batch_size={cfg.batch_size} is smaller than the number of processes ({world})")
     opt = make_optimizer(model, cfg)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -137,7 +181,8 @@ def train(
     metrics_path = ckpt_dir = None
     if out_dir is not None:
         out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        if main:
+            out_dir.mkdir(parents=True, exist_ok=True)
         metrics_path, ckpt_dir = out_dir / "metrics.jsonl", out_dir / "checkpoints"
         if resume:
             ck = latest_good_checkpoint(ckpt_dir)
@@ -153,12 +198,22 @@ def train(
             torch.set_rng_state(st["torch_rng"])
             start = st["step"]
             result.history = [r for r in _read_jsonl(metrics_path) if r["step"] <= start]
-            _write_jsonl(metrics_path, result.history)
-        elif metrics_path.exists():
+            if main:
+                _write_jsonl(metrics_path, result.history)
+        elif main and metrics_path.exists():
             metrics_path.unlink()
+    if not main:
+        metrics_path = ckpt_dir = None
+        loggers = None
+    ddp: nn.Module = model
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [device.index] if device.type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=ids, static_graph=True)
 
     bar = None
-    if progress:
+    if progress and main:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=cfg.steps, initial=start, dynamic_ncols=True, leave=False)
@@ -168,29 +223,36 @@ def train(
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     for step in range(start + 1, end + 1):
         x, y = task.sample(cfg.batch_size, gen)
-        x, y = x.to(device), y.to(device)
-        logits, _ = model(x)
-        loss = lm_loss(logits, y)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss became {float(loss)} at step {step}; lower the learning rate")
+        tokens += x.numel()
+        log_now = step % cfg.log_every == 0 or step == cfg.steps
+        if world == 1:
+            x, y = x.to(device), y.to(device)
+            logits, _ = model(x)
+            loss = report = lm_loss(logits, y)
+        else:
+            loss, report, logits, x, y = _ddp_loss(ddp, x, y, rank, world, device)
+        if not torch.isfinite(report):
+            raise FloatingPointError(f"loss became {float(report)} at step {step}; lower the learning rate")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         opt.step()
         sched.step()
-        tokens += x.numel()
         record: dict[str, Any] | None = None
-        if step % cfg.log_every == 0 or step == cfg.steps:
+        if log_now:
             with torch.no_grad():
                 mask = y != -100
-                acc = float((logits[mask].argmax(-1) == y[mask]).float().mean()) if mask.any() else float("nan")
+                if world == 1:
+                    acc = float((logits[mask].argmax(-1) == y[mask]).float().mean()) if mask.any() else float("nan")
+                else:
+                    acc = _ddp_accuracy(logits, y, device)
             el = time.perf_counter() - t0
-            record = {"step": step, "loss": float(loss.detach()), "accuracy": acc, "lr": sched.get_last_lr()[0],
+            record = {"step": step, "loss": float(report.detach()), "accuracy": acc, "lr": sched.get_last_lr()[0],
                       "tokens_per_s": tokens / max(el, 1e-9)}
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
-            ev = evaluate(model, task, cfg.eval_examples, cfg.eval_batch_size)
-            record = record or {"step": step, "loss": float(loss.detach())}
+            ev = evaluate(model, task, cfg.eval_examples, cfg.eval_batch_size, distributed=world > 1)
+            record = record or {"step": step, "loss": float(report.detach())}
             record.update({f"eval_{k}": v for k, v in ev.items()})
             if step == cfg.steps:
                 result.final = ev
@@ -199,6 +261,8 @@ def train(
             if metrics_path is not None:
                 with open(metrics_path, "a") as f:
                     f.write(json.dumps(record) + "\n")
+            for lg in loggers or []:
+                lg.log(record, step)
             if bar is not None:
                 bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record.get('accuracy', float('nan')):.3f}",
                                 tok_s=f"{record.get('tokens_per_s', 0):.0f}")
@@ -212,10 +276,44 @@ def train(
                 "data_rng": gen.get_state(), "torch_rng": torch.get_rng_state(),
                 "train_config": asdict(cfg) | {"betas": list(cfg.betas)},
             })
+        if world > 1 and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == end):
+            import torch.distributed as dist
+
+            dist.barrier()  # nobody runs ahead of a checkpoint being written
     if bar is not None:
         bar.close()
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _ddp_loss(
+    ddp: nn.Module, x: Tensor, y: Tensor, rank: int, world: int, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """This rank's slice of the global batch and its loss scaled so that DDP's gradient average is the gradient of
+    the global token-mean loss; the returned loss value (for logging) is the global mean (all-reduced)."""
+    import torch.distributed as dist
+
+    n_global = int((y != -100).sum())
+    lo_hi = torch.tensor_split(torch.arange(x.shape[0]), world)[rank]
+    xs, ys = x[lo_hi].to(device), y[lo_hi].to(device)
+    logits, _ = ddp(xs)
+    loss_sum = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ys.reshape(-1), ignore_index=-100,
+                               reduction="sum")
+    loss = loss_sum * (world / max(n_global, 1))
+    total = loss_sum.detach().clone()
+    dist.all_reduce(total)
+    report = total / max(n_global, 1) if n_global else total * float("nan")
+    return loss, report, logits, xs, ys
+
+
+def _ddp_accuracy(logits: Tensor, y: Tensor, device: torch.device) -> float:
+    import torch.distributed as dist
+
+    mask = y != -100
+    t = torch.tensor([float((logits[mask].argmax(-1) == y[mask]).sum()), float(mask.sum())], dtype=torch.float64,
+                     device=device)
+    dist.all_reduce(t)
+    return float(t[0] / t[1]) if t[1] > 0 else float("nan")
 
 
 def _read_jsonl(path: Path | None) -> list[dict[str, Any]]:
