@@ -63,6 +63,15 @@ def test_decode_end_to_end(tmp_path):
     assert _png_ok(tmp_path / "decode_time.png") and _png_ok(tmp_path / "decode_state.png")
 
 
+def test_profile_lists_top_ops(tmp_path, capsys):
+    js = tmp_path / "p.json"
+    assert main(["bench", "profile", "--mixers", "deltanet", "--lengths", "64", "--d-model", "32", "--heads", "2",
+                 "--top", "5", "--json", str(js)]) == 0
+    res = json.loads(js.read_text())["results"]
+    assert len(res) == 1 and len(res[0]["top"]) == 5 and res[0]["op_calls"] > 0
+    assert "| op | calls | self_ms |" in capsys.readouterr().out
+
+
 def test_time_cap_reports_not_run(tmp_path):
     js = tmp_path / "s.json"
     assert main(["bench", "speed", *TINY, "--impl", "fast", "--no-flops", "--max-seconds", "0.000001",

@@ -94,6 +94,10 @@ def add_parser(sub: Any) -> None:
     _common(d, repeats=20, warmup=3, impl="both")
     d.add_argument("--piece", type=_pos_int, default=1024, help="tokens per piece when streaming the context")
     d.set_defaults(func=cmd_decode)
+    pr = bsub.add_parser("profile", help="top ops of one forward+backward call of each mixer (torch.profiler)")
+    _common(pr, repeats=1, warmup=1, impl="fast")
+    pr.add_argument("--top", type=_pos_int, default=12, help="ops to list per mixer")
+    pr.set_defaults(func=cmd_profile)
     p.set_defaults(func=lambda args: (p.print_help(sys.stderr), 2)[1])
 
 
@@ -217,5 +221,26 @@ def cmd_decode(args: argparse.Namespace) -> int:
         payload["plots"] = [str(p) for impl in impls_of(args.impl)
                             for p in plot_decode(out["records"], args.plot,
                                                  prefix="decode" if impl == "fast" else f"decode_{impl}", impl=impl)]
+    _emit(args, text, payload)
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from seqmem.bench.profile import profile_mixer
+    from seqmem.bench.speed import impls_of
+
+    device, dtype, mixers, machine = _setup(args)
+    lengths = parse_lengths(args.lengths, [4096])
+    text = _header(args, machine, "seqmem bench profile")
+    results = []
+    for name in mixers:
+        for impl in impls_of(args.impl):
+            for n in lengths:
+                r = profile_mixer(args, device, dtype, name, n, impl, args.top)
+                results.append(r)
+                text += (f"### {name} impl={impl} T={n}: {r['total_self_ms']:.1f} ms self time in "
+                         f"{r['op_calls']:,} op calls\n\n")
+                text += md_table(r["top"], ["op", "calls", "self_ms", "self_%"]) + "\n"
+    payload = {"bench": "profile", "command": _command(args), "machine": machine, "results": results}
     _emit(args, text, payload)
     return 0

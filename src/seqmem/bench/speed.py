@@ -105,9 +105,10 @@ def run_speed(args: Any, device: torch.device, dtype: torch.dtype, mixers: list[
                     last = (n, max(res["first_call_s"], st["median_ms"] / 1e3))
                     if impl == "fast" and not args.no_flops and (cap is None or 2 * last[1] < cap):
                         try:
-                            fl = count_flops(step)
+                            by_op: dict[str, int] = {}
+                            fl = count_flops(step, by_op)
                             synchronize(device)
-                            rec.update(flops=fl, gflops_per_s=fl / (st["median_ms"] / 1e3) / 1e9)
+                            rec.update(flops=fl, flops_by_op=by_op, gflops_per_s=fl / (st["median_ms"] / 1e3) / 1e9)
                         except Exception as e:  # a counting failure must not lose the timing
                             rec.update(flops=None, note=f"FLOP count failed: {type(e).__name__}: {e}"[:300])
                     log(f"speed {name:<20} {impl:<9} T={fmt_len(n):>5}: {st['median_ms']:10.2f} ms "
