@@ -58,8 +58,14 @@ def _prefix_state(dtype, pos, **kw):
     return {key: torch.cat([s[key] for s in sts], 0) for key in sts[0]}
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-@pytest.mark.parametrize("chunk_size", [1, 3, 7, 20, 64])
+F64, F32 = torch.float64, torch.float32
+
+
+@pytest.mark.parametrize(
+    "dtype,chunk_size",
+    [(F64, 1), (F64, 3), (F64, 7), (F64, 20), (F64, 64), (F32, 7), (F32, 64)],
+    ids=["f64-C1", "f64-C3", "f64-C7", "f64-C20", "f64-C64", "f32-C7", "f32-C64"],
+)
 def test_chunk_equals_recurrent(dtype, chunk_size):
     q, k, v, w_u = _inputs(dtype)
     ref = _run("recurrent", q, k, v, w_u)
@@ -85,18 +91,19 @@ def test_refresh_alignment_from_state(pos, chunk_size):
 
 
 @pytest.mark.parametrize(
-    "kw",
+    "kw,dtype",
     [
-        {"refresh_period": None},
-        {"normalize_alpha": False, "lam0": 1.0},
-        {"fixed_A": True},
-        {"normalizer": "none"},
-        {"u_scale": 1.0, "refresh_period": 3, "refresh_eta": 0.1},
-        {"normalize_key": False, "lam0": 1.0},
+        ({"refresh_period": None}, F64),
+        ({"normalize_alpha": False, "lam0": 1.0}, F64),
+        ({"fixed_A": True}, F64),
+        ({"normalizer": "none"}, F64),
+        ({"u_scale": 1.0, "refresh_period": 3, "refresh_eta": 0.1}, F64),
+        ({"normalize_key": False, "lam0": 1.0}, F64),
+        ({"normalize_alpha": False, "lam0": 1.0}, F32),
+        ({"u_scale": 1.0, "refresh_period": 3, "refresh_eta": 0.1}, F32),
     ],
-    ids=["no-refresh", "v2", "fixedA", "no-norm", "unit-u", "no-khat"],
+    ids=["no-refresh", "v2", "fixedA", "no-norm", "unit-u", "no-khat", "v2-f32", "unit-u-f32"],
 )
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 def test_variants_chunk_equals_recurrent(kw, dtype):
     q, k, v, w_u = _inputs(dtype, seed=2, t=30)
     for c in (4, 16):
@@ -164,8 +171,9 @@ def test_generalized_delta_chunk_matches_loop(with_decay):
     assert_rel_close(S_end, S, 1e-12)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-@pytest.mark.parametrize("chunk_size", [1, 5, 16, 64])
+@pytest.mark.parametrize(
+    "dtype,chunk_size", [(F64, 1), (F64, 5), (F64, 64), (F32, 16)], ids=["f64-C1", "f64-C5", "f64-C64", "f32-C16"]
+)
 def test_paper_delta_rule_chunk_equals_recurrent(dtype, chunk_size):
     q, k, v, _ = _inputs(dtype, seed=5)
     beta = torch.sigmoid(torch.randn(B, T, H, dtype=dtype, generator=torch.Generator().manual_seed(6)))
