@@ -3,7 +3,8 @@
 //
 // Layout (contiguous): S0 (N,d,m) row-major with slots = columns; q,k,g (N,T,m); v (N,T,d); mu (N,T) or null;
 // y (N,T,d); bounds (N,nc,d,m) = the state at the start of every chunk of `chunk` tokens.
-// obj: 0 = dec, 1 = enc, 2 = sim  (with the unit-sphere projection, eq. 14);  3 = delta (eq. 20, no projection).
+// obj: 0 = dec, 1 = enc, 2 = sim  (with the unit-sphere projection, eq. 14);  3 = delta (eq. 20, no projection);
+//      4 = ttt (eq. 19, no projection).
 // The math is the hand-derived VJP documented in lattice_ops.py (_fwd_chunk / _bwd_chunk), one head at a time.
 #include <cmath>
 #include <cstdint>
@@ -20,6 +21,34 @@ struct Saved {
 template <typename F>
 inline void step_fwd(int obj, int64_t d, int64_t m, const F* S, F* So, const F* k, const F* v, const F* g, F mu,
                      F* h, F* p, F* w, F* b, F* rho) {
+  if (obj == 4) {  // ttt: z = S k, vh = z/|z|, e = vh - v, pe = (e - vh <vh,e>)/|z|; S' = mu S - pe (g k)^T
+    // scratch: h <- pe (d), p[0..1] <- (|z|, <vh,e>) when m >= 2, else b/rho; vh and e are recomputed in bwd
+    F nz = 0;
+    for (int64_t a = 0; a < d; ++a) {
+      F acc = 0;
+      const F* Sa = S + a * m;
+      for (int64_t i = 0; i < m; ++i) acc += Sa[i] * k[i];
+      h[a] = acc;  // z
+      nz += acc * acc;
+    }
+    nz = std::sqrt(nz);
+    if (nz < F(1e-12)) nz = F(1e-12);
+    F c = 0;
+    for (int64_t a = 0; a < d; ++a) c += (h[a] / nz) * (h[a] / nz - v[a]);
+    for (int64_t a = 0; a < d; ++a) {
+      F vh = h[a] / nz;
+      h[a] = ((vh - v[a]) - vh * c) / nz;  // pe
+    }
+    b[0] = nz;
+    rho[0] = c;
+    for (int64_t i = 0; i < m; ++i) w[i] = g[i] * k[i];
+    for (int64_t a = 0; a < d; ++a) {
+      const F* Sa = S + a * m;
+      F* Oa = So + a * m;
+      for (int64_t i = 0; i < m; ++i) Oa[i] = mu * Sa[i] - h[a] * w[i];
+    }
+    return;
+  }
   if (obj == 0 || obj == 3) {  // h = S k - v
     for (int64_t a = 0; a < d; ++a) {
       F acc = 0;
@@ -135,6 +164,60 @@ void bwd(int obj, int64_t N, int64_t T, int64_t d, int64_t m, int64_t chunk, con
             gq[o * m + i] += Sa[i] * gyt[a];
             Ga[i] += gyt[a] * qt[i];
           }
+        }
+        if (obj == 4) {  // ttt (eq. 19): h = pe, nz = Bv[s*m], c = R[s*m]
+          const F nz = Bv[s * m], c = R[s * m];
+          std::vector<F>& zb = gU;  // scratch (d) for z, then g_z
+          F gm = 0;
+          for (int64_t i = 0; i < m; ++i) gw[i] = 0;
+          for (int64_t a = 0; a < d; ++a) {
+            const F* Ga = &G[a * m];
+            const F* Sa = Si + a * m;
+            F acc = 0, zz = 0;
+            for (int64_t i = 0; i < m; ++i) {
+              acc += Ga[i] * w[i];
+              gw[i] -= Ga[i] * h[a];
+              gm += Ga[i] * Sa[i];
+              zz += Sa[i] * kt[i];
+            }
+            gh[a] = -acc;  // g_pe
+            zb[a] = zz;    // z
+          }
+          // pe = (e - vh c)/nz, c = <vh, e>, e = vh - v, vh = z/nz
+          F gc = 0, gnz = 0;
+          for (int64_t a = 0; a < d; ++a) {
+            gc -= (zb[a] / nz) * gh[a] / nz;
+            gnz -= h[a] * gh[a] / nz;
+          }
+          F vh_gvh = 0;
+          for (int64_t a = 0; a < d; ++a) {
+            const F vh = zb[a] / nz, e = vh - v[o * d + a];
+            F ge = gh[a] / nz + gc * vh;             // from pe and from c
+            F gvh = -(gh[a] / nz) * c + gc * e + ge;  // from pe, from c, from e
+            gv[o * d + a] = -ge;
+            vh_gvh += vh * gvh;
+            zb[a] = gvh;  // temporarily g_vh
+          }
+          gnz -= vh_gvh / nz;
+          for (int64_t a = 0; a < d; ++a) {
+            // g_z = g_vh / nz + g_nz * vh   (vh recomputed from pe? use z = S k again via Si)
+            F zz = 0;
+            const F* Sa = Si + a * m;
+            for (int64_t i = 0; i < m; ++i) zz += Sa[i] * kt[i];
+            zb[a] = zb[a] / nz + gnz * (zz / nz);
+          }
+          for (int64_t i = 0; i < m; ++i) gk[o * m + i] = gw[i] * gt[i];
+          for (int64_t a = 0; a < d; ++a) {
+            F* Ga = &G[a * m];
+            const F* Sa = Si + a * m;
+            for (int64_t i = 0; i < m; ++i) {
+              Ga[i] = mut * Ga[i] + zb[a] * kt[i];
+              gk[o * m + i] += Sa[i] * zb[a];
+            }
+          }
+          for (int64_t i = 0; i < m; ++i) gg[o * m + i] = gw[i] * kt[i];
+          if (gmu) gmu[o] = gm;
+          continue;
         }
         if (obj == 3) {  // delta
           F gm = 0;

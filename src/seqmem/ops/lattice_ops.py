@@ -242,9 +242,10 @@ def lattice_scan(
     random orthonormal ``S_0``.  With ``normalize`` (eq. 14) the initial slots are projected onto the sphere.
     ``mode="recurrent"``: per-token loop under autograd (reference).  ``mode="scan"``: the same model with a
     hand-derived backward that recomputes the states per chunk of ``chunk_size`` tokens; this covers
-    dec/enc/sim with the sphere projection and delta without it, each with or without ``forget``.  Other
-    combinations (plain OSR, L1, ttt) run the reference step under ``torch.utils.checkpoint`` per chunk:
-    exact and memory-frugal, not faster.  ``backend``: ``"cpp"`` = the fused C++ kernel (CPU, float32/64),
+    dec/enc/sim with the sphere projection and delta and ttt (C++ only) without it, each with or without
+    ``forget``.  Other combinations (plain OSR, L1; ttt without the C++ kernel) run the reference step under
+    ``torch.utils.checkpoint`` per chunk: exact and memory-frugal, not faster.  ``backend``: ``"cpp"`` = the
+    fused C++ kernel (CPU, float32/64),
     ``"torch"`` = the PyTorch hand-VJP scan, ``"auto"`` = cpp where available, else torch.
     """
     B, T, H, m, d = _check(q, k, v, gamma, initial_state, objective, normalize, forget, l1, mode, chunk_size)
@@ -285,7 +286,7 @@ def _cpp_scan(q, k, v, gamma, initial_state, objective, normalize, forget, l1, c
     dt = k.dtype
     ok = (
         l1 is None
-        and ((objective in _OSR and normalize) or (objective == "delta" and not normalize))
+        and ((objective in _OSR and normalize) or (objective in ("delta", "ttt") and not normalize))
         and k.device.type == "cpu"
         and dt in (torch.float32, torch.float64)
         and all(x.dtype == dt for x in (q, v))
