@@ -84,12 +84,13 @@ class LatticeMixer(Mixer):
         learn_s0: bool = False,
         chunk_size: int = 64,
         seed: int = 0,
+        v_norm: bool = False,
     ) -> None:
         super().__init__(d_model, n_heads, impl)
         self.objective = check_choice("objective", objective, LATTICE_OBJECTIVES)
         for name, val in (
             ("normalize", normalize), ("qk_norm", qk_norm), ("gamma_per_slot", gamma_per_slot),
-            ("forget_gate", forget_gate), ("learn_s0", learn_s0),
+            ("forget_gate", forget_gate), ("learn_s0", learn_s0), ("v_norm", v_norm),
         ):  # fmt: skip
             if not isinstance(val, bool):
                 raise ValueError(f"{name} must be a bool, got {val!r}")
@@ -104,8 +105,8 @@ class LatticeMixer(Mixer):
         if isinstance(l1, bool) or not isinstance(l1, (int, float)) or l1 < 0:
             raise ValueError(f"l1 must be a non-negative number, got {l1!r}")
         self.l1 = float(l1)
-        self.qk_norm, self.gamma_per_slot, self.forget_gate, self.learn_s0 = (
-            qk_norm, gamma_per_slot, forget_gate, learn_s0
+        self.qk_norm, self.gamma_per_slot, self.forget_gate, self.learn_s0, self.v_norm = (
+            qk_norm, gamma_per_slot, forget_gate, learn_s0, v_norm
         )  # fmt: skip
         H, d, m = n_heads, self.head_dim, self.n_slots
         self.qk_proj = nn.Linear(d_model, H * m, bias=False)  # shared by q and k (App. A)
@@ -152,6 +153,8 @@ class LatticeMixer(Mixer):
             q = F.normalize(q, dim=-1, eps=1e-6)
             k = F.normalize(k, dim=-1, eps=1e-6)
         v = self.v_proj(x).view(B, T, H, d)
+        if self.v_norm:  # NOT in the paper: unit-norm values (tames the ENC step, which scales with ‖v‖²)
+            v = F.normalize(v, dim=-1, eps=1e-6)
         gamma = torch.sigmoid(self.gamma_proj(x))
         gamma = gamma.view(B, T, H, m) if self.gamma_per_slot else gamma.view(B, T, H)
         mu = torch.sigmoid(self.forget_proj(x)) if self.forget_gate else None
@@ -183,7 +186,7 @@ class LatticeEncMixer(LatticeMixer):
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [
         {"chunk_size": 8},
-        {"chunk_size": 8, "gamma_per_slot": True, "forget_gate": True, "n_slots": 4},
+        {"chunk_size": 8, "gamma_per_slot": True, "forget_gate": True, "n_slots": 4, "v_norm": True},
     ]
 
 
@@ -214,13 +217,16 @@ class LatticeChunkedMixer(LatticeMixer):
     def __init__(self, d_model: int, n_heads: int = 4, impl: str = "fast", objective: str = "dec",
                  head_dim: int | None = None, n_slots: int | None = None, conv_size: int = 4,
                  qk_norm: bool = True, gamma_per_slot: bool = False, learn_s0: bool = False,
-                 chunk_size: int = 16, seed: int = 0) -> None:  # fmt: skip
+                 chunk_size: int = 16, seed: int = 0, normalize: bool = True, forget_gate: bool = False,
+                 l1: float = 0.0, v_norm: bool = False) -> None:  # fmt: skip
+        if normalize is not True or forget_gate is not False or l1 != 0.0:
+            raise ValueError("lattice_chunked supports only normalize=True, forget_gate=False, l1=0")
         if objective not in ("dec", "enc", "sim"):
             raise ValueError(f"lattice_chunked: objective must be 'dec', 'enc' or 'sim', got {objective!r}")
         super().__init__(
             d_model, n_heads, impl, objective=objective, normalize=True, head_dim=head_dim, n_slots=n_slots,
             conv_size=conv_size, qk_norm=qk_norm, gamma_per_slot=gamma_per_slot, learn_s0=learn_s0,
-            chunk_size=chunk_size, seed=seed,
+            chunk_size=chunk_size, seed=seed, v_norm=v_norm,
         )  # fmt: skip
 
     def state_keys(self) -> set[str]:
