@@ -23,7 +23,7 @@ _SRC = Path(__file__).with_name("_lattice_kernel.cpp")
 _LIB: ctypes.CDLL | None = None
 _FAILED: str | None = None
 _LOCK = threading.Lock()
-OBJ_CODE = {"dec": 0, "enc": 1, "sim": 2, "delta": 3, "ttt": 4}
+OBJ_CODE = {"dec": 0, "enc": 1, "sim": 2, "delta": 3, "ttt": 4, "dec_plain": 5, "enc_plain": 6, "sim_plain": 7}
 
 
 def _build() -> ctypes.CDLL:

@@ -4,7 +4,8 @@
 // Layout (contiguous): S0 (N,d,m) row-major with slots = columns; q,k,g (N,T,m); v (N,T,d); mu (N,T) or null;
 // y (N,T,d); bounds (N,nc,d,m) = the state at the start of every chunk of `chunk` tokens.
 // obj: 0 = dec, 1 = enc, 2 = sim  (with the unit-sphere projection, eq. 14);  3 = delta (eq. 20, no projection);
-//      4 = ttt (eq. 19, no projection).
+//      4 = ttt (eq. 19, no projection);  5, 6, 7 = dec, enc, sim WITHOUT the projection (plain OSR, eq. 13:
+//      phi divides by the actual column norms).
 // The math is the hand-derived VJP documented in lattice_ops.py (_fwd_chunk / _bwd_chunk), one head at a time.
 #include <cmath>
 #include <cstdint>
@@ -47,6 +48,38 @@ inline void step_fwd(int obj, int64_t d, int64_t m, const F* S, F* So, const F* 
       F* Oa = So + a * m;
       for (int64_t i = 0; i < m; ++i) Oa[i] = mu * Sa[i] - h[a] * w[i];
     }
+    return;
+  }
+  if (obj >= 5) {  // plain OSR: r = 1/|s_i|, Sb = S diag(r); rho <- r, b <- mu + a r
+    const int o2 = obj - 5;  // 0 dec, 1 enc, 2 sim
+    for (int64_t i = 0; i < m; ++i) rho[i] = 0;
+    for (int64_t a = 0; a < d; ++a)
+      for (int64_t i = 0; i < m; ++i) rho[i] += S[a * m + i] * S[a * m + i];
+    for (int64_t i = 0; i < m; ++i) {
+      F nrm = std::sqrt(rho[i]);
+      if (nrm < F(1e-12)) nrm = F(1e-12);
+      rho[i] = F(1) / nrm;
+    }
+    for (int64_t a = 0; a < d; ++a) {
+      if (o2 == 0) {
+        F acc = 0;
+        for (int64_t i = 0; i < m; ++i) acc += S[a * m + i] * rho[i] * k[i];
+        h[a] = acc - v[a];
+      } else {
+        h[a] = (o2 == 1) ? v[a] : -v[a];
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) p[i] = 0;
+    for (int64_t a = 0; a < d; ++a)
+      for (int64_t i = 0; i < m; ++i) p[i] += S[a * m + i] * h[a];
+    for (int64_t i = 0; i < m; ++i) {
+      p[i] *= rho[i];
+      const F c = (o2 == 1) ? p[i] - k[i] : k[i];
+      w[i] = g[i] * c * rho[i];
+      b[i] = mu + p[i] * w[i] * rho[i];
+    }
+    for (int64_t a = 0; a < d; ++a)
+      for (int64_t i = 0; i < m; ++i) So[a * m + i] = S[a * m + i] * b[i] - h[a] * w[i];
     return;
   }
   if (obj == 0 || obj == 3) {  // h = S k - v
@@ -164,6 +197,85 @@ void bwd(int obj, int64_t N, int64_t T, int64_t d, int64_t m, int64_t chunk, con
             gq[o * m + i] += Sa[i] * gyt[a];
             Ga[i] += gyt[a] * qt[i];
           }
+        }
+        if (obj >= 5) {  // plain OSR (no projection)
+          const int o2 = obj - 5;
+          const F* p = &P[s * m];
+          const F* b = &Bv[s * m];
+          const F* r = &R[s * m];
+          std::vector<F>& gb = ga;  // g_b, then reused
+          std::vector<F> gr(m), gc(m), sh(m);
+          F gm = 0;
+          for (int64_t i = 0; i < m; ++i) {
+            gb[i] = 0;
+            gw[i] = 0;
+          }
+          for (int64_t a = 0; a < d; ++a) {
+            const F* Ga = &G[a * m];
+            const F* Sa = Si + a * m;
+            F acc = 0;
+            for (int64_t i = 0; i < m; ++i) {
+              gb[i] += Ga[i] * Sa[i];
+              gw[i] -= Ga[i] * h[a];
+              acc += Ga[i] * w[i];
+            }
+            gh[a] = -acc;
+          }
+          for (int64_t i = 0; i < m; ++i) {
+            gm += gb[i];
+            const F ai = p[i] * w[i];
+            const F gai = gb[i] * r[i];
+            gr[i] = gb[i] * ai;
+            gw[i] += gai * p[i];
+            gp[i] = gai * w[i];
+            const F c = (o2 == 1) ? p[i] - kt[i] : kt[i];
+            gg[o * m + i] = gw[i] * c * r[i];
+            gc[i] = gw[i] * gt[i] * r[i];
+            gr[i] += gw[i] * gt[i] * c;
+            sh[i] = p[i] / r[i];  // (S^T h)_i
+            gr[i] += gp[i] * sh[i];  // p = Sb^T h
+            if (o2 == 1) gr[i] += gc[i] * sh[i];  // enc: c = Sb^T v - k, h = v
+          }
+          for (int64_t a = 0; a < d; ++a) {  // g_h += Sb g_p
+            const F* Sa = Si + a * m;
+            F acc = 0;
+            for (int64_t i = 0; i < m; ++i) acc += Sa[i] * r[i] * gp[i];
+            gh[a] += acc;
+          }
+          if (o2 == 0) {  // dec: h = Sb k - v
+            for (int64_t i = 0; i < m; ++i) sh[i] = 0;  // (S^T g_h)_i
+            for (int64_t a = 0; a < d; ++a)
+              for (int64_t i = 0; i < m; ++i) sh[i] += Si[a * m + i] * gh[a];
+            for (int64_t i = 0; i < m; ++i) {
+              gk[o * m + i] = r[i] * sh[i] + gc[i];
+              gr[i] += kt[i] * sh[i];
+            }
+            for (int64_t a = 0; a < d; ++a) gv[o * d + a] = -gh[a];
+          } else if (o2 == 1) {  // enc
+            for (int64_t i = 0; i < m; ++i) gk[o * m + i] = -gc[i];
+            for (int64_t a = 0; a < d; ++a) {
+              const F* Sa = Si + a * m;
+              F acc = 0;
+              for (int64_t i = 0; i < m; ++i) acc += Sa[i] * r[i] * gc[i];
+              gv[o * d + a] = gh[a] + acc;
+            }
+          } else {  // sim
+            for (int64_t i = 0; i < m; ++i) gk[o * m + i] = gc[i];
+            for (int64_t a = 0; a < d; ++a) gv[o * d + a] = -gh[a];
+          }
+          for (int64_t a = 0; a < d; ++a) {
+            F* Ga = &G[a * m];
+            const F* Sa = Si + a * m;
+            const F va = v[o * d + a];
+            for (int64_t i = 0; i < m; ++i) {
+              F gsb = h[a] * gp[i];
+              if (o2 == 0) gsb += gh[a] * kt[i];
+              if (o2 == 1) gsb += va * gc[i];
+              Ga[i] = Ga[i] * b[i] + r[i] * gsb - gr[i] * r[i] * r[i] * r[i] * Sa[i];
+            }
+          }
+          if (gmu) gmu[o] = gm;
+          continue;
         }
         if (obj == 4) {  // ttt (eq. 19): h = pe, nz = Bv[s*m], c = R[s*m]
           const F nz = Bv[s * m], c = R[s * m];

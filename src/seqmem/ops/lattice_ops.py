@@ -241,10 +241,11 @@ def lattice_scan(
     ``initial_state=None`` starts from the identity slots ``I_{d×m}`` (orthonormal); mixers pass their own
     random orthonormal ``S_0``.  With ``normalize`` (eq. 14) the initial slots are projected onto the sphere.
     ``mode="recurrent"``: per-token loop under autograd (reference).  ``mode="scan"``: the same model with a
-    hand-derived backward that recomputes the states per chunk of ``chunk_size`` tokens; this covers
-    dec/enc/sim with the sphere projection and delta and ttt (C++ only) without it, each with or without
-    ``forget``.  Other combinations (plain OSR, L1; ttt without the C++ kernel) run the reference step under
-    ``torch.utils.checkpoint`` per chunk: exact and memory-frugal, not faster.  ``backend``: ``"cpp"`` = the
+    hand-derived backward that recomputes the states per chunk of ``chunk_size`` tokens.  The C++ kernel
+    covers dec/enc/sim with or without the sphere projection, and delta and ttt without it, each with or
+    without ``forget``; the PyTorch version covers dec/enc/sim with the projection and delta.  Other
+    combinations (L1 always) run the reference step under ``torch.utils.checkpoint`` per chunk: exact and
+    memory-frugal, not faster.  ``backend``: ``"cpp"`` = the
     fused C++ kernel (CPU, float32/64),
     ``"torch"`` = the PyTorch hand-VJP scan, ``"auto"`` = cpp where available, else torch.
     """
@@ -286,7 +287,7 @@ def _cpp_scan(q, k, v, gamma, initial_state, objective, normalize, forget, l1, c
     dt = k.dtype
     ok = (
         l1 is None
-        and ((objective in _OSR and normalize) or (objective in ("delta", "ttt") and not normalize))
+        and (objective in _OSR or (objective in ("delta", "ttt") and not normalize))
         and k.device.type == "cpu"
         and dt in (torch.float32, torch.float64)
         and all(x.dtype == dt for x in (q, v))
@@ -309,11 +310,12 @@ def _cpp_scan(q, k, v, gamma, initial_state, objective, normalize, forget, l1, c
     if gamma.dim() == 3:
         gamma = gamma.unsqueeze(-1).expand(B, T, H, m)
     S0 = torch.eye(d, m, dtype=dt).expand(N, d, m) if initial_state is None else initial_state.reshape(N, d, m)
-    if objective in _OSR:
+    if objective in _OSR and normalize:
         S0 = sphere_retract(S0)
     mu = None if forget is None else forget.transpose(1, 2).reshape(N, T)
+    code = objective if (normalize or objective not in _OSR) else f"{objective}_plain"
     y, S = _lattice_cpp.CppScan.apply(
-        S0.contiguous(), nt(q), nt(k), nt(v), nt(gamma), mu, objective, chunk_size
+        S0.contiguous(), nt(q), nt(k), nt(v), nt(gamma), mu, code, chunk_size
     )  # fmt: skip
     return y.reshape(B, H, T, d).transpose(1, 2), S.reshape(B, H, d, m)
 
