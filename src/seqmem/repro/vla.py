@@ -109,6 +109,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default=",".join(MODELS), help=f"comma list of {list(ALL_MODELS)}")
     p.add_argument("--steps", type=int, default=None, help="override the training steps of every experiment")
     p.add_argument("--capacity-ns", default=None, help="override the MQAR capacity n list, e.g. 4,8")
+    p.add_argument("--batch", type=int, default=None, help="override the MQAR batch size")
     p.add_argument("--lr-sweep", default=None, help="comma list of learning rates (default: per scale)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
 
@@ -465,6 +466,10 @@ def _run(args: argparse.Namespace, scale: str, cfg: dict[str, Any]) -> int:
         for key in ("copy", "capacity", "capacity_long", "long", "ood"):
             if cfg.get(key):
                 cfg[key]["steps"] = steps
+    if getattr(args, "batch", None):
+        if args.batch <= 0:
+            raise ValueError(f"--batch must be positive, got {args.batch}")
+        cfg["batch"] = int(args.batch)
     if getattr(args, "capacity_ns", None):
         cfg["capacity"]["ns"] = [int(x) for x in str(args.capacity_ns).split(",")]
         cfg["capacity_long"] = None
@@ -476,7 +481,8 @@ def _run(args: argparse.Namespace, scale: str, cfg: dict[str, Any]) -> int:
                f"--models {','.join(models)}"
                + (f" --lr-sweep {args.lr_sweep}" if getattr(args, "lr_sweep", None) else "")
                + (f" --steps {steps}" if steps is not None else "")
-               + (f" --capacity-ns {args.capacity_ns}" if getattr(args, "capacity_ns", None) else ""))
+               + (f" --capacity-ns {args.capacity_ns}" if getattr(args, "capacity_ns", None) else "")
+               + (f" --batch {args.batch}" if getattr(args, "batch", None) else ""))
     runs: list[dict[str, Any]] = []
     timing: dict[str, float] = {}
     for e in exps:
