@@ -1,18 +1,15 @@
 """Synthetic retrieval tasks for the Echo reproduction (Tables 2–3, §4.2).  The paper does NOT specify its
-data
-generators; every layout below is OUR design (notes/echo.md §5.1–5.2), documented in docs/echo.md.
+data generators; every layout below is OUR design (notes/echo.md §5.1–5.2), documented in docs/echo.md.
 
 One vocabulary layout for all tasks (default ``vocab_size=128``):
 
 * specials ``0..7``: PAD 0, SEP 1, Q (query marker) 2, ARROW 3, COLON 4, EQ 5, LIST_A 6, LIST_B 7;
-* keys ``[8, 8 + n)``, values ``[8 + n, 8 + 2n)``, filler (distractors) ``[8 + 2n, V)`` with ``n = (V - 8)
-// 3``
-  (V = 128: 40 keys, 40 values, 40 filler tokens).
+* keys ``[8, 8 + n)``, values ``[8 + n, 8 + 2n)``, filler (distractors) ``[8 + 2n, V)`` with
+  ``n = (V - 8) // 3`` (V = 128: 40 keys, 40 values, 40 filler tokens).
 
 Only answer tokens are scored (``targets = -100`` elsewhere); the answer is predicted at the position of the
 last query token (teacher forcing: answers that appear later as inputs never leak into their own prediction).
-Every
-task returns exactly ``seq_len`` tokens (variable-length content is left-padded with filler).
+Every task returns exactly ``seq_len`` tokens (variable-length content is left-padded with filler).
 
 Tasks (all registered):
 
@@ -21,18 +18,17 @@ Tasks (all registered):
 * ``echo_niah`` — needle in a haystack (Table 2, Fig. 1a): ``n_kv`` key–value bigrams at random positions in
   filler, then ``Q k`` → the value of one needle.
 * ``echo_multihop`` — two-hop retrieval (Fig. 1b): chains ``a b`` and ``b c`` (a, b keys, c a value)
-scattered in
-  filler, then ``Q a`` → ``c``.
+  scattered in filler, then ``Q a`` → ``c``.
 * ``echo_sysprompt`` — system-prompt recall (App. G.4 Exp. 3): ``n_vars`` bindings ``var value`` at the start,
   SEP, a filler scratchpad with optional decoy bindings of other variables, then ``Q var`` → value for
-  ``n_queries``
-  variables.
-* ``echo_tooltrace`` — tool-trace retrieval (App. G.4 Exp. 1): calls ``agent : tool → result`` (a later call
-may
+  ``n_queries`` variables.
+* ``echo_tooltrace`` — tool-trace retrieval (App. G.4 Exp. 1): calls ``agent : tool → result`` (a later call may
   overwrite an earlier (agent, tool) binding), then ``Q agent : tool =`` → the latest result.
 * ``echo_commonword`` — common-word identification (undefined in the paper; our choice (i) of notes §5.1): two
-  delimited lists ``LIST_A …`` and ``LIST_B …`` sharing exactly one token, then ``Q`` → that token.
-* ``echo_mixture`` — the training curriculum of §4.1: half system-prompt, half tool-trace examples.
+  delimited lists ``LIST_A …`` and ``LIST_B …`` sharing exactly one token (from the value range),
+  then ``Q`` → that token.
+* ``echo_mixture`` — the training curriculum of §4.1: half system-prompt (every variable queried),
+  half tool-trace examples.
 """
 
 from __future__ import annotations
