@@ -1,31 +1,24 @@
 """VORT — variable-order (power-law) retention (paper 000, eqs. 11, 14–17) and its baseline kernels.
 
-Per head: q, k, v projections; features φ (FAVOR+ positive random features with a fixed seed,
-elu+1, or the exact
-exp(q·k/√d) of eq. 13); keyed retrieval o_t = Σ_i s_ti ŵ_{t−i} v_i / (Σ_i s_ti ŵ_{t−i} + ε0) (eq.
-16) where the
-kernel ŵ is
+Per head: q, k, v projections; features φ (FAVOR+ positive random features with a fixed seed, elu+1, or the
+exact exp(q·k/√d) of eq. 13); keyed retrieval o_t = Σ_i s_ti ŵ_{t−i} v_i / (Σ_i s_ti ŵ_{t−i} + ε0) (eq. 16),
+where the kernel ŵ is
 
-* ``kernel="soe"`` — the corrected SOE of the GL power-law kernel (seqmem.ops.fractional), in the merged form
-  (notes §2.7): S(+1) decay channels shared by all tokens with per-token weights c_s(α_t) (exactly
-  the K-bank sum
-  of eqs. 14–16, K times cheaper); the λ = 0 tail lump acts on the current token only;
-* ``kernel="gl"`` — exact GL weights w_{t−i}^(α_i) (the paper's "exact fractional convolution";
-KV-cache state);
+* ``kernel="soe"`` — the corrected SOE of the GL power-law kernel (seqmem.ops.fractional) in the merged form
+  (notes §2.7): S(+1) decay channels shared by all tokens with per-token weights c_s(α_t) (exactly the K-bank
+  sum of eqs. 14–16, K times cheaper); the λ = 0 tail lump acts on the current token only;
+* ``kernel="gl"`` — exact GL weights w_{t−i}^(α_i) (the paper's "exact fractional convolution"; KV-cache state);
 * ``kernel="exp"`` — one fixed exponential e^{−λj} (the Exponential baseline);
-* ``kernel="mixture"`` — Σ_m π_m e^{−λ_m j} with learned π_m = softplus(θ_m), λ_m = exp(η_m) (Mixture-5).
+* ``kernel="mixture"`` — Σ_m π_m e^{−λ_m j}, learned π_m = softplus(θ_m), λ_m = exp(η_m) (Mixture-5).
 
-α_t (eq. 11): ``alpha_mode="continuous"`` α_t = δ + (1−δ)σ(w·x_t + w_H H(a_t) + w_e e_t + b) with H the
-normalised entropy of the token's local-attention row and e_t an entity flag (a learned soft probe
-σ(u·x_t + c),
+α_t (eq. 11): ``alpha_mode="continuous"``: α_t = δ + (1−δ)σ(w·x_t + w_H H(a_t) + w_e e_t + b), with H the
+normalised entropy of the token's local-attention row and e_t an entity flag (a learned soft probe σ(u·x_t + c),
 or given through :meth:`VORT.entity_flags`); ``"banked"`` rounds α_t to the nearest of the K bank orders
-α_k = δ + (1−δ)k/K (straight-through gradient; the paper's routing); ``"fixed"`` uses one global α
-(Tables 1–2).
-Output: y = W_O (o_t + Attn_local(x_t)) (eq. 17) with a causal sliding-window softmax attention of width
+α_k = δ + (1−δ)k/K (straight-through gradient; the paper's routing); ``"fixed"``: one global α (Tables 1–2).
+Output: y = W_O (o_t + Attn_local(x_t)) (eq. 17), a causal sliding-window softmax attention of width
 ``local_window`` sharing q/k/v (0 disables it and the entropy feature).
-impl="reference": per-token recurrences (eqs. 14–16 as written); impl="fast": chunked form (or the
-parallel form
-for the KV-cache kernels).  Choices the paper leaves open are documented in docs/vort.md.
+impl="reference": per-token recurrences (eqs. 14–16 as written); impl="fast": chunked form (parallel form for
+the KV-cache kernels).  Choices the paper leaves open are documented in docs/vort.md.
 """
 
 from __future__ import annotations
@@ -427,8 +420,7 @@ class VORT(Mixer):
         return self.out(o.reshape(b, t, self.d_model)), new_state
 
     def _cached(self, q, k, v, alpha, state, start, new_state) -> Tensor:
-        """KV-cache path: exact exp scores (eq. 13 semantics) and/or exact GL weights; parallel or
-        per-token."""
+        """KV-cache path: exact exp scores (eq. 13) and/or exact GL weights; parallel or per-token."""
         b, t = q.shape[:2]
         if self.kernel == "gl":
             coef = alpha[..., None]
@@ -502,8 +494,7 @@ class VORT(Mixer):
     description="power-law (GL) keyed retention via SOE, one global α = 0.7 (VORT Tables 1–2)",
 )
 class VORTFixedAlpha(VORT):
-    """The paper's 'Power-Law' model: VORT retrieval with one fixed global α (no routing, no local
-    attention)."""
+    """The paper's 'Power-Law' model: VORT retrieval with one fixed global α (no routing, no local attention)."""
 
     contract_configs: ClassVar[list[dict]] = [
         {"chunk_size": 8, "n_soe": 6, "horizon": 64, "n_features": 8},
@@ -529,8 +520,7 @@ class VORTFixedAlpha(VORT):
     "exp_decay", description="keyed retention with one fixed exponential decay e^{-λj} (VORT 'Exponential')"
 )
 class ExpDecay(VORT):
-    """The paper's 'Exponential' baseline: the same retrieval with a single fixed decay rate λ =
-    decay_rate."""
+    """The paper's 'Exponential' baseline: the same retrieval with one fixed decay rate λ = decay_rate."""
 
     contract_configs: ClassVar[list[dict]] = [
         {"chunk_size": 8, "feature_map": "elu", "decay_rate": 0.05},
@@ -556,8 +546,7 @@ class ExpDecay(VORT):
     "exp_mixture", description="keyed retention with a learned mixture of exponentials (VORT 'Mixture-5')"
 )
 class ExpMixture(VORT):
-    """The paper's 'Mixture-5' baseline: Σ_m π_m e^{−λ_m j}, π_m = softplus(θ_m), λ_m = exp(η_m),
-    both learned."""
+    """The paper's 'Mixture-5' baseline: Σ_m π_m e^{−λ_m j}, π_m = softplus(θ_m), λ_m = exp(η_m), learned."""
 
     contract_configs: ClassVar[list[dict]] = [
         {"chunk_size": 8, "n_features": 8, "horizon": 64},

@@ -1,28 +1,22 @@
 """VORT retrieval ops (paper 000, eqs. 13–17, 24): decayed keyed linear attention over SOE channels.
 
-``soe_retention``  — the merged form of eqs. (14)–(16) (notes §2.7): S' decay channels with rates
-ξ_s shared by
+``soe_retention`` — the merged form of eqs. (14)–(16) (notes §2.7): S' decay channels with rates ξ_s shared by
 all tokens and a per-token input weight c_s(α_t),
 
-    G_t^(s) = e^{-ξ_s} G_{t-1}^(s) + c_s(α_t) φ(k_t) v_t^T,     b_t^(s) = e^{-ξ_s} b_{t-1}^(s) +
-    c_s(α_t) φ(k_t)
+    G_t^(s) = e^{-ξ_s} G_{t-1}^(s) + c_s(α_t) φ(k_t) v_t^T,    b_t^(s) = e^{-ξ_s} b_{t-1}^(s) + c_s(α_t) φ(k_t)
     o_t = (φ(q_t)·Σ_s G_t^(s) + c_now(α_t)(φ(q_t)·φ(k_t)) v_t) / (φ(q_t)·Σ_s b_t^(s) + c_now(…) + ε0)
 
-(the c_now term is the λ = 0 tail lump, acting at lag 0 only).  Modes: ``"recurrent"`` (the
-per-token loop of the
-paper), ``"chunk"`` (RetNet/GLA-style chunked form) and ``"parallel"`` (one chunk = quadratic form).
-Normalisers: ``"kernel"`` (eq. 16, default; the denominator is kernel-weighted) and ``"plain"`` (eq. 13: the
-denominator Σ_i φ(q_t)·φ(k_i) is undecayed; one extra accumulator z).  ``strict_causal=True`` reads out before
-writing token t (eq. 13's i < t).
+(the c_now term is the λ = 0 tail lump, acting at lag 0 only).  Modes: ``"recurrent"`` (the per-token loop of
+the paper), ``"chunk"`` (RetNet/GLA-style chunked form) and ``"parallel"`` (one chunk = quadratic form).
+Normalisers: ``"kernel"`` (eq. 16, default; kernel-weighted denominator) and ``"plain"`` (eq. 13: undecayed
+denominator Σ_i φ(q_t)·φ(k_i); one extra accumulator z).  ``strict_causal=True`` reads out before writing token
+t (eq. 13's i < t).
 
-``local_window_attention`` — causal sliding-window softmax attention (eq. 17's Attn_local) that
-also returns the
-normalised entropy H(a_t)/log(#visible) of each attention row, averaged over heads (the routing
-feature of eq. 11).
+``local_window_attention`` — causal sliding-window softmax attention (eq. 17's Attn_local) that also returns the
+normalised entropy H(a_t)/log(#visible) of each row, averaged over heads (the routing feature of eq. 11).
 
-``retrieval_loss`` / ``refine_alpha`` — the plasticity objective L_ret of eq. (24) and test-time
-projected gradient
-descent on per-token α (Section 5; our reading, see docs/vort.md).
+``retrieval_loss`` / ``refine_alpha`` — the plasticity objective L_ret of eq. (24) and test-time projected
+gradient descent on per-token α (Section 5; our reading, see docs/vort.md).
 """
 
 from __future__ import annotations
@@ -64,11 +58,10 @@ def soe_retention(
 
     Shapes: ``q``, ``k`` (batch, time, heads, F) already feature-mapped (φ(q), φ(k), non-negative);
     ``v`` (batch, time, heads, Dv); ``coef`` (batch, time, S') or (batch, time, heads, S') per-token channel
-    weights c_s(α_t); ``xi`` (S',) non-negative decay rates (λ_s = e^{-ξ_s}); ``coef_now`` (batch,
-    time[, heads])
-    the lag-0-only weight (or None).  State: ``G`` (batch, heads, S', F, Dv), ``b`` (batch, heads,
-    S', F) and, for
-    ``normalizer="plain"``, ``z`` (batch, heads, F).  Returns ``(o (batch, time, heads, Dv), state)``.
+    weights c_s(α_t); ``xi`` (S',) non-negative decay rates (λ_s = e^{-ξ_s}); ``coef_now``
+    (batch, time[, heads]) the lag-0-only weight (or None).  State: ``G`` (batch, heads, S', F, Dv),
+    ``b`` (batch, heads, S', F) and, for ``normalizer="plain"``, ``z`` (batch, heads, F).
+    Returns ``(o (batch, time, heads, Dv), state)``.
     """
     _check("mode", mode, MODES)
     _check("normalizer", normalizer, NORMALIZERS)
@@ -206,12 +199,10 @@ def local_window_attention(
 ) -> tuple[Tensor, Tensor]:
     """Causal sliding-window softmax attention (eq. 17's Attn_local) and the routing entropy feature (eq. 11).
 
-    ``q, k, v`` (batch, time, heads, D); ``past_k/past_v`` (batch, P, heads, D) the last P ≤ window
-    − 1 keys/values
-    before this segment.  Query t sees the ``window`` most recent keys including itself.  Returns
-    ``(out, ent)``:
-    ``out`` (batch, time, heads, D); ``ent`` (batch, time) = mean over heads of H(a_t)/log(#visible keys)
-    (0 when only one key is visible).
+    ``q, k, v`` (batch, time, heads, D); ``past_k/past_v`` (batch, P, heads, D) the last P ≤ window − 1
+    keys/values before this segment.  Query t sees the ``window`` most recent keys including itself.
+    Returns ``(out, ent)``: ``out`` (batch, time, heads, D); ``ent`` (batch, time) = mean over heads of
+    H(a_t)/log(#visible keys) (0 when only one key is visible).
     """
     if not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be a positive integer, got {window!r}")
@@ -293,9 +284,8 @@ def refine_alpha(
 ) -> tuple[Tensor, list[float]]:
     """Test-time plasticity (Section 5, our reading): projected GD α ← clip(α − η ∂F/∂α, δ, 1) for ``steps``.
 
-    ``loss_fn(alpha) -> scalar`` (e.g. a closure over :func:`retrieval_loss`).  Returns the refined
-    α (detached)
-    and the loss history (``steps + 1`` values, the last one at the returned α).
+    ``loss_fn(alpha) -> scalar`` (e.g. a closure over :func:`retrieval_loss`).  Returns the refined α
+    (detached) and the loss history (``steps + 1`` values, the last one at the returned α).
     """
     if not (0 < min_alpha <= 1):
         raise ValueError(f"min_alpha must be in (0, 1], got {min_alpha!r}")
