@@ -33,10 +33,11 @@ def data(dtype=torch.float64, seed=0, t=T):
 def unrolled(q, k, v, a, S, Tz, normalizer="kernel", strict=False, eps0=1e-6):
     """o_t = Σ_i s_ti ŵ_{t-i}^(α_i) v_i / (Σ_i s_ti [ŵ or 1] + ε0), straight from eqs. (13)/(16)."""
     out = torch.zeros(B, q.shape[1], H, D, dtype=q.dtype)
+    W = soe_kernel(a, torch.arange(q.shape[1]), S, Tz)  # W[b, i, lag] = ŵ_lag^(α_i)
     for b in range(B):
         for t in range(q.shape[1]):
             idx = range(t) if strict else range(t + 1)
-            w = torch.stack([soe_kernel(a[b, i], [t - i], S, Tz)[0] for i in idx]) if len(idx) else None
+            w = torch.stack([W[b, i, t - i] for i in idx]) if len(idx) else None
             if w is None:
                 continue
             s = torch.einsum("hf,ihf->ih", q[b, t], k[b, list(idx)])
