@@ -15,9 +15,9 @@ Constructions (``construction=``):
   u = log(λ/λ_min) on Theorem 3.1's interval [λ_min, λ_max] = [ε/2T, 2 log(2T/ε)], the corrected density
   ρ_α(λ) = e^{-αλ}(1-e^{-λ})^{-α} / (Γ(α)Γ(1-α)) (no extra e^{-λ}), the Jacobian ξ_s in
   c_s = ω_s ξ_s ρ_α(ξ_s), and two closed-form tail lumps: c_lo = λ_min^{1-α}/(Γ(α)Γ(2-α)) on a non-decaying
-  channel (ξ = 0) and c_hi = e^{-αλ_max}/(Γ(1+α)Γ(1-α)) at lag 0 only.  Nodes do not depend on α;
-  c(α) is smooth in α on (0, 1]
-  (1/Γ(1-α) is written (1-α)/Γ(2-α)), and α = 1 gives exactly c = (0, …, 0, c_lo = 1): the running sum.
+  channel (ξ = 0) and c_hi = e^{-αλ_max}/(Γ(1+α)Γ(1-α)) at lag 0 only.  Nodes do not depend on α; c(α) is
+  smooth in α on (0, 1] (1/Γ(1-α) is written (1-α)/Γ(2-α)), and α = 1 gives exactly c = (0, …, 0, c_lo = 1):
+  the running sum.
 * ``"theorem"``: the same without the tail lumps (Theorem 3.1 as stated, with ρ and the Jacobian fixed).
 * ``"paper_legendre"``: Theorem 3.1 exactly as printed: c_s = ω_s ρ_printed(ξ_s) (printed ρ has an extra
   e^{-λ}; no Jacobian).
