@@ -68,3 +68,11 @@ def test_demo_smoke(tmp_path, capsys):
     assert {r["mixer"] for r in rows} == {"attention", "deltanet"}
     assert all(r["error"] is None for r in rows)
     assert (out / "accuracy_vs_state.png").stat().st_size > 1000
+
+
+def test_demo_scales_long_context_options_only():
+    from seqmem.demo import demo_options
+
+    assert demo_options("attention", 32) == {}  # full attention stays full
+    assert demo_options("swa", 32) == {"window": 8}
+    assert demo_options("deltanet", 32) == {}

@@ -21,16 +21,36 @@ from typing import Any
 @dataclass
 class DemoConfig:
     vocab_size: int = 64
-    num_pairs: int = 8
-    seq_len: int = 64
-    d_model: int = 64
+    num_pairs: int = 4
+    seq_len: int = 32
+    d_model: int = 128
     n_layers: int = 2
     n_heads: int = 2
-    steps: int = 600
+    steps: int = 1000
     batch_size: int = 64
     lr: float = 3e-3
     eval_examples: int = 512
     seed: int = 0
+
+
+#: Options whose paper defaults assume long contexts (a 2048-token block, a 64-token window, a 2048-slot queue)
+#: are scaled to the demo's sequence length, so that windows, blocks and memories are actually exercised:
+#: option name -> fraction of seq_len.
+SCALED_OPTIONS = {"window": 0.25, "block_len": 0.25, "n_queue": 0.5}
+
+
+def demo_options(name: str, seq_len: int) -> dict[str, Any]:
+    """Options the demo passes to mixer ``name`` (see :data:`SCALED_OPTIONS`)."""
+    from seqmem import get_entry
+
+    entry = get_entry(name)
+    valid = entry.valid_options()
+    # an option switched off by the registered defaults (attention's window=None) stays off
+    return {
+        k: max(1, int(f * seq_len))
+        for k, f in SCALED_OPTIONS.items()
+        if k in valid and not (k in entry.defaults and entry.defaults[k] is None)
+    }
 
 
 def train_one(name: str, cfg: DemoConfig, threads: int = 1) -> dict[str, Any]:
@@ -45,7 +65,7 @@ def train_one(name: str, cfg: DemoConfig, threads: int = 1) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     task = MQARTask(vocab_size=cfg.vocab_size, num_pairs=cfg.num_pairs, seq_len=cfg.seq_len)
     model = LanguageModel(LMConfig(vocab_size=task.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
-                                   n_heads=cfg.n_heads, mixer=name))
+                                   n_heads=cfg.n_heads, mixer=name, mixer_options=demo_options(name, cfg.seq_len)))
     tcfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
                        eval_examples=cfg.eval_examples, log_every=max(1, cfg.steps // 10))
     t0 = time.perf_counter()
@@ -56,6 +76,7 @@ def train_one(name: str, cfg: DemoConfig, threads: int = 1) -> dict[str, Any]:
         acc, err = float("nan"), f"{type(e).__name__}: {e}"
     return {
         "mixer": name,
+        "options": demo_options(name, cfg.seq_len),
         "state": model.state_size(cfg.seq_len),
         "params": model.num_parameters(),
         "accuracy": acc,
@@ -93,7 +114,8 @@ def run_demo(cfg: DemoConfig, mixers: list[str], out: Path, jobs: int = 1, log=p
         f"MQAR: vocab {cfg.vocab_size}, {cfg.num_pairs} key-value pairs, length {cfg.seq_len}; "
         f"{cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads; {cfg.steps} steps of batch "
         f"{cfg.batch_size}, lr {cfg.lr}, seed {cfg.seed}. state = numbers per sequence held by the model after "
-        f"{cfg.seq_len} tokens; accuracy = per-query accuracy on {cfg.eval_examples} held-out examples.\n"
+        f"{cfg.seq_len} tokens; accuracy = per-query accuracy on {cfg.eval_examples} held-out examples. "
+        f"Windows, blocks and memory queues are scaled to the sequence length ({SCALED_OPTIONS}).\n"
         f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}; "
         f"total {time.perf_counter() - t0:.0f} s.\n\n"
     )
