@@ -26,7 +26,7 @@ class DemoConfig:
     d_model: int = 128
     n_layers: int = 2
     n_heads: int = 2
-    steps: int = 1000
+    steps: int = 1200
     batch_size: int = 64
     lr: float = 3e-3
     eval_examples: int = 512
