@@ -94,6 +94,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------------------- train
 def _task_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     opts = parse_options(args.task_option)
+    if args.task != "lm" and (getattr(args, "dataset", None) is not None or getattr(args, "tokenizer", None)
+                              not in (None, "byte")):
+        raise UsageError("--dataset and --tokenizer apply to --task lm only")
     if args.seq_len is not None:
         opts.setdefault("seq_len", args.seq_len)
     if args.task == "mqar":
@@ -113,8 +116,6 @@ def _task_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             return "text", opts
         if args.corpus is not None:
             opts.setdefault("corpus", args.corpus)
-    elif getattr(args, "dataset", None) is not None or getattr(args, "tokenizer", None) not in (None, "byte"):
-        raise UsageError("--dataset and --tokenizer apply to --task lm only")
     return args.task, opts
 
 

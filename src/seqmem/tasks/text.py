@@ -1,0 +1,141 @@
+"""Language modelling on real text with any tokenizer (``seqmem train --task lm --dataset NAME --tokenizer TOK``).
+
+Documents come from :func:`seqmem.textdata.load_documents` (local files always; PG-19, Proof-Pile, FineWeb-Edu or
+any Hub dataset through ``datasets``), token ids from :func:`seqmem.textdata.load_tokenizer` (``byte``, a Hugging
+Face tokenizer, a ``tokenizer.json``, or ``train:<vocab>``).  Each split is one token stream (documents joined by
+the tokenizer's end-of-text id); examples are random windows of ``seq_len + 1`` tokens, every position scored —
+exactly as :class:`seqmem.tasks.lm.LMTask` does for bytes.
+
+:meth:`TextLMTask.metrics`: ``bits_per_token``, ``accuracy`` and ``loss_pos_<lo>_<hi>`` (mean loss in nats per
+token in ``n_buckets`` position buckets, inclusive bounds) — lower late-bucket loss = the model uses long context.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from seqmem.data import DEFAULT_FRACTIONS, SPLITS
+from seqmem.tasks.base import DEFAULT_EVAL_SEED, IGNORE_INDEX, Task, masked_accuracy, register_task
+from seqmem.tasks.lm import bucket_edges
+from seqmem.textdata import TextTokenizer, load_documents, load_tokenizer, tokenize_splits
+
+__all__ = ["TextLMTask"]
+
+
+@register_task("text")
+class TextLMTask(Task):
+    """Next-token prediction on windows of a tokenized dataset.
+
+    Args:
+        dataset: a local path, ``code``/``docs``, or a Hub dataset name (see :mod:`seqmem.textdata`).
+        tokenizer: ``byte`` | ``train:<vocab>`` | tokenizer name or path.
+        seq_len: window length T in tokens.
+        text_field: record field holding the text (``.jsonl`` / ``datasets`` sources).
+        max_docs: read at most this many documents per split (Hub datasets default to 10 000).
+        max_files: for directory corpora, a deterministic subset of this many files.
+        fractions: (train, val, test) fractions for sources without their own splits.
+        n_buckets: position buckets in :meth:`metrics`.
+        eval_split: split of :meth:`eval_data` (``val``).
+        cache: cache corpora, trained tokenizers and token streams under ``$SEQMEM_CACHE``.
+    """
+
+    name = "text"
+
+    def __init__(
+        self,
+        dataset: str = "code",
+        tokenizer: str = "byte",
+        seq_len: int = 512,
+        text_field: str = "text",
+        max_docs: int | None = None,
+        max_files: int | None = None,
+        fractions: tuple[float, float, float] = DEFAULT_FRACTIONS,
+        n_buckets: int = 8,
+        eval_split: str = "val",
+        cache: bool = True,
+        eval_seed: int = DEFAULT_EVAL_SEED,
+    ) -> None:
+        super().__init__(eval_seed)
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
+            raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
+        if isinstance(n_buckets, bool) or not isinstance(n_buckets, int) or not 1 <= n_buckets <= seq_len:
+            raise ValueError(f"n_buckets must be an integer in [1, seq_len={seq_len}], got {n_buckets!r}")
+        if eval_split not in SPLITS:
+            raise ValueError(f"eval_split must be one of {', '.join(SPLITS)}, got {eval_split!r}")
+        self.dataset, self.tokenizer_spec, self.seq_len = str(dataset), str(tokenizer), seq_len
+        self.text_field, self.max_docs, self.max_files = text_field, max_docs, max_files
+        self.fractions = tuple(float(f) for f in fractions)
+        self.n_buckets, self.eval_split, self.cache = n_buckets, eval_split, bool(cache)
+        docs, ident = load_documents(self.dataset, text_field=text_field, max_docs=max_docs, max_files=max_files,
+                                     fractions=self.fractions, cache=self.cache)
+        self.num_documents = {s: len(docs[s]) for s in SPLITS}
+        self.tokenizer: TextTokenizer = load_tokenizer(self.tokenizer_spec, docs["train"], self.cache, ident)
+        self.vocab_size = self.tokenizer.vocab_size
+        self.tokens = tokenize_splits(docs, self.tokenizer, ident if self.cache else None)
+        self.buckets = bucket_edges(seq_len, n_buckets)
+        for split in ("train", eval_split):
+            self._check_split(split)
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "dataset": self.dataset, "tokenizer": self.tokenizer_spec, "seq_len": self.seq_len,
+                "text_field": self.text_field, "max_docs": self.max_docs, "max_files": self.max_files,
+                "fractions": list(self.fractions), "n_buckets": self.n_buckets, "eval_split": self.eval_split,
+                "cache": self.cache, "eval_seed": self.eval_seed}
+
+    def save_tokenizer(self, directory) -> None:  # noqa: ANN001
+        """Write the tokenizer next to a run (``seqmem train`` does this into ``OUT/tokenizer``)."""
+        self.tokenizer.save(directory)
+
+    def _check_split(self, split: str) -> np.ndarray:
+        arr = self.tokens[split]
+        if arr.shape[0] < self.seq_len + 1:
+            raise ValueError(
+                f"the {split!r} split of dataset {self.dataset!r} has {arr.shape[0]} tokens "
+                f"({self.num_documents[split]} documents), fewer than seq_len + 1 = {self.seq_len + 1}; "
+                "use more documents or a shorter seq_len"
+            )
+        return arr
+
+    def sample_split(self, split: str, batch_size: int, generator: torch.Generator | None = None):
+        B = self._check_batch(batch_size)
+        arr = self._check_split(split)
+        T = self.seq_len
+        starts = torch.randint(0, arr.shape[0] - T, (B,), generator=generator).numpy()
+        w = torch.from_numpy(np.asarray(arr[starts[:, None] + np.arange(T + 1)], dtype=np.int64))
+        return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        return self.sample_split("train", batch_size, generator)
+
+    def _eval_sample(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        return self.sample_split(self.eval_split, batch_size, generator)
+
+    def test_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
+        """Fixed-seed windows of the ``test`` split (seed ``eval_seed + 1``) — report once, never tune on it."""
+        self._check_split("test")
+        return self._cached_stream("test", self.eval_seed + 1, n_examples,
+                                   lambda b, g: self.sample_split("test", b, g))
+
+    def metrics(self, logits: Tensor, targets: Tensor) -> dict[str, float]:
+        if logits.dim() != 3 or logits.shape[:-1] != targets.shape:
+            raise ValueError(f"logits {tuple(logits.shape)} do not match targets {tuple(targets.shape)}")
+        ce = F.cross_entropy(logits.double().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                             ignore_index=IGNORE_INDEX, reduction="none").reshape(targets.shape)
+        mask = (targets != IGNORE_INDEX).to(ce.dtype)
+
+        def mean(lo: int, hi: int) -> float:
+            n = float(mask[:, lo:hi].sum())
+            return float((ce[:, lo:hi] * mask[:, lo:hi]).sum()) / n if n else float("nan")
+
+        out = {"bits_per_token": mean(0, targets.shape[1]) / math.log(2.0),
+               "accuracy": masked_accuracy(logits, targets)[0]}
+        if targets.shape[1] == self.seq_len:
+            for lo, hi in self.buckets:
+                out[f"loss_pos_{lo}_{hi - 1}"] = mean(lo, hi)
+        return out
