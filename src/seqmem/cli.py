@@ -333,9 +333,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive_int, default=64)
     p.set_defaults(func=cmd_eval)
 
-    from seqmem import demo
+    from seqmem import demo, plotting
 
     demo.add_parser(sub)
+    plotting.add_parser(sub)
     _add_repro(sub)
     try:
         bench = importlib.import_module("seqmem.bench.cli")
