@@ -89,16 +89,22 @@ def test_unknown_dataset_is_a_clear_error(corpus):
         load_documents("surely-not-a-local-path-or-dataset-xyz")
 
 
-def test_saved_datasets_directory(corpus, tmp_path):
+def test_parquet_and_saved_datasets_directory(corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
     datasets = pytest.importorskip("datasets")
-    ds = datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"text": [" ".join(WORDS[i:] + WORDS[:i]) * 5 for i in range(12)]}),
-        "validation": datasets.Dataset.from_dict({"text": [" ".join(WORDS) * 5] * 2}),
-        "test": datasets.Dataset.from_dict({"text": [" ".join(reversed(WORDS)) * 5] * 2}),
-    })
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = {}
+    for split, n in (("train", 12), ("validation", 2), ("test", 3)):
+        files[split] = str(tmp_path / f"{split}.parquet")
+        pq.write_table(pa.table({"text": [" ".join(WORDS[i:] + WORDS[:i]) * 5 for i in range(n)]}), files[split])
+    task = build_task("text", dataset=files["train"], tokenizer="byte", seq_len=32, fractions=(0.5, 0.25, 0.25))
+    assert sum(task.num_documents.values()) == 12  # one parquet file: hash split
+    ds = datasets.load_dataset("parquet", data_files=files)
     ds.save_to_disk(str(tmp_path / "saved"))
     task = build_task("text", dataset=str(tmp_path / "saved"), tokenizer="byte", seq_len=32)
-    assert task.num_documents == {"train": 12, "val": 2, "test": 2}
+    assert task.num_documents == {"train": 12, "val": 2, "test": 3}  # the dataset's own splits
 
 
 def test_cli_train_with_dataset_and_trained_tokenizer(corpus, tmp_path, capsys):

@@ -71,6 +71,9 @@ def _hash_split(docs: Iterable[bytes], fractions: tuple[float, float, float]) ->
     out: dict[str, list[bytes]] = {s: [] for s in SPLITS}
     for i, d in enumerate(docs):
         out[document_split(f"doc-{i}", fractions)].append(d)
+    for s, f in zip(SPLITS[1:], fractions[1:]):  # tiny sources: never leave a requested split empty
+        if f > 0 and not out[s] and len(out["train"]) > 1:
+            out[s].append(out["train"].pop())
     return out
 
 
