@@ -140,3 +140,19 @@ def test_padding_mask_rejected():
     mask[0, 0] = 0
     with pytest.raises(ValueError, match="padded"):
         m(ids, attention_mask=mask)
+
+
+def test_export_training_run(tmp_path, capsys):
+    from seqmem.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--task", "mqar", "--mixer", "deltanet", "--layers", "1", "--d-model", "16", "--heads", "2",
+                 "--steps", "2", "--batch-size", "4", "--vocab", "32", "--num-pairs", "2", "--seq-len", "16",
+                 "--eval-examples", "8", "--no-progress", "--out", str(run)]) == 0
+    assert main(["export-hf", "--run", str(run), "--out", str(tmp_path / "hf")]) == 0
+    m = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    from seqmem.hf import from_run
+
+    ref = from_run(str(run)).eval()
+    ids = torch.randint(0, 32, (2, 16))
+    assert torch.equal(m(ids).logits, ref(ids).logits) and m.config.mixer == "deltanet"

@@ -244,6 +244,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_hf(args: argparse.Namespace) -> int:
+    try:
+        from seqmem.hf import from_run
+    except ImportError:
+        raise UsageError("export-hf needs transformers (pip install seqmem[hf])") from None
+    model = from_run(str(args.run))
+    model.save_pretrained(str(_check_out_dir(args.out)))
+    tok = Path(args.run) / "tokenizer"
+    if (tok / "tokenizer.json").is_file() or (tok / "tokenizer_config.json").is_file():
+        import shutil
+
+        for f in tok.iterdir():
+            shutil.copy2(f, Path(args.out) / f.name)
+    print(str(args.out))
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------------------- repro
 def _available(pkg: str) -> list[str]:
     mod = importlib.import_module(pkg)
@@ -332,6 +349,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=_positive_int, default=512)
     p.add_argument("--batch-size", type=_positive_int, default=64)
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("export-hf", help="save a training run as a Hugging Face model (needs transformers)")
+    p.add_argument("--run", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=cmd_export_hf)
 
     from seqmem import demo, plotting
 

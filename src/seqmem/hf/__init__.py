@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SeqmemCache", "SeqmemConfig", "SeqmemForCausalLM", "register"]
+__all__ = ["SeqmemCache", "SeqmemConfig", "SeqmemForCausalLM", "from_run", "register"]
 
 
 def __getattr__(name: str) -> Any:
@@ -18,7 +18,7 @@ def __getattr__(name: str) -> Any:
         from seqmem.hf.configuration_seqmem import SeqmemConfig
 
         return SeqmemConfig
-    if name in ("SeqmemForCausalLM", "SeqmemCache"):
+    if name in ("SeqmemForCausalLM", "SeqmemCache", "from_run"):
         from seqmem.hf import modeling_seqmem
 
         return getattr(modeling_seqmem, name)

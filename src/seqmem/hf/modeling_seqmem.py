@@ -17,7 +17,7 @@ from seqmem.hf.configuration_seqmem import SeqmemConfig
 from seqmem.mixers.base import State
 from seqmem.models.lm import LanguageModel
 
-__all__ = ["SeqmemCache", "SeqmemForCausalLM"]
+__all__ = ["SeqmemCache", "SeqmemForCausalLM", "from_run"]
 
 
 class SeqmemCache(Cache):
@@ -211,3 +211,22 @@ class SeqmemForCausalLM(SeqmemPreTrainedModel, GenerationMixin):
             out = (logits, cache) if cache is not None else (logits,)
             return (loss, *out) if loss is not None else out
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+
+
+def from_run(run_dir: str, **config_kwargs: Any) -> SeqmemForCausalLM:
+    """The newest good checkpoint of a ``seqmem train`` run directory as a :class:`SeqmemForCausalLM`."""
+    import json
+    from pathlib import Path
+
+    from seqmem.cli import build_run
+    from seqmem.train.checkpoint import latest_good_checkpoint, load_weights
+
+    run = Path(run_dir)
+    if not (run / "run.json").is_file():
+        raise ValueError(f"{run} is not a training run directory (no run.json)")
+    lm, _ = build_run(json.loads((run / "run.json").read_text()))
+    ck = latest_good_checkpoint(run / "checkpoints")
+    if ck is None:
+        raise ValueError(f"no valid checkpoint under {run / 'checkpoints'}")
+    load_weights(lm, ck)
+    return SeqmemForCausalLM.from_language_model(lm, **config_kwargs)
