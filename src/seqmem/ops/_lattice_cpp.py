@@ -31,7 +31,9 @@ def _build() -> ctypes.CDLL:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         raise RuntimeError("no C++ compiler found")
-    key = hashlib.sha256(src + cxx.encode()).hexdigest()[:16]
+    # Built WITHOUT -fopenmp: a second OpenMP runtime (the system libgomp) loaded beside the one bundled with torch
+    # made later torch kernels in the same process spin forever inside libgomp (seen in the test suite).
+    key = hashlib.sha256(src + cxx.encode() + b"serial").hexdigest()[:16]
     cache = Path(os.environ.get("SEQMEM_CACHE", Path.home() / ".cache" / "seqmem"))
     cache.mkdir(parents=True, exist_ok=True)
     so = cache / f"lattice_kernel_{key}.so"
@@ -40,9 +42,7 @@ def _build() -> ctypes.CDLL:
         os.close(fd)
         base = [cxx, "-O3", "-shared", "-fPIC", "-std=c++17", str(_SRC), "-o", tmp]
         try:
-            r = subprocess.run(base[:1] + ["-fopenmp"] + base[1:], capture_output=True, text=True)
-            if r.returncode != 0:  # no OpenMP: serial build
-                r = subprocess.run(base, capture_output=True, text=True)
+            r = subprocess.run(base, capture_output=True, text=True)
             if r.returncode != 0:
                 raise RuntimeError(f"compiling {_SRC.name} failed:\n{r.stderr[-2000:]}")
             os.replace(tmp, so)
