@@ -22,16 +22,8 @@ from seqmem.bench.common import (
     resolve_mixers,
     write_json,
 )
-
-
-def _pos_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
+from seqmem.cli import _positive_float as _pos_float
+from seqmem.cli import _positive_int as _pos_int
 
 
 def _nonneg_int(s: str) -> int:
@@ -41,16 +33,6 @@ def _nonneg_int(s: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}") from None
     if v < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}")
-    return v
-
-
-def _pos_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
     return v
 
 
