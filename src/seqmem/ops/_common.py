@@ -57,6 +57,30 @@ def check_scale(op: str, scale, dk: int) -> float:
     return float(scale)
 
 
+def check_qkv_op(
+    op: str, q, k, v, initial_state, scale, mode: str, chunk_size: int, **gates: Tensor | None
+) -> tuple[int, int, int, int, int, float]:
+    """Validate the ``(q, k, v[, gates], initial_state)`` inputs shared by the linear-attention-family ops.
+
+    ``gates`` are per-token, per-head tensors ``(batch, time, heads)`` (``beta``, ``g``; None = absent).
+    Returns ``(b, t, h, d_k, d_v, scale)``.
+    """
+    check_mode(op, mode)
+    check_chunk_size(op, chunk_size)
+    check_tensor(op, "q", q, (None, None, None, None), "batch, time, heads, d_k")
+    b, t, h, dk = q.shape
+    check_tensor(op, "k", k, (b, t, h, dk), "batch, time, heads, d_k")
+    check_tensor(op, "v", v, (b, t, h, None), "batch, time, heads, d_v")
+    dv = v.shape[-1]
+    for name, gate in gates.items():
+        if gate is not None:
+            check_tensor(op, name, gate, (b, t, h), "batch, time, heads")
+    if initial_state is not None:
+        check_tensor(op, "initial_state", initial_state, (b, h, dk, dv), "batch, heads, d_k, d_v")
+    check_same_device(op, q=q, k=k, v=v, initial_state=initial_state, **gates)
+    return b, t, h, dk, dv, check_scale(op, scale, dk)
+
+
 def to_chunks(x: Tensor, chunk_size: int) -> Tensor:
     """``(b, h, t, ...)`` -> ``(b, h, n_chunks, chunk_size, ...)``, zero-padding the time axis at the end."""
     t = x.shape[2]

@@ -25,11 +25,7 @@ import torch
 from torch import Tensor
 
 from seqmem.ops._common import (
-    check_chunk_size,
-    check_mode,
-    check_same_device,
-    check_scale,
-    check_tensor,
+    check_qkv_op,
     compute_dtype,
     from_chunks,
     segsum,
@@ -40,20 +36,7 @@ __all__ = ["delta_rule", "gated_delta_rule"]
 
 
 def _check(op, q, k, v, beta, g, initial_state, scale, mode, chunk_size):
-    check_mode(op, mode)
-    check_chunk_size(op, chunk_size)
-    check_tensor(op, "q", q, (None, None, None, None), "batch, time, heads, d_k")
-    b, t, h, dk = q.shape
-    check_tensor(op, "k", k, (b, t, h, dk), "batch, time, heads, d_k")
-    check_tensor(op, "v", v, (b, t, h, None), "batch, time, heads, d_v")
-    dv = v.shape[-1]
-    check_tensor(op, "beta", beta, (b, t, h), "batch, time, heads")
-    if g is not None:
-        check_tensor(op, "g", g, (b, t, h), "batch, time, heads")
-    if initial_state is not None:
-        check_tensor(op, "initial_state", initial_state, (b, h, dk, dv), "batch, heads, d_k, d_v")
-    check_same_device(op, q=q, k=k, v=v, beta=beta, g=g, initial_state=initial_state)
-    return b, t, h, dk, dv, check_scale(op, scale, dk)
+    return check_qkv_op(op, q, k, v, initial_state, scale, mode, chunk_size, beta=beta, g=g)
 
 
 def _delta_core(q, k, v, beta, g, scale, initial_state, mode, chunk_size):

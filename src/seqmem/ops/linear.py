@@ -11,11 +11,7 @@ import torch
 from torch import Tensor
 
 from seqmem.ops._common import (
-    check_chunk_size,
-    check_mode,
-    check_same_device,
-    check_scale,
-    check_tensor,
+    check_qkv_op,
     compute_dtype,
     from_chunks,
     to_chunks,
@@ -47,17 +43,7 @@ def linear_attention(
         ``(batch, heads, d_k, d_v)`` in the compute dtype (float64 for float64 inputs, else float32).
     """
     op = "linear_attention"
-    check_mode(op, mode)
-    check_chunk_size(op, chunk_size)
-    check_tensor(op, "q", q, (None, None, None, None), "batch, time, heads, d_k")
-    b, t, h, dk = q.shape
-    check_tensor(op, "k", k, (b, t, h, dk), "batch, time, heads, d_k")
-    check_tensor(op, "v", v, (b, t, h, None), "batch, time, heads, d_v")
-    dv = v.shape[-1]
-    if initial_state is not None:
-        check_tensor(op, "initial_state", initial_state, (b, h, dk, dv), "batch, heads, d_k, d_v")
-    check_same_device(op, q=q, k=k, v=v, initial_state=initial_state)
-    scale = check_scale(op, scale, dk)
+    b, t, h, dk, dv, scale = check_qkv_op(op, q, k, v, initial_state, scale, mode, chunk_size)
     cd = compute_dtype(q, k, v, initial_state)
 
     qh = q.to(cd).transpose(1, 2) * scale  # (b, h, t, dk)
