@@ -1,0 +1,462 @@
+"""``seqmem bench numerics``: low precision and long-horizon stability of every registered mixer.
+
+Each mixer is built at a small width with its registered (paper) default options and random weights (fixed seed;
+weight matrices that the mixer initialises to zero, such as SKA's output projection, are re-drawn so the output is
+not identically zero), and fed one random input of ``--length`` tokens (batch 1) streamed in ``--piece``-token
+pieces with the returned state, in
+
+* ``float64`` — the reference (the float32 weights cast up);
+* ``float32``;
+* ``bf16`` — float32 weights under ``torch.autocast(device, dtype=torch.bfloat16)``;
+* ``fp16`` — mixer and input cast to float16 (an op without a float16 CPU kernel is reported, not hidden).
+
+Per mixer and precision it reports NaN/Inf in output and state, the relative error ``‖y − y64‖ / ‖y64‖`` over the
+whole sequence, the first and the last ``--tail`` tokens, the largest state norm over time and the wall time; for
+the float64 run it records every state tensor's norm after each piece, so growth (``‖s_T‖ / ‖s_{T/2}‖``) can be
+compared with what each mechanism promises (:data:`PROMISES`).  Forward only, ``impl="fast"`` unless ``--impl``.
+
+Run: ``python -m seqmem.bench.numerics --json FILE --markdown FILE`` (or ``seqmem bench numerics`` once wired).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import math
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PRECISIONS = ("float64", "float32", "bf16", "fp16")
+
+#: What each mechanism promises about its state norm over a long sequence (and where the promise comes from).
+#: ``bounded``: the update is a contraction / a fixed-size buffer / a normalised memory, so norms stay bounded for
+#: bounded inputs; ``grows``: the state is (partly) an undecayed running sum or a growing cache, by design.
+PROMISES: dict[str, tuple[str, str]] = {
+    "attention": ("grows", "KV cache holds every token (O(T) state by design)"),
+    "swa": ("bounded", "cache of the last `window` keys/values"),
+    "block_attention": ("bounded", "only the current partial block is held"),
+    "linear_attention": ("grows", "undecayed sum S = Σ φ(k) vᵀ (≈√T for zero-mean v, ≈T otherwise)"),
+    "deltanet": ("bounded", "delta rule with unit keys, β ∈ (0,1): ‖I − βkkᵀ‖ ≤ 1"),
+    "gated_deltanet": ("bounded", "delta rule times a decay gate ≤ 1"),
+    "mamba2": ("bounded", "decay exp(Δ·A) < 1 per step"),
+    "elastic": ("bounded", "HiPPO-LegS coefficients of the history under the uniform measure on [0, t]"),
+    "elastic_uni": ("bounded", "HiPPO-LegS coefficients of the history under the uniform measure on [0, t]"),
+    "memorizing": ("bounded", "FIFO queue of n_queue keys/values"),
+    "infini": ("grows", "normaliser z = Σ σ(k) grows O(T) by design; no bound on the delta-rule memory M"),
+    "melodi": ("bounded", "fixed summary memory, gated mix of old memory and new summaries (no proof)"),
+    "exp_decay": ("bounded", "single exponential decay < 1 (geometric sum)"),
+    "exp_mixture": ("bounded", "mixture of exponential decays < 1"),
+    "vort": ("grows", "SOE banks grow O(t^α) (Prop. 4.4); the α = 1 bank and λ = 1 lump grow O(t) (notes/vort.md)"),
+    "vort_fixed_alpha": ("grows", "α = 1 channel is a running sum: grows O(t) (notes/vort.md)"),
+    "lattice": ("bounded", "unit-norm slot columns after every step (eq. 14): ‖S‖_F = √m per head"),
+    "lattice_enc": ("bounded", "unit-norm slot columns (eq. 14)"),
+    "lattice_sim": ("bounded", "unit-norm slot columns (eq. 14)"),
+    "lattice_chunked": ("bounded", "unit-norm slot columns at chunk ends (eq. 14)"),
+    "ska": ("grows", "G, M, C_v are undecayed prefix sums (O(T)); the readout whitens them"),
+    "koopman_mlp": ("bounded", "no recurrent state (position counter only)"),
+    "vla": ("grows", "Prop. 1 claims a plateau of ‖S‖ (heuristic, not proved: notes/vla.md); z = Σ k̂ grows O(T)"),
+    "vla_fixed_a": ("grows", "as vla without A; z = Σ k̂ grows O(T)"),
+    "vla_paper_deltanet": ("grows", "S decays by β < 1 (bounded); normaliser z grows O(T)"),
+    "vla_v2": ("grows", "unnormalised write α = A k̂: explodes at λ0 = 0.1 by design (Table 2, docs/vla.md)"),
+}
+
+
+# ------------------------------------------------------------------------------------------------- building blocks
+def effective_options(name: str, d_model: int, options: dict[str, Any]) -> dict[str, Any]:
+    """The options ``build_mixer(name, d_model, **options)`` ends up using: class defaults, registered defaults,
+    then ``options`` (for the record)."""
+    import inspect
+
+    from seqmem import get_entry
+
+    entry = get_entry(name)
+    out: dict[str, Any] = {}
+    for klass in reversed(entry.cls.__mro__):
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        for pname, p in inspect.signature(init).parameters.items():
+            if pname in ("self", "d_model") or p.default is inspect.Parameter.empty:
+                continue
+            if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                continue
+            out[pname] = p.default
+    valid = set(entry.valid_options())
+    out = {k: v for k, v in out.items() if k in valid}
+    out.update(entry.defaults)
+    out.update(options)
+    return {k: (v if isinstance(v, int | float | str | bool | type(None)) else repr(v)) for k, v in out.items()}
+
+
+def build_random_mixer(name: str, d_model: int, n_heads: int, seed: int, impl: str = "fast",
+                       **options: Any) -> tuple[torch.nn.Module, list[str]]:
+    """Build mixer ``name`` in float32 with seeded random weights; re-draw all-zero weight matrices.
+
+    Returns ``(mixer, redrawn)`` where ``redrawn`` names the re-drawn parameters (N(0, 1/fan_in))."""
+    import seqmem
+
+    torch.manual_seed(seed)
+    m = seqmem.build_mixer(name, d_model, n_heads=n_heads, impl=impl, **options)
+    redrawn = []
+    with torch.no_grad():
+        for pname, p in m.named_parameters():
+            if p.dim() >= 2 and p.is_floating_point() and not p.any():
+                p.normal_(0.0, p.shape[-1] ** -0.5)
+                redrawn.append(pname)
+    return m.eval(), redrawn
+
+
+def state_norms(state: dict[str, torch.Tensor] | None) -> dict[str, float]:
+    """Frobenius norm (float64) of every floating-point state tensor (integer counters are skipped)."""
+    out: dict[str, float] = {}
+    for k, v in (state or {}).items():
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel():
+            out[k] = float(v.detach().double().norm())
+    return out
+
+
+def _total(norms: dict[str, float]) -> float:
+    return math.sqrt(sum(v * v for v in norms.values())) if norms else 0.0
+
+
+def _stream(mixer: torch.nn.Module, x: torch.Tensor, piece: int, n_tokens: int, ctx: Callable[[], Any],
+            max_seconds: float | None, on_piece: Callable[[int, torch.Tensor, dict], None]) -> dict[str, Any]:
+    """Feed ``x[:, :n_tokens]`` to ``mixer`` in pieces, calling ``on_piece(start, y, state)`` after each."""
+    state = None
+    t0 = time.perf_counter()
+    done = 0
+    stopped = None
+    with torch.no_grad():
+        for s in range(0, n_tokens, piece):
+            e = min(s + piece, n_tokens)
+            with ctx():
+                y, state = mixer(x[:, s:e], state)
+            on_piece(s, y, state)
+            done = e
+            el = time.perf_counter() - t0
+            if max_seconds is not None and done < n_tokens and el * n_tokens / done > max_seconds:
+                stopped = (f"stopped after {done} of {n_tokens} tokens: projected "
+                           f"{el * n_tokens / done:.0f} s > --max-seconds {max_seconds:g}")
+                break
+    return {"tokens": done, "seconds": time.perf_counter() - t0, "stopped": stopped}
+
+
+def _rel(num: float, den: float) -> float:
+    if not math.isfinite(num):
+        return math.nan
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return math.sqrt(num / den)
+
+
+def measure_mixer(name: str, *, length: int = 65536, piece: int = 4096, d_model: int = 32, n_heads: int = 2,
+                  seed: int = 0, precisions: tuple[str, ...] = PRECISIONS, tail: int = 4096, impl: str = "fast",
+                  max_seconds: float | None = None, options: dict[str, Any] | None = None,
+                  device: str = "cpu", log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Stream one random sequence through mixer ``name`` in each precision and compare with float64.
+
+    Returns a record: options, redrawn weights, ``reference`` (float64 run: per-piece state norms) and
+    ``runs[precision]`` with ``finite``, ``rel_err``, ``rel_err_first``, ``rel_err_last``, ``state_max``,
+    ``state_finite``, ``seconds``, ``tokens`` and ``error`` (why a precision could not run)."""
+    options = dict(options or {})
+    dev = torch.device(device)
+    m32, redrawn = build_random_mixer(name, d_model, n_heads, seed, impl=impl, **options)
+    m32 = m32.to(dev)
+    g = torch.Generator().manual_seed(seed + 1)
+    x64 = torch.randn(1, length, d_model, generator=g, dtype=torch.float64).to(dev)
+    rec: dict[str, Any] = {
+        "mixer": name, "options": effective_options(name, d_model, {"n_heads": n_heads, "impl": impl, **options}),
+        "redrawn": redrawn, "length": length, "piece": piece, "d_model": d_model, "seed": seed,
+        "promise": PROMISES.get(name, ("unknown", "not classified"))[0],
+        "promise_why": PROMISES.get(name, ("unknown", "not classified"))[1],
+        "runs": {},
+    }
+
+    # float64 reference: outputs kept, state norms per piece
+    y64 = torch.empty(1, length, d_model, dtype=torch.float64, device=dev)
+    traj: list[dict[str, Any]] = []
+
+    def ref_piece(s: int, y: torch.Tensor, st: dict) -> None:
+        y64[:, s:s + y.shape[1]] = y.double()
+        traj.append({"t": s + y.shape[1], "norms": state_norms(st)})
+
+    m64 = copy.deepcopy(m32).double()
+    log(f"{name}: float64")
+    info = _stream(m64, x64, piece, length, contextlib.nullcontext, max_seconds, ref_piece)
+    n_ref = info["tokens"]
+    rec["reference"] = {"tokens": n_ref, "seconds": info["seconds"], "stopped": info["stopped"],
+                        "state_trajectory": traj}
+    ref_finite = bool(torch.isfinite(y64[:, :n_ref]).all())
+    tail_n = min(tail, n_ref)
+    yref = y64[:, :n_ref]
+    den_all = float(yref.pow(2).sum()) if ref_finite else math.nan
+    den_first = float(yref[:, :tail_n].pow(2).sum()) if ref_finite else math.nan
+    den_last = float(yref[:, n_ref - tail_n:].pow(2).sum()) if ref_finite else math.nan
+
+    def run_one(prec: str) -> dict[str, Any]:
+        if prec == "float64":
+            mixer, x, ctx = m64, x64, contextlib.nullcontext
+        elif prec == "float32":
+            mixer, x, ctx = m32, x64.float(), contextlib.nullcontext
+        elif prec == "bf16":
+            mixer, x = m32, x64.float()
+
+            def ctx() -> Any:
+                return torch.autocast(dev.type, dtype=torch.bfloat16)
+        elif prec == "fp16":
+            mixer, x, ctx = copy.deepcopy(m32).half(), x64.half(), contextlib.nullcontext
+        else:
+            raise ValueError(f"unknown precision {prec!r}; choose from {list(PRECISIONS)}")
+        acc = {"all": 0.0, "first": 0.0, "last": 0.0, "nonfinite": 0, "state_max": 0.0, "state_finite": True,
+               "out_dtype": None}
+        if prec == "float64":
+            # the reference itself: no error by definition; report its finiteness and state norms
+            norms = [_total(p["norms"]) for p in traj]
+            return {"finite": ref_finite, "nonfinite": int((~torch.isfinite(yref)).sum()),
+                    "rel_err": 0.0, "rel_err_first": 0.0, "rel_err_last": 0.0,
+                    "state_max": max(norms) if norms else 0.0,
+                    "state_finite": all(math.isfinite(v) for v in norms), "seconds": info["seconds"],
+                    "tokens": n_ref, "stopped": info["stopped"], "error": None, "out_dtype": "torch.float64"}
+
+        def on_piece(s: int, y: torch.Tensor, st: dict) -> None:
+            e = s + y.shape[1]
+            acc["out_dtype"] = str(y.dtype)
+            yd = y.double()
+            acc["nonfinite"] += int((~torch.isfinite(yd)).sum())
+            diff = (yd - y64[:, s:e]).pow(2)
+            acc["all"] += float(diff.sum())
+            lo = max(s, n_ref - tail_n)
+            if lo < e:
+                acc["last"] += float(diff[:, lo - s:].sum())
+            if s < tail_n:
+                acc["first"] += float(diff[:, :tail_n - s].sum())
+            tot = _total(state_norms(st))
+            if not math.isfinite(tot):
+                acc["state_finite"] = False
+            else:
+                acc["state_max"] = max(acc["state_max"], tot)
+
+        try:
+            r = _stream(mixer, x, piece, n_ref, ctx, max_seconds, on_piece)
+        except Exception as exc:  # an op without a kernel for this dtype on this device: report it
+            kind = "unsupported on " + dev.type.upper() if prec in ("fp16", "bf16") else "error"
+            return {"finite": None, "error": f"{kind}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+        n = r["tokens"]
+        out = {"finite": acc["nonfinite"] == 0, "nonfinite": acc["nonfinite"], "tokens": n,
+               "seconds": r["seconds"], "stopped": r["stopped"], "error": None, "out_dtype": acc["out_dtype"],
+               "state_max": acc["state_max"], "state_finite": acc["state_finite"]}
+        if n == n_ref:
+            out["rel_err"] = _rel(acc["all"], den_all)
+            out["rel_err_first"] = _rel(acc["first"], den_first)
+            out["rel_err_last"] = _rel(acc["last"], den_last)
+        else:  # stopped early: errors over what ran
+            out["rel_err"] = _rel(acc["all"], float(yref[:, :n].pow(2).sum()))
+            out["rel_err_first"] = _rel(acc["first"], den_first) if n >= tail_n else math.nan
+            out["rel_err_last"] = math.nan
+        return out
+
+    for prec in precisions:
+        if prec != "float64":
+            log(f"{name}: {prec}")
+        rec["runs"][prec] = run_one(prec)
+    rec["growth"] = state_growth(traj)
+    return rec
+
+
+def state_growth(traj: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per state tensor: norm at the end, max over time, and ``‖s_T‖ / ‖s_{T/2}‖`` (1: flat, √2: ≈√t, 2: ≈t)."""
+    if not traj:
+        return {}
+    last = traj[-1]
+    mid = min(traj, key=lambda p: abs(p["t"] - last["t"] / 2))
+    out: dict[str, Any] = {}
+    for k, v in last["norms"].items():
+        m = mid["norms"].get(k, math.nan)
+        out[k] = {"final": v, "max": max(p["norms"].get(k, 0.0) for p in traj),
+                  "ratio": (v / m) if (m and math.isfinite(m) and math.isfinite(v)) else math.nan}
+    return out
+
+
+def growth_summary(growth: dict[str, Any], threshold: float = 1.15) -> str:
+    """``"flat"`` or the growing keys with their T/2 → T ratio, e.g. ``"z ×2.00, G ×1.41"``."""
+    if not growth:
+        return "no state"
+    bad = [k for k, g in growth.items() if not math.isfinite(g["final"])]
+    grow = sorted(((g["ratio"], k) for k, g in growth.items()
+                   if math.isfinite(g["ratio"]) and g["ratio"] > threshold), reverse=True)
+    parts = [f"{k} non-finite" for k in bad] + [f"{k} ×{r:.2f}" for r, k in grow]
+    return ", ".join(parts) if parts else "flat"
+
+
+# ------------------------------------------------------------------------------------------------------- reporting
+def _e(v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf"
+        return "0" if v == 0 else f"{v:.1e}"
+    return str(v)
+
+
+def tables(records: list[dict[str, Any]]) -> str:
+    """Markdown: per mixer × precision errors, then per mixer state growth against the promise."""
+    lines = ["### Relative error against float64, NaN/Inf, max state norm, time\n",
+             "rel_err: ‖y − y64‖/‖y64‖ over all tokens; first/last: over the first/last tail tokens. "
+             "finite: no NaN/Inf in the output.\n",
+             "| mixer | precision | finite | rel_err | first | last | max state norm | seconds | note |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        for prec, run in r["runs"].items():
+            if run.get("error"):
+                lines.append(f"| {r['mixer']} | {prec} | — | — | — | — | — | — | {run['error']} |")
+                continue
+            note = run.get("stopped") or ""
+            if run.get("nonfinite"):
+                note = (note + "; " if note else "") + f"{run['nonfinite']:,} non-finite outputs"
+            if not run.get("state_finite", True):
+                note = (note + "; " if note else "") + "non-finite state"
+            lines.append(
+                f"| {r['mixer']} | {prec} | {'yes' if run['finite'] else 'NO'} | {_e(run['rel_err'])} | "
+                f"{_e(run['rel_err_first'])} | {_e(run['rel_err_last'])} | {_e(run['state_max'])} | "
+                f"{run['seconds']:.1f} | {note} |")
+    lines += ["", "### Long-horizon state norms (float64 run)\n",
+              "growth: state tensors whose norm grew by more than 15% from T/2 to T, with ‖s_T‖/‖s_{T/2}‖ "
+              "(√2 ≈ 1.41: ~√t, 2: ~t); promise: what the mechanism guarantees.\n",
+              "| mixer | promise | why | growth T/2 → T | largest tensor (final norm) | verdict |",
+              "|---|---|---|---|---|---|"]
+    for r in records:
+        gsum = growth_summary(r["growth"])
+        big = max(r["growth"].items(), key=lambda kv: kv[1]["final"] if math.isfinite(kv[1]["final"]) else math.inf,
+                  default=None)
+        bigs = f"{big[0]} ({_e(big[1]['final'])})" if big else "—"
+        if r["promise"] == "bounded":
+            verdict = "bounded, as promised" if gsum in ("flat", "no state") else "GROWS although promised bounded"
+        else:
+            verdict = "grows, as documented" if gsum not in ("flat", "no state") else "flat at this length"
+        lines.append(f"| {r['mixer']} | {r['promise']} | {r['promise_why']} | {gsum} | {bigs} | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------------------- CLI
+def _pos_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def _pos_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
+    return v
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``seqmem bench numerics``."""
+    p.add_argument("--mixers", default=None, help="comma-separated mixer names (default: every registered mixer)")
+    p.add_argument("--length", type=_pos_int, default=65536, help="tokens of the random input (batch 1)")
+    p.add_argument("--piece", type=_pos_int, default=4096, help="tokens per streamed piece")
+    p.add_argument("--tail", type=_pos_int, default=4096, help="tokens of the first/last error windows")
+    p.add_argument("--d-model", type=_pos_int, default=32)
+    p.add_argument("--heads", type=_pos_int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precisions", default=",".join(PRECISIONS),
+                   help=f"comma-separated subset of {','.join(PRECISIONS)} (float64 always runs: it is the reference)")
+    p.add_argument("--impl", default="fast", choices=["fast", "reference"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-seconds", type=_pos_float, default=300.0,
+                   help="per mixer and precision: stop (and say so) when the projected time exceeds this")
+    p.add_argument("--threads", type=_pos_int, default=None, help="torch.set_num_threads (default: unchanged)")
+    p.add_argument("--json", type=Path, default=None, help="write the records to this JSON file")
+    p.add_argument("--markdown", type=Path, default=None, help="write the tables to this Markdown file")
+
+
+def _command(args: argparse.Namespace) -> str:
+    parts = ["python", "-m", "seqmem.bench.numerics"]
+    for k, v in vars(args).items():
+        if k in ("func", "cmd", "bench") or v is None or v is False:
+            continue
+        parts.append("--" + k.replace("_", "-"))
+        if v is not True:
+            parts.append(shlex.quote(str(v)))
+    return " ".join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the numerics benchmark described by ``args`` (see :func:`add_arguments`); print and write tables."""
+    from seqmem.bench.common import check_writable_file, resolve_device, resolve_mixers, write_json
+    from seqmem.repro.common import atomic_write_text, machine_info
+
+    mixers = resolve_mixers(args.mixers)
+    dev = resolve_device(args.device)
+    precs = [s.strip() for s in args.precisions.split(",") if s.strip()]
+    bad = [s for s in precs if s not in PRECISIONS]
+    if bad or not precs:
+        raise ValueError(f"--precisions: unknown {bad or 'empty list'}; choose from {','.join(PRECISIONS)}")
+    precs = ["float64"] + [s for s in dict.fromkeys(precs) if s != "float64"]
+    if args.tail > args.length:
+        raise ValueError(f"--tail ({args.tail}) must not exceed --length ({args.length})")
+    for f in (args.json, args.markdown):
+        if f is not None:
+            check_writable_file(f)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    machine = machine_info()
+    t0 = time.time()
+    records = []
+    for name in mixers:
+        rec = measure_mixer(name, length=args.length, piece=args.piece, d_model=args.d_model, n_heads=args.heads,
+                            seed=args.seed, precisions=tuple(precs), tail=args.tail, impl=args.impl,
+                            max_seconds=args.max_seconds, device=str(dev),
+                            log=lambda s: print(s, file=sys.stderr, flush=True))
+        records.append(rec)
+        print(f"{name}: " + ", ".join(
+            f"{p} {'ERR' if r.get('error') else _e(r['rel_err'])}" for p, r in rec["runs"].items()),
+            file=sys.stderr, flush=True)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    text = (f"## seqmem bench numerics\n\nCommand: `{_command(args)}`\n\nMachine: {machine['cpu']}, "
+            f"{machine['cores']} cores, torch {machine['torch']}, {machine['threads']} thread(s), {when}; "
+            f"T={args.length} streamed in pieces of {args.piece}, d_model={args.d_model}, heads={args.heads}, "
+            f"batch 1, impl={args.impl}, seed {args.seed}, registered default options (listed in the JSON). "
+            f"Total time {time.time() - t0:.0f} s.\n\n") + tables(records)
+    print(text)
+    if args.markdown is not None:
+        atomic_write_text(args.markdown, text)
+    if args.json is not None:
+        write_json(args.json, {"bench": "numerics", "command": _command(args), "machine": machine,
+                               "settings": {k: (str(v) if isinstance(v, Path) else v)
+                                            for k, v in vars(args).items() if k != "func"},
+                               "records": records})
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m seqmem.bench.numerics", description=__doc__.split("\n")[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        return run(args)
+    except ValueError as e:
+        print(f"seqmem bench numerics: error: {e}".splitlines()[0], file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
