@@ -206,7 +206,8 @@ class LatticeChunkedMixer(LatticeMixer):
 
     A DIFFERENT model from ``lattice`` (equal only for ``chunk_size=1``); chunks are counted from the sequence
     start, so the state also holds the chunk-start slots, the partial-chunk update and a position counter.
-    ``impl="reference"``: a per-token loop with the same mini-batch semantics; ``impl="fast"``: cumsum form.
+    ``impl="reference"``: a per-token loop with the same mini-batch semantics; ``impl="fast"``: the op's
+    causal-product form (:func:`seqmem.ops.lattice_chunked`; never forms the per-token states).
     """
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [
