@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
+
 from seqmem.repro import lattice
 
 
@@ -24,3 +26,43 @@ def test_repro_lattice_smoke(tmp_path):
     assert speed[0]["impl"].startswith("plain loop") and all(r["tokens_per_s"] > 0 for r in speed)
     mem = {r["mode"]: r["saved_MB_per_layer"] for r in json.loads((tmp_path / "memory.json").read_text())["rows"]}
     assert mem["scan"] < 0.2 * mem["recurrent"]
+
+
+def test_repro_lattice_context_smoke(tmp_path):
+    """The context-length sweep: three rows at two lengths x two seeds, mean ± std tables, plot."""
+    rows = ["Transformer++", "Gated-DeltaNet", "Lattice-ENC"]
+    args = argparse.Namespace(scale="smoke", out=tmp_path, seed=0, experiments="context", steps=1, corpus=None,
+                              contexts="32,64", seeds=2, models=",".join(rows))  # fmt: skip
+    assert lattice.run(args) == 0
+    ctx = json.loads((tmp_path / "context.json").read_text())
+    assert ctx["lengths"] == [32, 64] and ctx["seeds"] == [0, 1]
+    assert len(ctx["runs"]) == 2 * 2 * len(rows)
+    assert [r["model"] for r in ctx["rows"]] == rows
+    # the same number of training bytes at every context length
+    assert {r["T"]: r["train_bytes"] for r in ctx["runs"]} == {32: 128, 64: 128}
+    # near-equal parameter counts per row (GDN's output gate: +8 %), reported
+    params = [r["params"] for r in ctx["rows"]]
+    assert max(params) < 1.1 * min(params)
+    for r in ctx["rows"]:
+        assert " ± " in r["ours_bpb_T32"] and len(r["_bpb_T64"]) == 2
+        assert all(0 < v < 9 for v in r["_bpb_T32"] + r["_bpb_T64"])
+        assert r["paper_books_ppl_512/1k/2k/4k/8k/16k"].startswith(f"{lattice.PAPER_BOOKS[r['model']][0]:.2f}")
+    enc = next(r for r in ctx["runs"] if r["model"] == "Lattice-ENC")
+    assert enc["options"] == {"v_norm": True}
+    md = (tmp_path / "context.md").read_text()
+    assert "Last position bucket" in md and "Rank by overall val bpb" in md
+    assert (tmp_path / "context_bpb_vs_context.png").stat().st_size > 1000
+    # the paper's number is never in an "ours" column
+    assert "19.06" not in json.dumps([{k: v for k, v in r.items() if k.startswith("ours")} for r in ctx["rows"]])
+
+
+def test_repro_lattice_context_bad_arguments(tmp_path):
+    base = dict(scale="smoke", out=tmp_path, seed=0, experiments="context", steps=1, corpus=None, seeds=1,
+                models=None)  # fmt: skip
+    for contexts in ("48", "0", "a,b"):
+        with pytest.raises(ValueError, match="context"):
+            lattice.run(argparse.Namespace(**base, contexts=contexts))
+    with pytest.raises(ValueError, match="seeds"):
+        lattice.run(argparse.Namespace(**(base | {"seeds": 0}), contexts="32"))
+    with pytest.raises(ValueError, match="Lattice-DEC"):
+        lattice.run(argparse.Namespace(**(base | {"models": "Lattice-XYZ"}), contexts="32"))

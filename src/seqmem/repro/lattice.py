@@ -13,6 +13,12 @@
   ORDERING can be compared, and at this scale it is mostly noise — see docs/results/lattice/README.md.
 * ``ablation``: Table 4's ladder in the Lattice block: DeltaNet update (eq. 20) → + orthogonal recurrence
   (eq. 7) → + normalized projection (eq. 14) → + forget gate (eq. 16).
+* ``context`` (not run by default): Table 2's context-length sweep (Books 512 → 16k, Pile 2k/8k) in miniature —
+  every Table 2 row trained from scratch at each context length T (small: 128, 256, 512, 1024 bytes) with the
+  SAME number of training bytes per T (batch = tokens_per_step / T sequences, as the paper fixes 0.5M tokens per
+  batch), several seeds, on the offline ``docs`` corpus; val bpb overall and in the last position bucket,
+  mean ± std over seeds.  Lattice-ENC runs with ``v_norm=True`` here (without it ENC does not learn at this
+  scale, see ``vnorm``) and Mamba2 with ``expand=1, d_state=32`` so every row has ~119k parameters.
 
 Every table shows the paper's number beside ours and our scale; bpb = bits per byte (ours), ppl = perplexity
 per token (paper) are different units.
@@ -30,20 +36,26 @@ import torch
 from seqmem.repro.common import write_results
 
 SCALES = ["smoke", "small", "paper"]
-EXPERIMENTS = ["speed", "lm", "ablation", "vnorm"]
+EXPERIMENTS = ["speed", "lm", "ablation", "vnorm", "context"]
 DEFAULT_EXPERIMENTS = ["speed", "lm", "ablation"]
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "smoke": {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 64, "batch": 4, "steps": 3, "lr": 3e-3,
               "eval_examples": 8, "max_files": 40, "speed_T": 64, "speed_B": 2, "speed_H": 2, "speed_d": 16,
-              "speed_reps": 1, "mem_T": 512},
+              "speed_reps": 1, "mem_T": 512,
+              "ctx_lengths": [32, 64], "ctx_seeds": 2, "ctx_tokens_per_step": 128, "ctx_steps": 2,
+              "ctx_eval_tokens": 256, "ctx_max_files": 40},
     "small": {"d_model": 64, "n_layers": 2, "n_heads": 2, "seq_len": 256, "batch": 8, "steps": 60, "lr": 3e-3,
               "eval_examples": 64, "max_files": 400, "speed_T": 256, "speed_B": 8, "speed_H": 4, "speed_d": 32,
-              "speed_reps": 2, "mem_T": 8192},
+              "speed_reps": 2, "mem_T": 8192,
+              "ctx_lengths": [128, 256, 512, 1024], "ctx_seeds": 3, "ctx_tokens_per_step": 2048, "ctx_steps": 100,
+              "ctx_eval_tokens": 32768, "ctx_max_files": None},
     # the paper's 110M setting (12 layers x 768, 2k context, 0.5M tokens/step, ~4,800 steps): far beyond a CPU
     "paper": {"d_model": 768, "n_layers": 12, "n_heads": 12, "seq_len": 2048, "batch": 256, "steps": 4800,
               "lr": 3e-4, "eval_examples": 1024, "max_files": None, "speed_T": 2048, "speed_B": 8,
-              "speed_H": 12, "speed_d": 64, "speed_reps": 2, "mem_T": 8192},
+              "speed_H": 12, "speed_d": 64, "speed_reps": 2, "mem_T": 8192,
+              "ctx_lengths": [512, 1024, 2048, 4096, 8192, 16384], "ctx_seeds": 3, "ctx_tokens_per_step": 2**19,
+              "ctx_steps": 4800, "ctx_eval_tokens": 2**20, "ctx_max_files": None},
 }  # fmt: skip
 
 TTT = {"objective": "ttt", "normalize": False}
@@ -71,6 +83,38 @@ LADDER: dict[str, tuple[str, dict[str, Any], float]] = {
     "+ forget gate (eq. 16)": ("lattice", {"objective": "dec", "forget_gate": True}, 10.94),
 }
 
+# context sweep: the Table 2 rows with equal parameter counts (~119k at d=64, 2 layers): Mamba2 at expand 1 /
+# d_state 32 (the default expand 2 / d_state 64 has 153k), Lattice-ENC with L2-normalised values (see VNORM)
+CONTEXT_MODELS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "Transformer++": ("attention", {}, ""),
+    "Linear-Attention": ("linear_attention", {}, ""),
+    "Mamba2": ("mamba2", {"expand": 1, "d_state": 32}, "expand 1, d_state 32 (equal params)"),
+    "DeltaNet": ("deltanet", {}, ""),
+    "Gated-DeltaNet": ("gated_deltanet", {}, ""),
+    "TTT (eq. 19)": ("lattice", TTT, ""),
+    "Lattice-DEC": ("lattice", {}, ""),
+    "Lattice-ENC": ("lattice_enc", {"v_norm": True}, "v_norm=True (not in paper; needed at our scale)"),
+    "Lattice-SIM": ("lattice_sim", {}, ""),
+}
+# Table 2 verbatim (110M params / 2.4B tokens, perplexity): Books 512, 1k, 2k, 4k, 8k, 16k; Pile 2k, 8k
+PAPER_BOOKS_T = [512, 1024, 2048, 4096, 8192, 16384]
+PAPER_BOOKS: dict[str, list[float | None]] = {
+    "Transformer++": [20.60, 19.39, 18.89, 18.38, 18.85, 29.41],
+    "Linear-Attention": [21.04, 20.18, 19.82, 19.69, 20.34, 21.86],
+    "Mamba2": [19.94, 18.90, 18.34, 18.07, 18.23, 18.48],
+    "DeltaNet": [20.28, 19.11, 18.33, 17.90, 18.05, 18.12],
+    "Gated-DeltaNet": [19.76, 18.60, 18.00, 17.48, 17.40, 17.49],
+    "TTT (eq. 19)": [20.11, 19.03, 18.36, 18.03, 18.05, 18.46],
+    "Lattice-DEC": [19.06, 17.90, 17.14, 16.72, 16.62, 16.97],
+    "Lattice-ENC": [19.11, 18.01, 17.22, 16.80, 16.66, None],  # 16k is blank in the paper
+    "Lattice-SIM": [19.08, 17.94, 17.23, 16.72, 16.73, 16.82],
+}
+PAPER_PILE: dict[str, tuple[float, float]] = {
+    "Transformer++": (11.58, 11.75), "Linear-Attention": (12.56, 13.63), "Mamba2": (11.51, 11.42),
+    "DeltaNet": (11.62, 11.40), "Gated-DeltaNet": (11.31, 11.04), "TTT (eq. 19)": (11.59, 11.45),
+    "Lattice-DEC": (10.88, 10.51), "Lattice-ENC": (10.90, 10.57), "Lattice-SIM": (10.89, 10.66),
+}  # fmt: skip
+
 # not in the paper: does normalising the values fix Lattice-ENC's slow learning at small scale?
 VNORM: dict[str, tuple[str, dict[str, Any], str]] = {
     "Lattice-ENC": ("lattice_enc", {}, "10.90 (Pile 2k)"),
@@ -82,9 +126,19 @@ VNORM: dict[str, tuple[str, dict[str, Any], str]] = {
 
 def add_arguments(parser) -> None:
     parser.add_argument("--experiments", default=",".join(DEFAULT_EXPERIMENTS),
-                        help="comma-separated: speed,lm,ablation (default) and vnorm (not in the paper)")
-    parser.add_argument("--steps", type=int, default=None, help="override the training steps of the scale")
-    parser.add_argument("--corpus", default="code", help="LM corpus: code, docs or a path")
+                        help="comma-separated: speed,lm,ablation (default), vnorm (not in the paper) and context "
+                             "(the context-length sweep with several seeds)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="override the training steps of every LM experiment of the scale")
+    parser.add_argument("--corpus", default=None,
+                        help="LM corpus: code, docs or a path (default: code for lm/ablation/vnorm, docs for context)")
+    parser.add_argument("--contexts", default=None,
+                        help="context: comma-separated context lengths (default per scale, small: 128,256,512,1024)")
+    parser.add_argument("--models", default=None,
+                        help="context: comma-separated subset of the rows (default all: "
+                             + ", ".join(CONTEXT_MODELS) + ")")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="context: number of seeds (seed, seed+1, ...; default per scale, small: 3)")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -228,7 +282,9 @@ def _train_one(name: str, mixer: str, opts: dict[str, Any], cfg: dict[str, Any],
     t0 = time.perf_counter()
     res = train(model, task, tc)
     secs = time.perf_counter() - t0
-    ev = evaluate(model, task, n_examples=cfg["eval_examples"], batch_size=min(32, cfg["eval_examples"]))
+    # the trainer evaluates at its last step on the same fixed val windows; reuse that instead of a second pass
+    ev = res.final or evaluate(model, task, n_examples=cfg["eval_examples"],
+                               batch_size=min(32, cfg["eval_examples"]))  # fmt: skip
     pos = {k: v for k, v in ev.items() if k.startswith("bpb_pos_")}
     hist = [{"step": h.get("step"), "loss": h.get("loss")} for h in res.history if "loss" in h]
     return {"model": name, "mixer": mixer, "options": opts, "params": model.num_parameters(),
@@ -302,6 +358,187 @@ def run_lm(cfg, out: Path, command: str, seed: int, corpus: str, which: str) -> 
     return results
 
 
+# ------------------------------------------------------------------------------------------------------------
+# context-length sweep (Table 2's Books 512 -> 16k / Pile 2k, 8k in miniature), several seeds
+# ------------------------------------------------------------------------------------------------------------
+def _parse_contexts(text: str | None, default: list[int]) -> list[int]:
+    if text is None:
+        return list(default)
+    try:
+        vals = [int(t) for t in str(text).split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--contexts must be comma-separated positive integers, got {text!r}") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise ValueError(f"--contexts must be comma-separated positive integers, got {text!r}")
+    return sorted(set(vals))
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    t = torch.tensor(xs, dtype=torch.float64)
+    return float(t.mean()), float(t.std()) if len(xs) > 1 else 0.0
+
+
+def _pm(xs: list[float]) -> str:
+    if not xs:
+        return "—"
+    m, s = _mean_std(xs)
+    return f"{m:.3f} ± {s:.3f}" if len(xs) > 1 else f"{m:.3f}"
+
+
+def _last_bucket(pos: dict[str, float]) -> float:
+    key = max(pos, key=lambda s: int(s.split("_")[2]))
+    return pos[key]
+
+
+def _first_bucket(pos: dict[str, float]) -> float:
+    key = min(pos, key=lambda s: int(s.split("_")[2]))
+    return pos[key]
+
+
+def _context_tables(runs: list[dict[str, Any]], lengths: list[int], seeds: list[int]):
+    """Aggregate per-run results into (rows for val bpb, rows for last-bucket bpb, per-seed ranking rows)."""
+    main, last = [], []
+    books = lambda n: "/".join("—" if v is None else f"{v:.2f}" for v in PAPER_BOOKS[n])  # noqa: E731
+    for name, (_mixer, _opts, note) in CONTEXT_MODELS.items():
+        mine = [r for r in runs if r["model"] == name]
+        if not mine:
+            continue
+        r_main: dict[str, Any] = {"model": name, "variant": note or "—", "params": mine[0]["params"],
+                                  "paper_books_ppl_512/1k/2k/4k/8k/16k": books(name),
+                                  "paper_pile_ppl_2k/8k": "{:.2f}/{:.2f}".format(*PAPER_PILE[name])}  # fmt: skip
+        r_last = dict(r_main)
+        for T in lengths:
+            at = [r for r in mine if r["T"] == T]
+            r_main[f"ours_bpb_T{T}"] = _pm([r["val_bpb"] for r in at])
+            r_last[f"ours_last_T{T}"] = _pm([r["bpb_last"] for r in at])
+            r_main[f"_bpb_T{T}"] = [r["val_bpb"] for r in at]
+            r_last[f"_last_T{T}"] = [r["bpb_last"] for r in at]
+            r_last[f"_first_T{T}"] = [r["bpb_first"] for r in at]
+        main.append(r_main)
+        last.append(r_last)
+    # per length: mean rank over seeds, and how often each model is best (does the ranking survive the seeds?)
+    ranks = []
+    for T in lengths:
+        for seed in seeds:
+            at = {r["model"]: r["val_bpb"] for r in runs if r["T"] == T and r["seed"] == seed}
+            for i, n in enumerate(sorted(at, key=at.get)):
+                ranks.append({"T": T, "seed": seed, "model": n, "rank": i + 1})
+    return main, last, ranks
+
+
+def _plot_context(main, last, lengths: list[int], path: Path, corpus: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, rows, key, lab in ((axes[0], main, "_bpb_T", "val bpb (all positions)"),
+                               (axes[1], last, "_last_T", "val bpb, last 1/8 of the window")):  # fmt: skip
+        for r in rows:
+            xs, ms, ss = [], [], []
+            for T in lengths:
+                vals = r.get(f"{key}{T}") or []
+                if vals:
+                    m, s = _mean_std(vals)
+                    xs.append(T)
+                    ms.append(m)
+                    ss.append(s)
+            style = "-" if r["model"].startswith("Lattice") else "--"
+            ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, linestyle=style, label=r["model"])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths)
+        ax.set_xticklabels([str(T) for T in lengths])
+        ax.set_xlabel("training / eval context length T (bytes)")
+        ax.set_ylabel(lab)
+    axes[0].set_title(f"bpb vs context ({corpus!r}, mean ± std over seeds)")
+    axes[1].set_title("late positions: does longer context help?")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _parse_models(text: str | None) -> list[str]:
+    if text is None:
+        return list(CONTEXT_MODELS)
+    names = [t.strip() for t in str(text).split(",") if t.strip()]
+    bad = [n for n in names if n not in CONTEXT_MODELS]
+    if bad or not names:
+        raise ValueError(f"unknown --models {bad or text!r}; valid: {', '.join(CONTEXT_MODELS)}")
+    return [n for n in CONTEXT_MODELS if n in names]
+
+
+def run_context(cfg: dict[str, Any], out: Path, command: str, seed0: int, corpus: str, lengths: list[int],
+                n_seeds: int, models: list[str] | None = None) -> list[dict[str, Any]]:
+    """Train every CONTEXT_MODELS row at every T in ``lengths`` for ``n_seeds`` seeds; write context.md/json/png.
+
+    Every run sees ``ctx_steps * ctx_tokens_per_step`` training bytes whatever T is (batch = tokens_per_step / T
+    sequences); the val stream also holds the same number of bytes (``ctx_eval_tokens``) at every T.  Results are
+    rewritten after every finished context length, so an interrupted run leaves its completed part.
+    """
+    from seqmem.repro.common import atomic_write_text, markdown_table
+    from seqmem.tasks.lm import LMTask
+
+    tok = int(cfg["ctx_tokens_per_step"])
+    bad = [T for T in lengths if tok % T or T > tok]
+    if bad:
+        raise ValueError(f"context lengths {bad} do not divide ctx_tokens_per_step={tok}; use powers of two <= {tok}")
+    if n_seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {n_seeds}")
+    seeds = [seed0 + i for i in range(n_seeds)]
+    steps = int(cfg["ctx_steps"])
+    n_train = steps * tok
+    scale = (f"{cfg['n_layers']} layers x d={cfg['d_model']}, {cfg['n_heads']} heads, byte-level {corpus!r} corpus "
+             f"(val split; test unused), T in {lengths}; every run {steps} steps x {tok} bytes = {n_train:,} "
+             f"training bytes whatever T (batch {tok}//T sequences), AdamW lr {cfg['lr']}, seeds {seeds}; "
+             f"val on {cfg['ctx_eval_tokens']} bytes per T. Paper: 110M params, 2.4B tokens, 32k vocab, "
+             f"perplexity per token (a different unit)")  # fmt: skip
+    runs: list[dict[str, Any]] = []
+    t_start, cpu_start = time.perf_counter(), time.process_time()
+    for T in lengths:
+        task = LMTask(corpus, seq_len=T, max_files=cfg["ctx_max_files"], n_buckets=8)
+        n_eval = max(1, int(cfg["ctx_eval_tokens"]) // T)
+        c = dict(cfg, seq_len=T, batch=tok // T, steps=steps, eval_examples=n_eval)
+        for seed in seeds:
+            for name in models or list(CONTEXT_MODELS):
+                mixer, opts, _note = CONTEXT_MODELS[name]
+                r = _train_one(name, mixer, opts, c, task, seed)
+                r.update(T=T, seed=seed, train_bytes=n_train, bpb_last=_last_bucket(r["positions"]),
+                         bpb_first=_first_bucket(r["positions"]))  # fmt: skip
+                runs.append(r)
+                print(f"[lattice/context] T={T} seed={seed} {name}: val bpb {r['val_bpb']:.4f} "
+                      f"(last bucket {r['bpb_last']:.4f}; {r['params']} params, {r['train_seconds']:.0f}s; "
+                      f"total {time.perf_counter() - t_start:.0f}s)", flush=True)  # fmt: skip
+        done = [L for L in lengths if any(r["T"] == L for r in runs)]
+        main, last, ranks = _context_tables(runs, done, seeds)
+        cols_main = ["model", "variant", "params", "paper_books_ppl_512/1k/2k/4k/8k/16k", "paper_pile_ppl_2k/8k"]
+        cols_main += [f"ours_bpb_T{L}" for L in done]
+        cols_last = ["model", "paper_books_ppl_512/1k/2k/4k/8k/16k"] + [f"ours_last_T{L}" for L in done]
+        title = ("Table 2's context sweep in miniature: val bits per byte vs context length, mean ± std over "
+                 "seeds (paper: perplexity per token; lower is better in both)")  # fmt: skip
+        extra = {"last_bucket_rows": last, "ranks": ranks, "lengths": done, "seeds": seeds,
+                 "train_bytes_per_run": n_train, "seconds": time.perf_counter() - t_start,
+                 "cpu_seconds": time.process_time() - cpu_start,
+                 "runs": runs}
+        md = write_results(out, "context", main, columns=cols_main, title=title, command=command, scale_note=scale,
+                           extra=extra)  # fmt: skip
+        mean_rank = []
+        for L in done:
+            row: dict[str, Any] = {"T": L}
+            for n in CONTEXT_MODELS:
+                rk = [x["rank"] for x in ranks if x["T"] == L and x["model"] == n]
+                row[n] = f"{sum(rk) / len(rk):.1f}" if rk else "—"
+            mean_rank.append(row)
+        md += ("\n### Last position bucket (the final 1/8 of each window): val bits per byte, mean ± std\n\n"
+               + markdown_table(last, cols_last)
+               + "\n### Rank by overall val bpb (1 = best), mean over seeds\n\n"
+               + markdown_table(mean_rank, ["T", *CONTEXT_MODELS]))  # fmt: skip
+        atomic_write_text(out / "context.md", md)
+        _plot_context(main, last, done, out / "context_bpb_vs_context.png", corpus)
+    return runs
+
+
 def run(args) -> int:
     scale = args.scale
     cfg = dict(CONFIGS[scale])
@@ -313,11 +550,20 @@ def run(args) -> int:
     bad = [e for e in exps if e not in EXPERIMENTS]
     if bad:
         raise ValueError(f"unknown experiment(s) {bad}; valid: {EXPERIMENTS}")
-    corpus = getattr(args, "corpus", "code")
+    corpus_arg = getattr(args, "corpus", None)
+    corpus = corpus_arg or "code"
     seed = int(getattr(args, "seed", 0))
+    lengths = _parse_contexts(getattr(args, "contexts", None), cfg["ctx_lengths"])
+    n_seeds = getattr(args, "seeds", None)
+    n_seeds = int(cfg["ctx_seeds"] if n_seeds is None else n_seeds)
+    models = _parse_models(getattr(args, "models", None))
+    if getattr(args, "steps", None):
+        cfg["ctx_steps"] = int(args.steps)
     command = f"seqmem repro lattice --scale {scale} --experiments {','.join(exps)} --seed {seed}" + (
         f" --steps {args.steps}" if getattr(args, "steps", None) else ""
-    )
+    ) + (f" --corpus {corpus_arg}" if corpus_arg else "") + (
+        f" --contexts {','.join(map(str, lengths))} --seeds {n_seeds}" if "context" in exps else ""
+    ) + (f" --models '{','.join(models)}'" if getattr(args, "models", None) else "")
     summary: dict[str, Any] = {"scale": scale, "config": cfg, "command": command}
     t0 = time.perf_counter()
     if "speed" in exps:
@@ -326,6 +572,10 @@ def run(args) -> int:
         if which in exps:
             res = run_lm(cfg, out, command, seed, corpus, which)
             summary[which] = [{k: r[k] for k in ("model", "val_bpb", "params", "train_seconds")} for r in res]
+    if "context" in exps:
+        res = run_context(cfg, out, command, seed, corpus_arg or "docs", lengths, n_seeds, models)
+        summary["context"] = [{k: r[k] for k in ("model", "T", "seed", "val_bpb", "bpb_last", "params",
+                                                 "train_seconds")} for r in res]  # fmt: skip
     summary["seconds"] = time.perf_counter() - t0
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return 0
