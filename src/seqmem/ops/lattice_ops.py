@@ -521,7 +521,7 @@ def lattice_chunked(
 
     The per-token states ``U_t`` are never formed: ``y_t`` and the column norms ``‖U_t[:, i]‖`` come from
     causal (C×C) products and cumulative sums (:func:`_chunk_block`), O(C·(C + d·m)) work per token·head
-    batch; only the chunk-end state is a (d, m) matrix.
+    batch; only the chunk-end state is a (d, m) matrix (a one-token block, as in decoding, forms its one state).
     """
     return _lattice_chunked(
         q, k, v, gamma, initial_state, objective=objective, chunk_size=chunk_size,
@@ -557,8 +557,14 @@ def _lattice_chunked(
             A = torch.zeros_like(S0) if A is None else A
         else:
             sl = (slice(None), slice(t0, t0 + n))
-        block = _chunk_block_dense if dense else _chunk_block
-        y, S_last, A = block(S0, A, qt[sl], kt[sl], vt[sl], gt[sl], objective, done)
+        if not dense and n == 1:  # one token (decoding): its single state is cheaper than the products
+            A = torch.zeros_like(S0) if A is None else A
+            args = (x[sl].transpose(0, 1) for x in (qt, kt, vt, gt))
+            y, S_last, A = _chunk_block_dense(S0, A, *args, objective, done)
+            y = y.transpose(0, 1)
+        else:
+            block = _chunk_block_dense if dense else _chunk_block
+            y, S_last, A = block(S0, A, qt[sl], kt[sl], vt[sl], gt[sl], objective, done)
         ys.append(y)
         t0, pos = t0 + n, pos + n
         if done:
