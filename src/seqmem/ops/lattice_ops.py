@@ -548,25 +548,25 @@ def _lattice_chunked(
     A = None if initial_update is None else initial_update.reshape(N, d, m)  # None: a zero update
     if not dense:  # (T, N, ·) -> (N, T, ·): the block works on batched (C × ·) matrices
         qt, kt, vt, gt = (x.transpose(0, 1) for x in (qt, kt, vt, gt))
-    ys, t0, pos = [], 0, offset
-    while t0 < T:
-        n = min(chunk_size - pos, T - t0)
+    # block lengths: the rest of the current chunk, whole chunks, a partial last chunk.  torch.split (not a
+    # slice per block) keeps the backward linear in T: each slice's backward would zero-fill a full-length grad
+    first = min(chunk_size - offset, T)
+    full, rest = divmod(T - first, chunk_size)
+    sizes = [first] + [chunk_size] * full + ([rest] if rest else [])
+    tdim = 0 if dense else 1
+    blocks = zip(*(torch.split(x, sizes, dim=tdim) for x in (qt, kt, vt, gt)))
+    ys, pos = [], offset
+    for n, (qb, kb, vb, gb) in zip(sizes, blocks):
         done = pos + n == chunk_size  # this block completes its chunk: its last state starts the next one
-        if dense:
-            sl = (slice(t0, t0 + n),)
+        if dense or n == 1:  # n == 1 (decoding): one token's single state is cheaper than the products
             A = torch.zeros_like(S0) if A is None else A
-        else:
-            sl = (slice(None), slice(t0, t0 + n))
-        if not dense and n == 1:  # one token (decoding): its single state is cheaper than the products
-            A = torch.zeros_like(S0) if A is None else A
-            args = (x[sl].transpose(0, 1) for x in (qt, kt, vt, gt))
+            args = (qb, kb, vb, gb) if dense else (x.transpose(0, 1) for x in (qb, kb, vb, gb))
             y, S_last, A = _chunk_block_dense(S0, A, *args, objective, done)
-            y = y.transpose(0, 1)
+            y = y if dense else y.transpose(0, 1)
         else:
-            block = _chunk_block_dense if dense else _chunk_block
-            y, S_last, A = block(S0, A, qt[sl], kt[sl], vt[sl], gt[sl], objective, done)
+            y, S_last, A = _chunk_block(S0, A, qb, kb, vb, gb, objective, done)
         ys.append(y)
-        t0, pos = t0 + n, pos + n
+        pos += n
         if done:
             S0, A, pos = S_last, None, 0
     y = torch.cat(ys, 1 - int(dense))  # (N, T, d) or, dense, (T, N, d)
