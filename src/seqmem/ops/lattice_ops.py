@@ -520,8 +520,8 @@ def lattice_chunked(
     state after the last token is ``sphere_retract(S_chunk_start + update)``.
 
     The per-token states ``U_t`` are never formed: ``y_t`` and the column norms ``‖U_t[:, i]‖`` come from
-    causal (C×C) products and cumulative sums (:func:`_chunk_block`), O(C·(C + d·m)) work per token·head
-    batch; only the chunk-end state is a (d, m) matrix (a one-token block, as in decoding, forms its one state).
+    causal (C×C) products and cumulative sums (:func:`_chunk_block`), O(C·(d + m) + d·m) work per token and
+    head; only the chunk-end state is a (d, m) matrix (a one-token block, as in decoding, forms its one state).
     """
     return _lattice_chunked(
         q, k, v, gamma, initial_state, objective=objective, chunk_size=chunk_size,
