@@ -37,13 +37,16 @@ def test_repro_lattice_context_smoke(tmp_path):
     ctx = json.loads((tmp_path / "context.json").read_text())
     assert ctx["lengths"] == [32, 64] and ctx["seeds"] == [0, 1]
     assert len(ctx["runs"]) == 2 * 2 * len(rows)
-    assert [r["model"] for r in ctx["rows"]] == rows
+    assert [r["model"] for r in ctx["rows"]] == rows + ["byte bigram (reference)"]
+    ref = ctx["bigram_reference"]
+    assert set(ref) == {"32", "64"} and all(3 < v["bigram_bpb"] < 8 for v in ref.values())
+    assert [r["model"] for r in ctx["relative_rows"]] == rows
     # the same number of training bytes at every context length
     assert {r["T"]: r["train_bytes"] for r in ctx["runs"]} == {32: 128, 64: 128}
     # near-equal parameter counts per row (GDN's output gate: +8 %), reported
-    params = [r["params"] for r in ctx["rows"]]
+    params = [r["params"] for r in ctx["rows"][:-1]]
     assert max(params) < 1.1 * min(params)
-    for r in ctx["rows"]:
+    for r in ctx["rows"][:-1]:
         assert " ± " in r["ours_bpb_T32"] and len(r["_bpb_T64"]) == 2
         assert all(0 < v < 9 for v in r["_bpb_T32"] + r["_bpb_T64"])
         assert r["paper_books_ppl_512/1k/2k/4k/8k/16k"].startswith(f"{lattice.PAPER_BOOKS[r['model']][0]:.2f}")

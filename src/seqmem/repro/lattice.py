@@ -426,7 +426,8 @@ def _context_tables(runs: list[dict[str, Any]], lengths: list[int], seeds: list[
     return main, last, ranks
 
 
-def _plot_context(main, last, lengths: list[int], path: Path, corpus: str) -> None:
+def _plot_context(main, last, lengths: list[int], path: Path, corpus: str,
+                  refs: dict[int, dict[str, float]] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -446,6 +447,10 @@ def _plot_context(main, last, lengths: list[int], path: Path, corpus: str) -> No
                     ss.append(s)
             style = "-" if r["model"].startswith("Lattice") else "--"
             ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, linestyle=style, label=r["model"])
+        if refs:
+            rk = "bigram_bpb" if key == "_bpb_T" else "bigram_last"
+            ts = [T for T in lengths if T in refs]
+            ax.plot(ts, [refs[T][rk] for T in ts], "k:", marker="x", label="byte bigram on the same val windows")
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths)
         ax.set_xticklabels([str(T) for T in lengths])
@@ -469,6 +474,74 @@ def _parse_models(text: str | None) -> list[str]:
     return [n for n in CONTEXT_MODELS if n in names]
 
 
+def bigram_reference(task, n_eval: int, max_train_bytes: int = 20_000_000) -> dict[str, float]:
+    """Difficulty of ``task``'s val windows: bpb of a byte-bigram count model (add-½, fitted on the first
+    ``max_train_bytes`` of the train split) on exactly the windows the LMs are evaluated on — overall and in the
+    last position bucket.  The val windows differ between context lengths, so this separates "harder val sample"
+    from "worse model" when comparing across T."""
+    import numpy as np
+
+    tr = np.asarray(task.corpus.split("train")[:max_train_bytes], dtype=np.int64)
+    c = np.bincount(tr[:-1] * 256 + tr[1:], minlength=256 * 256).astype(np.float64).reshape(256, 256) + 0.5
+    logp = np.log2(c / c.sum(1, keepdims=True))
+    x, y = task.eval_data(n_eval)
+    nll = -logp[x.numpy(), y.numpy()]
+    lo = task.buckets[-1][0]
+    return {"bigram_bpb": float(nll.mean()), "bigram_last": float(nll[:, lo:].mean())}
+
+
+def write_context(out: Path, runs: list[dict[str, Any]], lengths: list[int], seeds: list[int],
+                  refs: dict[int, dict[str, float]], command: str, scale: str, corpus: str,
+                  extra: dict[str, Any] | None = None) -> str:
+    """Write context.md / context.json / context_bpb_vs_context.png from the per-run results."""
+    from seqmem.repro.common import atomic_write_text, markdown_table
+
+    main, last, ranks = _context_tables(runs, lengths, seeds)
+    ref_main = {"model": "byte bigram (reference)", "variant": "add-½ counts, ≤20M train bytes, same val windows",
+                "params": "—", "paper_books_ppl_512/1k/2k/4k/8k/16k": "—", "paper_pile_ppl_2k/8k": "—"}  # fmt: skip
+    ref_last = dict(ref_main)
+    for L in lengths:
+        if L in refs:
+            ref_main[f"ours_bpb_T{L}"] = f"{refs[L]['bigram_bpb']:.3f}"
+            ref_last[f"ours_last_T{L}"] = f"{refs[L]['bigram_last']:.3f}"
+    cols_main = ["model", "variant", "params", "paper_books_ppl_512/1k/2k/4k/8k/16k", "paper_pile_ppl_2k/8k"]
+    cols_main += [f"ours_bpb_T{L}" for L in lengths]
+    cols_last = ["model", "paper_books_ppl_512/1k/2k/4k/8k/16k"] + [f"ours_last_T{L}" for L in lengths]
+    # the same, relative to the bigram reference on the same windows (comparable across T)
+    rel = []
+    for r in main:
+        row: dict[str, Any] = {"model": r["model"]}
+        for L in lengths:
+            if L in refs:
+                row[f"ours_minus_bigram_T{L}"] = _pm([v - refs[L]["bigram_bpb"] for v in r[f"_bpb_T{L}"]])
+        rel.append(row)
+    title = ("Table 2's context sweep in miniature: val bits per byte vs context length, mean ± std over "
+             "seeds (paper: perplexity per token; lower is better in both)")  # fmt: skip
+    payload = {"last_bucket_rows": last, "relative_rows": rel, "bigram_reference": {str(k): v for k, v in refs.items()},
+               "ranks": ranks, "lengths": lengths, "seeds": seeds,
+               "train_bytes_per_run": runs[0]["train_bytes"] if runs else 0, **(extra or {}), "runs": runs}  # fmt: skip
+    md = write_results(out, "context", main + [ref_main], columns=cols_main, title=title, command=command,
+                       scale_note=scale, extra=payload)  # fmt: skip
+    names = [n for n in CONTEXT_MODELS if any(r["model"] == n for r in runs)]
+    mean_rank = []
+    for L in lengths:
+        rrow: dict[str, Any] = {"T": L}
+        for n in names:
+            rk = [x["rank"] for x in ranks if x["T"] == L and x["model"] == n]
+            rrow[n] = f"{sum(rk) / len(rk):.1f}" if rk else "—"
+        mean_rank.append(rrow)
+    md += ("\n### Last position bucket (the final 1/8 of each window): val bits per byte, mean ± std\n\n"
+           + markdown_table(last + [ref_last], cols_last)
+           + "\n### Val bpb minus the byte-bigram bpb of the same val windows (removes val-sample difficulty, "
+             "which differs between T), mean ± std\n\n"
+           + markdown_table(rel, ["model"] + [f"ours_minus_bigram_T{L}" for L in lengths if L in refs])
+           + "\n### Rank by overall val bpb (1 = best), mean over seeds\n\n"
+           + markdown_table(mean_rank, ["T", *names]))  # fmt: skip
+    atomic_write_text(out / "context.md", md)
+    _plot_context(main, last, lengths, out / "context_bpb_vs_context.png", corpus, refs)
+    return md
+
+
 def run_context(cfg: dict[str, Any], out: Path, command: str, seed0: int, corpus: str, lengths: list[int],
                 n_seeds: int, models: list[str] | None = None) -> list[dict[str, Any]]:
     """Train every CONTEXT_MODELS row at every T in ``lengths`` for ``n_seeds`` seeds; write context.md/json/png.
@@ -477,7 +550,6 @@ def run_context(cfg: dict[str, Any], out: Path, command: str, seed0: int, corpus
     sequences); the val stream also holds the same number of bytes (``ctx_eval_tokens``) at every T.  Results are
     rewritten after every finished context length, so an interrupted run leaves its completed part.
     """
-    from seqmem.repro.common import atomic_write_text, markdown_table
     from seqmem.tasks.lm import LMTask
 
     tok = int(cfg["ctx_tokens_per_step"])
@@ -495,6 +567,7 @@ def run_context(cfg: dict[str, Any], out: Path, command: str, seed0: int, corpus
              f"val on {cfg['ctx_eval_tokens']} bytes per T. Paper: 110M params, 2.4B tokens, 32k vocab, "
              f"perplexity per token (a different unit)")  # fmt: skip
     runs: list[dict[str, Any]] = []
+    refs: dict[int, dict[str, float]] = {}
     t_start, cpu_start = time.perf_counter(), time.process_time()
     for T in lengths:
         task = LMTask(corpus, seq_len=T, max_files=cfg["ctx_max_files"], n_buckets=8)
@@ -510,32 +583,10 @@ def run_context(cfg: dict[str, Any], out: Path, command: str, seed0: int, corpus
                 print(f"[lattice/context] T={T} seed={seed} {name}: val bpb {r['val_bpb']:.4f} "
                       f"(last bucket {r['bpb_last']:.4f}; {r['params']} params, {r['train_seconds']:.0f}s; "
                       f"total {time.perf_counter() - t_start:.0f}s)", flush=True)  # fmt: skip
+        refs[T] = bigram_reference(task, n_eval)
         done = [L for L in lengths if any(r["T"] == L for r in runs)]
-        main, last, ranks = _context_tables(runs, done, seeds)
-        cols_main = ["model", "variant", "params", "paper_books_ppl_512/1k/2k/4k/8k/16k", "paper_pile_ppl_2k/8k"]
-        cols_main += [f"ours_bpb_T{L}" for L in done]
-        cols_last = ["model", "paper_books_ppl_512/1k/2k/4k/8k/16k"] + [f"ours_last_T{L}" for L in done]
-        title = ("Table 2's context sweep in miniature: val bits per byte vs context length, mean ± std over "
-                 "seeds (paper: perplexity per token; lower is better in both)")  # fmt: skip
-        extra = {"last_bucket_rows": last, "ranks": ranks, "lengths": done, "seeds": seeds,
-                 "train_bytes_per_run": n_train, "seconds": time.perf_counter() - t_start,
-                 "cpu_seconds": time.process_time() - cpu_start,
-                 "runs": runs}
-        md = write_results(out, "context", main, columns=cols_main, title=title, command=command, scale_note=scale,
-                           extra=extra)  # fmt: skip
-        mean_rank = []
-        for L in done:
-            row: dict[str, Any] = {"T": L}
-            for n in CONTEXT_MODELS:
-                rk = [x["rank"] for x in ranks if x["T"] == L and x["model"] == n]
-                row[n] = f"{sum(rk) / len(rk):.1f}" if rk else "—"
-            mean_rank.append(row)
-        md += ("\n### Last position bucket (the final 1/8 of each window): val bits per byte, mean ± std\n\n"
-               + markdown_table(last, cols_last)
-               + "\n### Rank by overall val bpb (1 = best), mean over seeds\n\n"
-               + markdown_table(mean_rank, ["T", *CONTEXT_MODELS]))  # fmt: skip
-        atomic_write_text(out / "context.md", md)
-        _plot_context(main, last, done, out / "context_bpb_vs_context.png", corpus)
+        extra = {"seconds": time.perf_counter() - t_start, "cpu_seconds": time.process_time() - cpu_start}
+        write_context(out, runs, done, seeds, refs, command, scale, corpus, extra)
     return runs
 
 
