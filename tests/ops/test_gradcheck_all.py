@@ -171,7 +171,7 @@ for _decay in (False, True):
 
 
 # ------------------------------------------------------------------------------------------------------- VORT
-def _soe_inputs(seed=0, t=6, heads=True):
+def _soe_inputs(seed=0, t=6):
     q, k = (_uniform(B, t, H, 2, seed=seed + i, lo=0.1, hi=1.0) for i in range(2))
     v = _rand(B, t, H, 2, seed=seed + 2)
     alpha = _uniform(B, t, seed=seed + 3, lo=0.3, hi=0.9)
