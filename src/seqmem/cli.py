@@ -169,6 +169,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace, rank: int, world: int, device: str) -> int:
+    from seqmem.mixers.base import set_check_finite
+
+    prev = set_check_finite(not getattr(args, "no_check_finite", False))
+    try:
+        return _train_checked(args, rank, world, device)
+    finally:
+        set_check_finite(prev)
+
+
+def _train_checked(args: argparse.Namespace, rank: int, world: int, device: str) -> int:
     import torch
 
     from seqmem.repro.common import atomic_write_text
@@ -226,9 +236,18 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: str) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from seqmem.mixers.base import set_check_finite
     from seqmem.train import evaluate
     from seqmem.train.checkpoint import latest_good_checkpoint, load_weights
 
+    prev = set_check_finite(not getattr(args, "no_check_finite", False))
+    try:
+        return _eval(args, evaluate, latest_good_checkpoint, load_weights)
+    finally:
+        set_check_finite(prev)
+
+
+def _eval(args: argparse.Namespace, evaluate: Any, latest_good_checkpoint: Any, load_weights: Any) -> int:
     run = Path(args.run)
     spec_path = run / "run.json"
     if not spec_path.exists():
@@ -342,12 +361,16 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-check-finite", action="store_true",
+                   help="skip the NaN/Inf checks of every layer's input and output (on by default)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="evaluate the newest checkpoint of a training run")
     p.add_argument("--run", type=Path, required=True)
     p.add_argument("--examples", type=_positive_int, default=512)
     p.add_argument("--batch-size", type=_positive_int, default=64)
+    p.add_argument("--no-check-finite", action="store_true",
+                   help="skip the NaN/Inf checks of every layer's input and output (on by default)")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("export-hf", help="save a training run as a Hugging Face model (needs transformers)")
@@ -377,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (UsageError, ValueError, FileNotFoundError) as e:
+    except (UsageError, ValueError, FileNotFoundError, FloatingPointError) as e:
         print(f"seqmem: error: {e}".splitlines()[0], file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -25,6 +25,34 @@ from torch import Tensor, nn
 State = dict[str, Tensor]
 IMPLS = ("reference", "fast")
 
+_CHECK_FINITE = False
+
+
+class NonFiniteError(ValueError, FloatingPointError):
+    """A NaN or Inf found by the finite checks (:func:`set_check_finite`); both a ``ValueError`` (bad input) and a
+    ``FloatingPointError`` (a diverged computation)."""
+
+
+def set_check_finite(enabled: bool) -> bool:
+    """Turn the NaN/Inf checks of every mixer's input and output on or off; returns the previous setting.
+
+    Off by default: ``torch.isfinite(x).all()`` costs a pass over the tensor and, on a GPU, a host synchronisation.
+    The ``seqmem train`` / ``seqmem eval`` commands turn it on (``--no-check-finite`` turns it off)."""
+    global _CHECK_FINITE
+    if not isinstance(enabled, bool):
+        raise ValueError(f"set_check_finite expects True or False, got {enabled!r}")
+    prev, _CHECK_FINITE = _CHECK_FINITE, enabled
+    return prev
+
+
+def check_finite_enabled() -> bool:
+    """Whether :func:`set_check_finite` is on."""
+    return _CHECK_FINITE
+
+
+def _nonfinite_count(t: Tensor) -> int:
+    return int(t.numel() - torch.isfinite(t).sum()) if t.is_floating_point() else 0
+
 
 def count_state(state: State | None) -> int:
     """Numbers held per sequence in ``state``: every tensor's size divided by the batch (its first dimension)."""
@@ -85,7 +113,26 @@ class Mixer(nn.Module):
         self._check_input(x)
         if state is not None:
             self._check_state(state, x)
-        return self._forward(x, state)
+        if not _CHECK_FINITE:
+            return self._forward(x, state)
+        name = type(self).__name__
+        bad = _nonfinite_count(x)
+        if bad:
+            raise NonFiniteError(
+                f"{name}: input x contains {bad} NaN/Inf value(s) of {x.numel()}; clean the input, or, if this "
+                "happens while training, the model diverged: lower the learning rate or train in float32"
+            )
+        for k, v in (state or {}).items():
+            if _nonfinite_count(v):
+                raise NonFiniteError(f"{name}: state[{k!r}] contains NaN/Inf; restart the sequence (state=None)")
+        y, new_state = self._forward(x, state)
+        bad = _nonfinite_count(y)
+        if bad:
+            raise NonFiniteError(
+                f"{name}: output contains {bad} NaN/Inf value(s) although the input is finite "
+                f"(dtype {y.dtype}); run in float32 or lower the learning rate"
+            )
+        return y, new_state
 
     def _forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
         raise NotImplementedError
@@ -130,23 +177,81 @@ class Mixer(nn.Module):
                     "cast one of them (mixer.to(dtype)) or run under torch.autocast"
                 )
 
+    def state_layout(self, x: Tensor) -> dict[str, tuple[tuple[int | None, ...], torch.dtype]] | None:
+        """Per key, the trailing shape (after the batch; ``None`` for a dimension that grows or shrinks with the
+        sequence, like a KV cache's time axis) and the dtype of the state this mixer produces for inputs like
+        ``x`` (same dtype, device and autocast setting).
+
+        The default probes the mixer itself: it runs :meth:`_forward` without gradients on zero inputs of batch 1
+        and lengths 1, 2 and 3 and compares the states; a dimension that differs between them is marked ``None``.
+        The result is cached per dtype/device/autocast; ``None`` means the probe failed (only keys and batch are
+        then checked).  Override it for a mixer whose state layout the probe cannot see."""
+        amp = torch.is_autocast_enabled(x.device.type)
+        key = (x.dtype, x.device, amp, torch.get_autocast_dtype(x.device.type) if amp else None)
+        cache = self.__dict__.setdefault("_state_layout_cache", {})
+        if key in cache:
+            return cache[key]
+        layout: dict[str, tuple[tuple[int | None, ...], torch.dtype]] | None = None
+        try:
+            with torch.no_grad():
+                states = [self._forward(x.new_zeros((1, t, self.d_model)), None)[1] for t in (1, 2, 3)]
+            if all(set(s) == set(states[0]) for s in states):
+                layout = {}
+                for k, v in states[0].items():
+                    shapes = [s[k].shape[1:] for s in states]
+                    if any(len(sh) != len(shapes[0]) for sh in shapes):
+                        raise RuntimeError("state rank varies with the length")
+                    dims = tuple(d if all(sh[i] == d for sh in shapes) else None for i, d in enumerate(shapes[0]))
+                    layout[k] = (dims, v.dtype)
+        except Exception:  # noqa: BLE001 — the probe is best effort; fall back to the key/batch checks
+            layout = None
+        cache[key] = layout
+        return layout
+
     def _check_state(self, state: State, x: Tensor) -> None:
         name = type(self).__name__
-        if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor)
+                                                  for k, v in state.items()):
             raise ValueError(f"{name}: state must be the dict of tensors returned by a previous call")
         keys = self.state_keys()
         if keys is not None and set(state) != keys:
             raise ValueError(
                 f"{name}: state has keys {sorted(state)} but this mixer expects {sorted(keys)} "
-                "(a state from another mixer?)"
+                "(a state from another mixer?); pass state=None to start a new sequence"
             )
         for k, v in state.items():
-            if v.shape[0] != x.shape[0]:
-                raise ValueError(
-                    f"{name}: state[{k!r}] is for batch size {v.shape[0]} but x has batch size {x.shape[0]}"
-                )
+            if v.dim() == 0 or v.shape[0] != x.shape[0]:
+                got = "no batch dimension" if v.dim() == 0 else f"batch size {v.shape[0]}"
+                raise ValueError(f"{name}: state[{k!r}] has {got} but x has batch size {x.shape[0]}")
             if v.device != x.device:
                 raise ValueError(f"{name}: state[{k!r}] is on {v.device} but x is on {x.device}; use seqmem.state_to")
+        if torch.compiler.is_compiling():
+            return
+        layout = self.state_layout(x)
+        if layout is None:
+            return
+        if set(state) != set(layout):
+            raise ValueError(
+                f"{name}: state has keys {sorted(state)} but this mixer ({self.extra_repr()}) produces "
+                f"{sorted(layout)} (a state from another mixer?); pass state=None to start a new sequence"
+            )
+        amp = torch.is_autocast_enabled(x.device.type)
+        for k, v in state.items():
+            dims, dtype = layout[k]
+            got = tuple(v.shape[1:])
+            if len(got) != len(dims) or any(d is not None and d != g for d, g in zip(dims, got)):
+                want = "(batch, " + ", ".join("*" if d is None else str(d) for d in dims) + ")"
+                raise ValueError(
+                    f"{name}: state[{k!r}] has shape {tuple(v.shape)} but this mixer ({self.extra_repr()}) keeps "
+                    f"{want} (a state from another mixer or another configuration?); "
+                    "pass state=None to start a new sequence"
+                )
+            same = v.dtype == dtype if not amp else v.is_floating_point() == dtype.is_floating_point
+            if not same:
+                raise ValueError(
+                    f"{name}: state[{k!r}] has dtype {v.dtype} but this mixer produces {dtype} for {x.dtype} "
+                    "input; cast it with seqmem.state_to(state, dtype=...) or start a new sequence"
+                )
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}, impl={self.impl!r}"

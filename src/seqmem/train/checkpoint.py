@@ -91,13 +91,25 @@ def latest_good_checkpoint(directory: Path) -> Path | None:
 
 def load_weights(model: nn.Module, path: Path) -> None:
     """Load ``model.safetensors`` from a checkpoint directory into ``model`` (strict up to tied weights)."""
-    tensors = load_file(str(Path(path) / "model.safetensors"))
+    try:
+        tensors = load_file(str(Path(path) / "model.safetensors"))
+    except Exception as e:  # noqa: BLE001 — safetensors raises its own error types for damaged files
+        raise ValueError(f"checkpoint {path}: cannot read model.safetensors ({e}); delete it or use another") from None
+    own = model.state_dict()
+    wrong = [f"{n} {tuple(t.shape)} vs {tuple(own[n].shape)}" for n, t in tensors.items()
+             if n in own and tuple(t.shape) != tuple(own[n].shape)]
+    if wrong:
+        raise ValueError(
+            f"checkpoint {path} was written for another model configuration (checkpoint vs model shapes: "
+            f"{'; '.join(wrong[:3])}); build the model with the configuration of that run"
+        )
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     tied = {n for n in missing if n == "head.weight" and getattr(model, "cfg", None) is not None}
     missing = [n for n in missing if n not in tied]
     if missing or unexpected:
         raise ValueError(
-            f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            f"checkpoint {path} does not match the model (another mixer or number of layers?): missing "
+            f"{missing[:5]}, unexpected {unexpected[:5]}; build the model with the configuration of that run"
         )
 
 

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqmem.mixers.base import NonFiniteError
 from seqmem.train.checkpoint import latest_good_checkpoint, load_trainer_state, load_weights, save_checkpoint
 
 
@@ -96,12 +97,20 @@ def evaluate(
         if j % world != rank:
             continue
         x, y = inputs[i : i + batch_size].to(device), targets[i : i + batch_size].to(device)
-        logits, _ = model(x)
+        try:
+            logits, _ = model(x)
+        except NonFiniteError as e:
+            raise NonFiniteError(f"evaluation batch {j}: {e}") from None
         mask = y != -100
         n = int(mask.sum())
         if n == 0:
             continue
         loss_sum = float(F.cross_entropy(logits[mask].float(), y[mask], reduction="sum"))
+        if not math.isfinite(loss_sum):
+            raise FloatingPointError(
+                f"evaluation loss is {loss_sum} on batch {j} (examples {i}..{i + x.shape[0] - 1}); the model's "
+                "weights are non-finite or it overflows: evaluate in float32 or use an earlier checkpoint"
+            )
         correct = float((logits[mask].argmax(-1) == y[mask]).sum())
         mets = {k: float(v) for k, v in task.metrics(logits, y).items()} if hasattr(task, "metrics") else {}
         parts.append((j, loss_sum, correct, n, x.shape[0], mets))
@@ -225,14 +234,20 @@ def train(
         x, y = task.sample(cfg.batch_size, gen)
         tokens += x.numel()
         log_now = step % cfg.log_every == 0 or step == cfg.steps
-        if world == 1:
-            x, y = x.to(device), y.to(device)
-            logits, _ = model(x)
-            loss = report = lm_loss(logits, y)
-        else:
-            loss, report, logits, x, y = _ddp_loss(ddp, x, y, rank, world, device)
+        try:
+            if world == 1:
+                x, y = x.to(device), y.to(device)
+                logits, _ = model(x)
+                loss = report = lm_loss(logits, y)
+            else:
+                loss, report, logits, x, y = _ddp_loss(ddp, x, y, rank, world, device)
+        except NonFiniteError as e:
+            raise NonFiniteError(f"training step {step}: {e}") from None
         if not torch.isfinite(report):
-            raise FloatingPointError(f"loss became {float(report)} at step {step}; lower the learning rate")
+            raise FloatingPointError(
+                f"training loss became {float(report.detach())} at step {step}; the run diverged: lower the "
+                "learning rate (--lr), keep gradient clipping on, or train in float32"
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.clip > 0:
