@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from seqmem.repro.common import save_figure
+
 __all__ = ["add_parser", "plot_runs", "read_metrics"]
 
 _POS = re.compile(r"^eval_(.+)_pos_(\d+)_(\d+)$")
@@ -79,7 +81,7 @@ def plot_runs(runs: list[str | Path], out: str | Path | None = None) -> list[Pat
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(out / fname, dpi=120)
+        save_figure(fig, out / fname, dpi=120)
         plt.close(fig)
         written.append(out / fname)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -103,7 +105,7 @@ def plot_runs(runs: list[str | Path], out: str | Path | None = None) -> list[Pat
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(out / "loss_by_position.png", dpi=120)
+        save_figure(fig, out / "loss_by_position.png", dpi=120)
         written.append(out / "loss_by_position.png")
     plt.close(fig)
     return written

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from seqmem.repro.common import save_figure
+
 _STYLES = ["-", "--", "-.", ":"]
 
 
@@ -49,7 +51,7 @@ def _finish(fig, ax, path: Path) -> Path:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     return path
 
 

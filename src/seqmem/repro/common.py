@@ -55,6 +55,15 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
+    """Save a matplotlib figure as PNG atomically (rendered in memory, then :func:`atomic_write_bytes`)."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    atomic_write_bytes(Path(path), buf.getvalue())
+
+
 def fmt(v: Any, digits: int = 3) -> str:
     if v is None:
         return "—"

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from seqmem.models import LanguageModel, LMConfig
-from seqmem.repro.common import write_results
+from seqmem.repro.common import save_figure, write_results
 from seqmem.tasks.echo_tasks import (
     EchoCommonWord,
     EchoMixture,
@@ -434,7 +434,7 @@ def _plot(out: Path, R: dict, models: list[str], sc: dict) -> None:
     ax.set_ylabel("NIAH accuracy (%)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "table2_niah_length.png", dpi=120)
+    save_figure(fig, out / "table2_niah_length.png", dpi=120)
     plt.close(fig)
 
 

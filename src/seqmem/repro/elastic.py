@@ -37,7 +37,7 @@ from seqmem.ops.hippo import (
     hippo_reconstruct,
     legs_matrices,
 )
-from seqmem.repro.common import atomic_write_text, write_results
+from seqmem.repro.common import atomic_write_text, save_figure, write_results
 
 SCALES = ["smoke", "small", "paper"]
 
@@ -540,7 +540,7 @@ def plot_per_block(results: dict[str, dict[str, Any]], path: Path, title: str) -
     ax2.set_ylabel("loss minus Transformer++ (bits per byte)")
     ax2.set_title("difference to Transformer++ (same test windows)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from seqmem.repro.common import atomic_write_text, write_results
+from seqmem.repro.common import atomic_write_text, save_figure, write_results
 
 SCALES = ["smoke", "small", "paper"]
 EXPERIMENTS = ["stability", "jacobian", "latency", "copy", "capacity", "long_context", "ood"]
@@ -129,7 +129,7 @@ def _plot(path: Path, draw) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     draw(ax)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 

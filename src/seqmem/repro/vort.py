@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from seqmem.ops import gl_weights, soe_kernel
 from seqmem.registry import build_mixer
-from seqmem.repro.common import atomic_write_text, write_results
+from seqmem.repro.common import atomic_write_text, save_figure, write_results
 from seqmem.tasks.vort_tasks import EntityLabelCopy, ZipfLagRetrieval, lag_bin
 
 SCALES = ["smoke", "small", "paper"]
@@ -169,7 +169,7 @@ def kernel_experiment(out: Path, command: str) -> list[dict]:
         ax[1].legend()
         ax[1].set_title("Fig. 4b: SOE error (α = 0.5)")
         fig.tight_layout()
-        fig.savefig(out / "kernel.png", dpi=100)
+        save_figure(fig, out / "kernel.png", dpi=100)
         plt.close(fig)
     except ImportError:  # pragma: no cover
         pass
@@ -248,7 +248,7 @@ def retrieval_experiment(name: str, tasks: list, cfg: dict, edges, paper: dict, 
         ax.set_title(name)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(out / f"{name}.png", dpi=100)
+        save_figure(fig, out / f"{name}.png", dpi=100)
         plt.close(fig)
     except ImportError:  # pragma: no cover
         pass
