@@ -158,14 +158,22 @@ class LinearAttention(_LinearFamily):
             v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
             if S0 is not None:
                 S0 = torch.cat([S0, state["z"].unsqueeze(-1)], dim=-1)
-        o, S = linear_attention(q, k, v, initial_state=S0, mode=self.mode, chunk_size=self.chunk_size)
+        # the op computes (and returns the state) in float32 for half inputs; asking for the output in the compute
+        # dtype too keeps the undecayed sums' readout (o ~ t, the normaliser φ(q)·z ~ t) out of float16's range
+        cd = torch.float64 if x.dtype == torch.float64 else torch.float32
+        o, S = linear_attention(q, k, v.to(cd), initial_state=S0, mode=self.mode, chunk_size=self.chunk_size)
         if self.normalize:
             o = o[..., :-1] / (o[..., -1:] + self.eps)
             new["S"], new["z"] = S[..., :-1].contiguous(), S[..., -1].contiguous()
         else:
             new["S"] = S
         b, t, _ = x.shape
-        return self.out(o.reshape(b, t, self.d_model)), new
+        o = o.reshape(b, t, self.d_model)
+        w = self.out.weight
+        if o.dtype == w.dtype or torch.is_autocast_enabled(x.device.type):
+            return self.out(o), new
+        # float16 mixer: output projection in float32, the result in the input dtype
+        return F.linear(o, w.to(o.dtype)).to(x.dtype), new
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, feature_map={self.feature_map!r}, normalize={self.normalize}"

@@ -12,7 +12,8 @@ completed block into it; inside the block they use causal softmax attention with
   and normaliser ``z``, read by linear attention ``A_mem = σ(q) M / (σ(q) z)`` (σ = ELU + 1), updated per
   block with the delta rule ``M ← M + σ(K)ᵀ (V − σ(K) M / (σ(K) z))``, ``z ← z + Σ σ(K)``; the paper adds an
   RMSNorm (we apply a parameter-free RMSNorm to ``A_mem`` per head, note §7 item 17); ``y = σ(β_h) A_mem + (1
-  − σ(β_h)) A_local``.
+  − σ(β_h)) A_local``.  ``M`` and ``z`` are undecayed sums: for float16 / bfloat16 inputs they are kept and
+  read in float32 (z = Σσ(k) passes float16's 65,504 after ~10⁵ tokens and the read would silently vanish).
 * ``melodi`` — Melodi's short-term (intra-layer) memory as the note defines it (paper 004 keeps only that
   part): ``n_summary`` learned summary tokens per layer.  After each block they attend (position-free softmax,
   the layer's own q/k/v projections) to ``[memory; the whole block]``; the result is linearly mixed with the
@@ -26,6 +27,7 @@ memory, like Elastic Memory's memory tokens).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, ClassVar
 
 import torch
@@ -35,6 +37,18 @@ from torch import Tensor, nn
 from seqmem.mixers.base import State, check_positive_int
 from seqmem.mixers.elastic import BlockAttention, Ctx
 from seqmem.registry import register
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    """float64 for float64 inputs, else float32 (float16 / bfloat16 inputs are computed in float32)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _full_precision(device: torch.device):
+    """Autocast off where it is on (the computation casts its inputs to the compute dtype itself)."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _elu1(x: Tensor) -> Tensor:
@@ -159,42 +173,54 @@ class Infini(BlockAttention):
         return self.n_heads * self.head_dim * (self.head_dim + 1)
 
     def _mem_init(self, b: int, like: Tensor) -> State:
+        # the memory is an undecayed sum (z = Σσ(k) passes float16's 65,504 after ~10⁵ tokens): kept in float32
+        # for float16 / bfloat16 inputs (float64 stays float64)
         h, dh = self.n_heads, self.head_dim
-        return {"mem_M": like.new_zeros(b, h, dh, dh), "mem_z": like.new_zeros(b, h, dh)}
+        cd = _compute_dtype(like)
+        return {"mem_M": like.new_zeros(b, h, dh, dh, dtype=cd), "mem_z": like.new_zeros(b, h, dh, dtype=cd)}
 
     def _mem_context(self, mem: State, blk: int) -> Ctx:
         return {"M": mem["mem_M"], "z": mem["mem_z"]}
 
     def _read(self, sq: Tensor, M: Tensor, z: Tensor, eq: str, eqz: str) -> Tensor:
-        num = torch.einsum(eq, sq, M)
-        den = torch.einsum(eqz, sq, z)[..., None] + self.norm_eps
-        return num / den
+        """σ(q) M / (σ(q) z + eps) in M's dtype (float32 for half inputs; autocast off)."""
+        with _full_precision(sq.device):
+            sq = sq.to(M.dtype)
+            num = torch.einsum(eq, sq, M)
+            den = torch.einsum(eqz, sq, z)[..., None] + self.norm_eps
+            return num / den
 
     def _mem_update(self, mem: State, k_raw: Tensor, v: Tensor, blk: int, reference: bool) -> State:
         M, z = mem["mem_M"], mem["mem_z"]
-        sk = _elu1(k_raw)  # (b, L, h, dk)
-        if self.update == "delta":
-            v = v - self._read(sk, M, z, "blhk,bhkv->blhv", "blhk,bhk->blh")
-        M = M + torch.einsum("blhk,blhv->bhkv", sk, v)
-        z = z + sk.sum(1)
+        with _full_precision(k_raw.device):
+            sk = _elu1(k_raw.to(M.dtype))  # (b, L, h, dk)
+            v = v.to(M.dtype)
+            if self.update == "delta":
+                v = v - self._read(sk, M, z, "blhk,bhkv->blhv", "blhk,bhk->blh")
+            M = M + torch.einsum("blhk,blhv->bhkv", sk, v)
+            z = z + sk.sum(1)
         return {"mem_M": M, "mem_z": z}
 
     def _norm(self, a: Tensor) -> Tensor:
         return a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + self.norm_eps)
 
+    def _mem_out(self, q_raw: Tensor, ctx: Ctx, eq: str, eqz: str, like: Tensor) -> Tensor:
+        """The normalised memory read, computed in the memory's dtype and returned in ``like``'s dtype."""
+        a = self._read(_elu1(q_raw.to(ctx["M"].dtype)), ctx["M"], ctx["z"], eq, eqz)
+        with _full_precision(a.device):
+            return self._norm(a).to(like.dtype)
+
     def _attend_fast(
         self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, off: int = 0
     ) -> Tensor:
         a_loc = super()._attend_fast(q_rot, q_raw, k_rot, v, {}, off)
-        a_mem = self._norm(
-            self._read(_elu1(q_raw), ctx["M"], ctx["z"], "bnlhk,bnhkv->bnlhv", "bnlhk,bnhk->bnlh")
-        )
+        a_mem = self._mem_out(q_raw, ctx, "bnlhk,bnhkv->bnlhv", "bnlhk,bnhk->bnlh", a_loc)
         g = torch.sigmoid(self.mem_gate)[:, None]
         return g * a_mem + (1 - g) * a_loc
 
     def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
         a_loc = super()._attend_token(q_rot, q_raw, k_rot, v, {})
-        a_mem = self._norm(self._read(_elu1(q_raw), ctx["M"], ctx["z"], "bhk,bhkv->bhv", "bhk,bhk->bh"))
+        a_mem = self._mem_out(q_raw, ctx, "bhk,bhkv->bhv", "bhk,bhk->bh", a_loc)
         g = torch.sigmoid(self.mem_gate)[:, None]
         return g * a_mem + (1 - g) * a_loc
 

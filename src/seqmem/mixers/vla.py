@@ -11,6 +11,8 @@ ablation; no A in the state).  ``vla_paper_deltanet``: eq. (4) of the paper,
 
 impl="reference" runs the literal per-token loop; impl="fast" the exact chunked form (seqmem.ops.vla_ops).
 State: S (H, d_h, d_h), A (H, d_h, d_h), z (H, d_h) and the position counter (the refresh is periodic in it).
+float16 / bfloat16 inputs: the ops compute and keep the state in float32 (no half-precision CPU Cholesky /
+triangular solve; z ~ t passes float16's range), the output comes back in the input's (autocast) dtype.
 """
 
 from __future__ import annotations

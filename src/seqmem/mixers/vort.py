@@ -43,6 +43,18 @@ FEATURE_MAPS = ("favor", "elu", "exact")
 ENTITY = ("probe", "input", "none")
 
 
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    """float64 for float64 inputs, else float32 (float16 / bfloat16 inputs are computed in float32)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _full_precision(device: torch.device):
+    """Autocast off where it is on (the computation casts its inputs to the compute dtype itself)."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
 def favor_features(x: Tensor, omega: Tensor, max_exponent: float = 60.0) -> Tensor:
     """FAVOR+ positive random features φ(x) = exp(Ω x' − |x'|²/2)/√m, x' = x/d^{1/4} (Performer; eq. 16's φ).
 
@@ -363,10 +375,10 @@ class VORT(Mixer):
         if self.kernel == "exp":
             ones = alpha.new_ones(alpha.shape + (1,))
             return ones, self.exp_rate.to(dtype), torch.zeros_like(alpha)
-        pi = F.softplus(self.mix_weight_raw).to(dtype)
+        pi = F.softplus(self.mix_weight_raw.to(dtype))
         return (
             pi.expand(alpha.shape + pi.shape),
-            torch.exp(self.mix_log_rate).to(dtype),
+            torch.exp(self.mix_log_rate.to(dtype)),
             torch.zeros_like(alpha),
         )
 
@@ -397,22 +409,27 @@ class VORT(Mixer):
         if self.uses_cache:
             o = self._cached(q, k, v, alpha, state, start, new_state)
         else:
-            c, xi, c_now = self._channels(alpha, x.dtype)
-            init = None if state is None else {kk: state[kk] for kk in ("G", "b", "z") if kk in state}
-            o, st = soe_retention(
-                self._features(q),
-                self._features(k),
-                v,
-                c,
-                xi,
-                c_now,
-                eps0=self.eps0,
-                normalizer=self.normalizer,
-                strict_causal=self.strict_causal,
-                initial_state=init,
-                mode=mode,
-                chunk_size=self.chunk_size,
-            )
+            # half inputs: channel weights, features, the retention and its state in float32 (the SOE weight of
+            # the slowest channel and the FAVOR+ exponentials overflow float16), autocast off; o back in q's dtype
+            cd = _compute_dtype(x)
+            init = None if state is None else {kk: state[kk].to(cd) for kk in ("G", "b", "z") if kk in state}
+            with _full_precision(x.device):
+                c, xi, c_now = self._channels(alpha.to(cd), cd)
+                o, st = soe_retention(
+                    self._features(q.to(cd)),
+                    self._features(k.to(cd)),
+                    v.to(cd),
+                    c,
+                    xi,
+                    c_now,
+                    eps0=self.eps0,
+                    normalizer=self.normalizer,
+                    strict_causal=self.strict_causal,
+                    initial_state=init,
+                    mode=mode,
+                    chunk_size=self.chunk_size,
+                )
+            o = o.to(q.dtype)
             new_state.update(st)
         if loc is not None:
             o = o + loc
@@ -422,10 +439,12 @@ class VORT(Mixer):
     def _cached(self, q, k, v, alpha, state, start, new_state) -> Tensor:
         """KV-cache path: exact exp scores (eq. 13) and/or exact GL weights; parallel or per-token."""
         b, t = q.shape[:2]
+        cd = _compute_dtype(q)  # half inputs: kernel coefficients (stored in the state) in float32
         if self.kernel == "gl":
-            coef = alpha[..., None]
+            coef = alpha[..., None].to(cd)
         else:
-            c, xi, c_now = self._channels(alpha, q.dtype)
+            with _full_precision(q.device):
+                c, xi, c_now = self._channels(alpha.to(cd), cd)
             coef = torch.cat([c, c_now[..., None]], -1)
         if state is not None:
             K = torch.cat([state["k"], k], 1)
@@ -451,6 +470,13 @@ class VORT(Mixer):
             return torch.cat(outs, 1)
         return self._cached_rows(q, K, V, C, kpos, torch.arange(start, start + t, device=q.device))
 
+    def _cached_rows(self, q, K, V, C, kpos, qpos) -> Tensor:
+        """Rows of the KV-cache path, computed in float32 for half inputs (autocast off), returned in q's dtype."""
+        cd = _compute_dtype(q)
+        with _full_precision(q.device):
+            o = self._cached_rows_cd(q.to(cd), K.to(cd), V.to(cd), C.to(cd), kpos, qpos)
+        return o.to(q.dtype)
+
     def _rates(self, dtype) -> Tensor:
         if self.kernel == "soe":
             xi = soe_coefficients(
@@ -459,7 +485,7 @@ class VORT(Mixer):
             return xi.to(dtype)
         return self.exp_rate.to(dtype) if self.kernel == "exp" else torch.exp(self.mix_log_rate).to(dtype)
 
-    def _cached_rows(self, q, K, V, C, kpos, qpos) -> Tensor:
+    def _cached_rows_cd(self, q, K, V, C, kpos, qpos) -> Tensor:
         vis = kpos[None, :] < qpos[:, None] if self.strict_causal else kpos[None, :] <= qpos[:, None]
         if self.kernel == "gl":  # exact GL weights w_{t-i}^(α_i) (eq. 2)
             lag = (qpos[:, None] - kpos[None, :]).clamp_min(0).to(q.dtype)

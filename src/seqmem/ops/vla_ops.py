@@ -28,10 +28,16 @@ The paper's own parallel form (eq. 12 / Algorithm 2: a Blelloch scan of ``F_t = 
 
 Tensors are ``(batch, time, heads, dim)``; the state is a dict ``{"S": (B,H,Dv,D), "A": (B,H,D,D),
 "z": (B,H,D), "pos": (B,) int64}`` ("A" absent with ``fixed_A``, "z" absent with ``normalizer="none"``).
+
+Precision: both ops compute in float32 for float16 / bfloat16 inputs (float64 stays float64), with autocast
+turned off inside — the Cholesky factor and triangular solves have no half-precision CPU kernels, and the
+normaliser z = Σ φ(k) passes float16's maximum after ~10⁵ tokens.  The state is stored in that compute dtype
+(float32 for half inputs); ``o`` is returned in ``v``'s dtype (the practice of flash-linear-attention).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -53,6 +59,32 @@ _TINY = 1e-12
 def _phi(x: Tensor) -> Tensor:
     """ELU+1 feature map (the paper's φ, §2.2)."""
     return F.elu(x) + 1.0
+
+
+def _compute_dtype(*tensors: Tensor | None) -> torch.dtype:
+    """float64 if any input is float64, else float32 (float16 / bfloat16 inputs are computed in float32)."""
+    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _full_precision(device: torch.device):
+    """Autocast off (the ops cast their inputs to the compute dtype themselves)."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def _state_tensors(state) -> list[Tensor]:
+    """The floating-point tensors of a state dict (none for anything else: the ops report a bad state)."""
+    if not isinstance(state, dict):
+        return []
+    return [t for t in state.values() if isinstance(t, Tensor) and t.is_floating_point()]
+
+
+def _state_to(state, dtype: torch.dtype):
+    """``state`` with its floating-point tensors cast to ``dtype`` (anything else is passed through)."""
+    if not isinstance(state, dict):
+        return state
+    return {n: t.to(dtype) if isinstance(t, Tensor) and t.is_floating_point() else t for n, t in state.items()}
 
 
 def _unit(x: Tensor) -> Tensor:
@@ -198,7 +230,42 @@ def vla_attention(
     ablation), ``normalizer="none"`` (o = S φ(q)).
     Returns ``(o (B,T,H,Dv), state)``; with ``return_trace`` (recurrent mode only) also a dict of per-step
     tensors (S, A, alpha_hat, k_hat, e, delta, each (B, T, H, ...)).
+    float16 / bfloat16 inputs are computed in float32 with autocast off (the state is float32; ``o`` is in
+    ``v``'s dtype); float32 and float64 are computed as given.
     """
+    _check_qkv(q, k, v, "vla_attention")
+    cd = _compute_dtype(q, k, v, w_u if isinstance(w_u, Tensor) else None, *_state_tensors(initial_state))
+    with _full_precision(q.device):
+        res = _vla_attention(
+            q.to(cd), k.to(cd), v.to(cd), w_u.to(cd) if isinstance(w_u, Tensor) else w_u,
+            lam0=lam0, u_scale=u_scale, refresh_period=refresh_period, refresh_eta=refresh_eta, eps=eps,
+            normalizer=normalizer, normalize_key=normalize_key, normalize_alpha=normalize_alpha, fixed_A=fixed_A,
+            initial_state=_state_to(initial_state, cd), mode=mode, chunk_size=chunk_size, return_trace=return_trace,
+        )  # fmt: skip
+    return (res[0].to(v.dtype), *res[1:])
+
+
+def _vla_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    w_u: Tensor,
+    *,
+    lam0: float = 0.1,
+    u_scale: float | None = None,
+    refresh_period: int | None = 20,
+    refresh_eta: float = 1e-3,
+    eps: float = 1e-4,
+    normalizer: str = "paper",
+    normalize_key: bool = True,
+    normalize_alpha: bool = True,
+    fixed_A: bool = False,
+    initial_state: dict[str, Tensor] | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 20,
+    return_trace: bool = False,
+):
+    """The body of :func:`vla_attention` (inputs already in the compute dtype)."""
     fn = "vla_attention"
     _check_qkv(q, k, v, fn)
     _check_options(mode, chunk_size, normalizer, eps, fn)
@@ -330,8 +397,33 @@ def vla_paper_delta_rule(
     β_t ∈ (0, 1) (B, T, H) is a per-step *decay* of the old state (as the paper defines it; canonical
     DeltaNet uses β as a write strength instead).  Keys k̂ = L2norm(ELU(k)+1) (with unnormalised keys eq. 4
     diverges), readout as VLA: ``S_t φ(q_t) / max(φ(q_t)ᵀ Σ φ(k_s), ε)``.
-    State ``{"S": (B,H,Dv,D), "z": (B,H,D)}``.
+    State ``{"S": (B,H,Dv,D), "z": (B,H,D)}``; float16 / bfloat16 inputs are computed (and the state kept) in
+    float32 with autocast off, ``o`` is in ``v``'s dtype.
     """
+    _check_qkv(q, k, v, "vla_paper_delta_rule")
+    beta_t = beta if isinstance(beta, Tensor) else None
+    cd = _compute_dtype(q, k, v, beta_t, *_state_tensors(initial_state))
+    with _full_precision(q.device):
+        o, state = _vla_paper_delta_rule(
+            q.to(cd), k.to(cd), v.to(cd), beta.to(cd) if beta_t is not None else beta, eps=eps,
+            normalizer=normalizer, initial_state=_state_to(initial_state, cd), mode=mode, chunk_size=chunk_size,
+        )
+    return o.to(v.dtype), state
+
+
+def _vla_paper_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    *,
+    eps: float = 1e-4,
+    normalizer: str = "paper",
+    initial_state: dict[str, Tensor] | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 32,
+):
+    """The body of :func:`vla_paper_delta_rule` (inputs already in the compute dtype)."""
     fn = "vla_paper_delta_rule"
     _check_qkv(q, k, v, fn)
     _check_options(mode, chunk_size, normalizer, eps, fn)
