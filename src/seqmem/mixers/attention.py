@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqmem.mixers.base import Mixer, State, check_positive_int
+from seqmem.mixers.base import Mixer, State, check_positive_float, check_positive_int
 from seqmem.registry import register
 
 
@@ -59,7 +59,7 @@ class Attention(Mixer):
         if self.head_dim % 2:
             raise ValueError(f"head dimension d_model/n_heads={self.head_dim} must be even for RoPE")
         self.window = None if window is None else check_positive_int("window", window)
-        self.rope_base = float(rope_base)
+        self.rope_base = check_positive_float("rope_base", rope_base)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out = nn.Linear(d_model, d_model, bias=bias)
 

@@ -17,6 +17,7 @@ tested for every registered mixer by ``tests/test_contract.py``.
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import torch
@@ -82,6 +83,14 @@ def check_positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
+
+
+def check_positive_float(name: str, value: Any, allow_zero: bool = False) -> float:
+    """A real number > 0 (>= 0 with ``allow_zero``), else a ValueError naming the option."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not (value >= 0 if allow_zero else value > 0):
+        raise ValueError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number, got {value!r}")
+    return float(value)
 
 
 def check_choice(name: str, value: Any, choices: tuple | list) -> Any:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from seqmem.mixers._conv import ShortConv
 from seqmem.mixers._norm import GatedRMSNorm, RMSNorm
-from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
+from seqmem.mixers.base import Mixer, State, check_choice, check_positive_float, check_positive_int
 from seqmem.ops import delta_rule, gated_delta_rule, linear_attention
 from seqmem.registry import register
 
@@ -197,7 +197,7 @@ class DeltaNet(_LinearFamily):
     ) -> None:
         super().__init__(d_model, n_heads, impl, conv_size, chunk_size)
         self.b_proj = nn.Linear(d_model, n_heads, bias=True)
-        self.o_norm = self._make_norm(norm_eps)
+        self.o_norm = self._make_norm(check_positive_float("norm_eps", norm_eps, allow_zero=True))
 
     def _make_norm(self, eps: float) -> nn.Module:
         return RMSNorm(self.head_dim, eps)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from seqmem.mixers._conv import ShortConv
 from seqmem.mixers._norm import GatedRMSNorm
-from seqmem.mixers.base import Mixer, State, check_positive_int
+from seqmem.mixers.base import Mixer, State, check_positive_float, check_positive_int
 from seqmem.mixers.linear_family import init_dt_bias
 from seqmem.ops import ssd
 from seqmem.registry import register
@@ -69,7 +69,9 @@ class Mamba2(Mixer):
         self.dt_bias = nn.Parameter(init_dt_bias(h))
         self.A_log = nn.Parameter(torch.log(torch.empty(h).uniform_(1.0, 16.0)))
         self.D = nn.Parameter(torch.ones(h))
-        self.norm = GatedRMSNorm(self.d_inner, norm_eps, norm_before_gate=False)
+        self.norm = GatedRMSNorm(
+            self.d_inner, check_positive_float("norm_eps", norm_eps, allow_zero=True), norm_before_gate=False
+        )
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
 
     def state_keys(self) -> set[str]:
