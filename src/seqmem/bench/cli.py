@@ -80,6 +80,12 @@ def add_parser(sub: Any) -> None:
     _common(pr, repeats=1, warmup=1, impl="fast")
     pr.add_argument("--top", type=_pos_int, default=12, help="ops to list per mixer")
     pr.set_defaults(func=cmd_profile)
+
+    from seqmem.bench import numerics
+
+    nm = bsub.add_parser("numerics", help="low-precision error and state growth of every mixer over a long input")
+    numerics.add_arguments(nm)
+    nm.set_defaults(func=numerics.run)
     p.set_defaults(func=lambda args: (p.print_help(sys.stderr), 2)[1])
 
 
