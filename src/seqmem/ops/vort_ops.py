@@ -89,6 +89,8 @@ def soe_retention(
         G = q.new_zeros(B, H, S, F, Dv)
         b = q.new_zeros(B, H, S, F)
         z = q.new_zeros(B, H, F) if normalizer == "plain" else None
+        if mode != "recurrent":  # the chunked form skips the zero state's terms (None = zero)
+            G = b = None
     else:
         G, b = initial_state["G"], initial_state["b"]
         z = initial_state.get("z") if normalizer == "plain" else None
@@ -154,18 +156,26 @@ def _chunked(q, k, v, c, cn, xi, G, b, z, eps0, strict, m):
         A = QK * D
         num = A @ vc
         den = A.sum(-1)
-        dq = torch.exp(-xi[None, :] * (r[:, None] + 1))  # (n, S): decay from the previous state to row r
-        num = num + torch.einsum("bhif,is,bhsfd->bhid", qc, dq, G)
-        if z is None:
-            den = den + torch.einsum("bhif,is,bhsf->bhi", qc, dq, b)
-        else:
+        if G is not None:  # contribution of the state before the chunk (None: zero)
+            dq = torch.exp(-xi[None, :] * (r[:, None] + 1))  # (n, S): decay from the previous state to row r
+            qd = (qc[..., None, :] * dq[:, :, None]).flatten(-2)  # (b, h, n, S·F)
+            num = num + qd @ G.flatten(2, 3)
+            if z is None:
+                den = den + (qd @ b.flatten(2)[..., None])[..., 0]
+        if z is not None:
             den = (QK * mask).sum(-1) + (qc @ z[..., None])[..., 0]
             z = z + kc.sum(2)
         outs.append(num / (den + eps0)[..., None])
         dk = torch.exp(-xi[None, :] * (n - 1 - r[:, None]))  # (n, S): decay from row j to the chunk end
         w = cc * dk  # (b, h, n, S)
-        G = torch.exp(-xi * n)[:, None, None] * G + torch.einsum("bhjs,bhjf,bhjd->bhsfd", w, kc, vc)
-        b = torch.exp(-xi * n)[:, None] * b + torch.einsum("bhjs,bhjf->bhsf", w, kc)
+        wk = (w[..., None] * kc[..., None, :]).flatten(-2)  # (b, h, n, S·F)
+        G_add = (wk.transpose(-1, -2) @ vc).unflatten(2, (w.shape[-1], kc.shape[-1]))  # (b, h, S, F, Dv)
+        b_add = wk.sum(2).unflatten(2, (w.shape[-1], kc.shape[-1]))  # (b, h, S, F)
+        if G is None:
+            G, b = G_add, b_add
+        else:
+            G = torch.exp(-xi * n)[:, None, None] * G + G_add
+            b = torch.exp(-xi * n)[:, None] * b + b_add
     return torch.cat(outs, 2), G, b, z
 
 
