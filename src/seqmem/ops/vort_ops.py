@@ -139,11 +139,10 @@ def _recurrent(q, k, v, c, cn, xi, G, b, z, eps0, strict):
 
 
 def _chunked(q, k, v, c, cn, xi, G, b, z, eps0, strict, m):
-    T = q.shape[2]
     outs = []
-    for s0 in range(0, T, m):
-        sl = slice(s0, s0 + m)
-        qc, kc, vc, cc, cnc = q[:, :, sl], k[:, :, sl], v[:, :, sl], c[:, :, sl], cn[:, :, sl]
+    # split once: slicing inside the loop gives every chunk a backward that zero-fills a full-length gradient
+    # buffer (O(T^2 / m) memory traffic; docs/BENCHMARKS.md)
+    for qc, kc, vc, cc, cnc in zip(*(x.split(m, dim=2) for x in (q, k, v, c, cn))):
         n = qc.shape[2]
         r = torch.arange(n, device=q.device, dtype=q.dtype)
         diff = r[:, None] - r[None, :]
