@@ -333,9 +333,12 @@ def _vla_attention(
             z = zc[:, :, -1]
         any_refresh = refresh.any(0).tolist()
         pieces = []
-        for s in range(0, T, chunk_size):
-            e_ = min(s + chunk_size, T)
-            K = kh[:, :, s:e_]
+        # split once (slices of the full-length tensors inside the loop would give each chunk a backward that
+        # zero-fills a full-length gradient: O(T^2 / chunk) memory traffic); the Sherman–Morrison runs below
+        # slice within one chunk
+        splits = zip(*(x.split(chunk_size, dim=2) for x in (kh, qf, vv, u)))
+        for s, (K, qc, vc, uc) in zip(range(0, T, chunk_size), splits):
+            e_ = s + K.shape[2]
             if fixed_A:
                 alpha = K / lam0
             else:
@@ -343,7 +346,7 @@ def _vla_attention(
                 a0 = s
                 for j in range(s, e_):
                     if j == e_ - 1 or any_refresh[j]:  # cut the Sherman–Morrison run after each refresh
-                        Uc, Kc = u[:, :, a0 : j + 1], kh[:, :, a0 : j + 1]
+                        Uc, Kc = uc[:, :, a0 - s : j + 1 - s], K[:, :, a0 - s : j + 1 - s]
                         c = j + 1 - a0
                         UA = Uc @ A  # A symmetric
                         G = torch.eye(c, dtype=k.dtype, device=k.device) + UA @ Uc.transpose(-1, -2)
@@ -360,7 +363,7 @@ def _vla_attention(
                         a0 = j + 1
                 alpha = torch.cat(alphas, 2)
             ah = _unit(alpha) if normalize_alpha else alpha
-            oc, S = vla_generalized_delta_chunk(qf[:, :, s:e_], K, ah, vv[:, :, s:e_], S)
+            oc, S = vla_generalized_delta_chunk(qc, K, ah, vc, S)
             pieces.append(oc)
         o = torch.cat(pieces, 2)
         if use_z:
@@ -464,10 +467,8 @@ def _vla_paper_delta_rule(
             den = torch.clamp((qf * zc).sum(-1), min=eps)
             z = zc[:, :, -1]
         pieces = []
-        for s in range(0, T, chunk_size):
-            e_ = min(s + chunk_size, T)
-            K = kh[:, :, s:e_]
-            oc, S = vla_generalized_delta_chunk(qf[:, :, s:e_], K, K, vv[:, :, s:e_], S, log_g[:, :, s:e_])
+        for K, qc, vc, gc in zip(*(x.split(chunk_size, dim=2) for x in (kh, qf, vv, log_g))):  # split once (above)
+            oc, S = vla_generalized_delta_chunk(qc, K, K, vc, S, gc)
             pieces.append(oc)
         o = torch.cat(pieces, 2)
         if use_z:
