@@ -153,6 +153,25 @@ def test_local_window_attention_and_entropy():
     torch.testing.assert_close(e2, e_rec[:, 15:])
 
 
+@pytest.mark.parametrize("window,chunk,past", [(6, 8, 0), (6, 2, 3), (9, 4, 8), (3, 7, 11), (1, 5, 0), (5, 23, 2)])
+def test_local_window_blocks_equal_the_per_query_loop(window, chunk, past):
+    """The batched block form (unfold of the padded keys) against the per-query reference: chunks shorter and
+    longer than the window, T not a multiple of the chunk, more or fewer past keys than window - 1, gradients."""
+    g = torch.Generator().manual_seed(window * 100 + chunk)
+    T_ = 23
+    q, k, v = (torch.randn(2, T_, 2, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    pk, pv = (torch.randn(2, past, 2, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    kw = {} if past == 0 else {"past_k": pk, "past_v": pv}
+    outs = {}
+    for mode, cs in (("recurrent", 1), ("chunk", chunk), ("parallel", 1)):
+        o, e = local_window_attention(q, k, v, window, mode=mode, chunk_size=cs, **kw)
+        grads = torch.autograd.grad((o * o).sum() + e.sum(), [q, k, v] + ([pk, pv] if past else []))
+        outs[mode] = (o, e, grads)
+    for mode in ("chunk", "parallel"):
+        for a, b in zip(outs[mode][:2] + outs[mode][2], outs["recurrent"][:2] + outs["recurrent"][2]):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 def test_retrieval_loss_matches_definition_and_refinement():
     g = torch.Generator().manual_seed(2)
     t = 30

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from seqmem.ops.fractional import gl_weights, soe_coefficients
@@ -223,24 +224,56 @@ def local_window_attention(
     keys = torch.cat([past_k, k], 1)
     vals = torch.cat([past_v, v], 1)
     scale = Dh**-0.5
+    if mode != "recurrent":
+        return _local_window_blocks(q, keys, vals, window, P, T if mode == "parallel" else chunk_size, scale)
     outs, ents = [], []
-    step = 1 if mode == "recurrent" else (T if mode == "parallel" else chunk_size)
-    for s0 in range(0, T, step):
-        s1 = min(T, s0 + step)
+    for s0 in range(T):  # the reference: one query at a time against its window
         lo = max(0, P + s0 - window + 1)
-        kk, vv = keys[:, lo : P + s1], vals[:, lo : P + s1]
-        qpos = torch.arange(P + s0, P + s1, device=q.device)
-        kpos = torch.arange(lo, P + s1, device=q.device)
-        vis = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] > qpos[:, None] - window)
-        s = torch.einsum("bqhd,bkhd->bhqk", q[:, s0:s1], kk) * scale
-        s = s.masked_fill(~vis, float("-inf"))
+        kk, vv = keys[:, lo : P + s0 + 1], vals[:, lo : P + s0 + 1]
+        s = torch.einsum("bqhd,bkhd->bhqk", q[:, s0 : s0 + 1], kk) * scale
         p = torch.softmax(s, -1)
         outs.append(torch.einsum("bhqk,bkhd->bqhd", p, vv))
-        nvis = vis.sum(-1).to(q.dtype)
-        ent = -(p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny))).sum(-1)  # (b, h, q); 0 log 0 = 0
-        norm = torch.where(nvis > 1, torch.log(nvis.clamp_min(2)), torch.ones_like(nvis))
-        ents.append((ent / norm).mean(1) * (nvis > 1))
+        nvis = kk.shape[1]
+        ent = -(p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny))).sum(-1)  # (b, h, 1); 0 log 0 = 0
+        ents.append((ent / math.log(nvis)).mean(1) if nvis > 1 else ent.new_zeros(B, 1))
     return torch.cat(outs, 1), torch.cat(ents, 1)
+
+
+def _local_window_blocks(
+    q: Tensor, keys: Tensor, vals: Tensor, window: int, P: int, C: int, scale: float
+) -> tuple[Tensor, Tensor]:
+    """All blocks of ``C`` queries at once: block i attends to the ``C + window - 1`` keys ending at its last query
+    (a strided ``unfold`` view of the left-padded keys, no Python loop and no per-block slices).
+
+    In block coordinates query r sees window key l iff r ≤ l ≤ r + window − 1 (the same band in every block),
+    and l must not be left padding.  Memory O(T·(C + window)) per head.
+    """
+    B, T, H, Dh = q.shape
+    W = window
+    if P > W - 1:  # only the last W-1 past keys can be seen
+        keys, vals, P = keys[:, P - (W - 1) :], vals[:, P - (W - 1) :], W - 1
+    n = -(-T // C)
+    L = C + W - 1
+    front, back = W - 1 - P, n * C - T
+    kp = F.pad(keys, (0, 0, 0, 0, front, back))  # (B, n·C + W − 1, H, Dh)
+    vp = F.pad(vals, (0, 0, 0, 0, front, back))
+    kw = kp.unfold(1, L, C)  # (B, n, H, Dh, L)
+    vw = vp.unfold(1, L, C)
+    qb = F.pad(q, (0, 0, 0, 0, 0, back)).view(B, n, C, H, Dh)
+    r = torch.arange(C, device=q.device)
+    lk = torch.arange(L, device=q.device)
+    band = (lk[None, :] >= r[:, None]) & (lk[None, :] <= r[:, None] + W - 1)  # (C, L)
+    real = (torch.arange(n, device=q.device)[:, None] * C + lk[None, :]) >= front  # (n, L): not left padding
+    vis = band[None] & real[:, None]  # (n, C, L)
+    s = torch.einsum("bnchd,bnhdl->bnhcl", qb, kw) * scale
+    s = s.masked_fill(~vis[None, :, None], float("-inf"))
+    p = torch.softmax(s, -1)
+    out = torch.einsum("bnhcl,bnhdl->bnchd", p, vw).reshape(B, n * C, H, vals.shape[-1])[:, :T]
+    nvis = vis.sum(-1).reshape(n * C)[:T].to(q.dtype)
+    ent = -(p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny))).sum(-1)  # (B, n, H, C); 0 log 0 = 0
+    ent = ent.mean(2).reshape(B, n * C)[:, :T]
+    norm = torch.where(nvis > 1, torch.log(nvis.clamp_min(2)), torch.ones_like(nvis))
+    return out, ent / norm * (nvis > 1)
 
 
 def retrieval_loss(
