@@ -200,6 +200,14 @@ for _mode in ("recurrent", "chunk"):
             q, k, v, pk, pv)
 
 
+@_modes("sliding_window_attention", ("recurrent", "chunk", "parallel"))
+def _sliding(mode):
+    q, k, v = (_rand(B, 7, H, 2, seed=i) for i in range(3))
+    pk, pv = _rand(B, 3, H, 2, seed=3), _rand(B, 3, H, 2, seed=4)
+    return (lambda q, k, v, pk, pv: ops.sliding_window_attention(q, k, v, 3, pk, pv, mode=mode, chunk_size=2)), (
+        q, k, v, pk, pv)
+
+
 for _exact in (False, True):
     @case("retrieval_loss", "gl_kernel" if _exact else "soe_kernel")
     def _retrieval(exact=_exact):

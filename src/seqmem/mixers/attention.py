@@ -1,6 +1,7 @@
 """Causal softmax multi-head attention with RoPE (``attention``) and sliding-window attention (``swa``).
 
-fast: ``torch.nn.functional.scaled_dot_product_attention`` over [KV cache; new tokens].
+fast: ``torch.nn.functional.scaled_dot_product_attention`` over [KV cache; new tokens]; with a window, blocks of
+``window`` queries against their ``2·window − 1`` keys (``seqmem.ops.local_attention``), linear in the length.
 reference: a per-token loop, softmax(q·K^T/√d)·V over the visible keys, written out.
 State: the KV cache (post-RoPE keys) — all past tokens for ``attention``, the last ``window - 1`` for ``swa`` —
 and, for ``swa``, the absolute position (RoPE needs it once the cache stops growing).
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmem.mixers.base import Mixer, State, check_positive_float, check_positive_int
+from seqmem.ops.local_attention import windowed_softmax
 from seqmem.registry import register
 
 
@@ -114,7 +116,12 @@ class Attention(Mixer):
 
     def _sdpa(self, q: Tensor, keys: Tensor, vals: Tensor, n_past: int) -> Tensor:
         t = q.shape[2]
-        if n_past == 0 and self.window is None:
+        if self.window is not None:
+            # banded blocks of `window` queries, O(t·window) instead of SDPA's dense t×(n_past+t) mask
+            o, _ = windowed_softmax(*(x.transpose(1, 2) for x in (q, keys, vals)), self.window, n_past,
+                                    chunk_size=min(self.window, t))  # fmt: skip
+            return o.transpose(1, 2)
+        if n_past == 0:
             return F.scaled_dot_product_attention(q, keys, vals, is_causal=True)
         return F.scaled_dot_product_attention(q, keys, vals, attn_mask=self._visible(t, n_past, q.device))
 

@@ -24,10 +24,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from seqmem.ops.fractional import gl_weights, soe_coefficients
+from seqmem.ops.local_attention import join_past, windowed_softmax
 
 __all__ = ["soe_retention", "local_window_attention", "retrieval_loss", "refine_alpha", "soe_kernel_matrix"]
 
@@ -214,66 +214,8 @@ def local_window_attention(
     Returns ``(out, ent)``: ``out`` (batch, time, heads, D); ``ent`` (batch, time) = mean over heads of
     H(a_t)/log(#visible keys) (0 when only one key is visible).
     """
-    if not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be a positive integer, got {window!r}")
-    _check("mode", mode, MODES)
-    B, T, H, Dh = q.shape
-    if past_k is None:
-        past_k, past_v = k.new_zeros(B, 0, H, Dh), v.new_zeros(B, 0, H, v.shape[-1])
-    P = past_k.shape[1]
-    keys = torch.cat([past_k, k], 1)
-    vals = torch.cat([past_v, v], 1)
-    scale = Dh**-0.5
-    if mode != "recurrent":
-        return _local_window_blocks(q, keys, vals, window, P, T if mode == "parallel" else chunk_size, scale)
-    outs, ents = [], []
-    for s0 in range(T):  # the reference: one query at a time against its window
-        lo = max(0, P + s0 - window + 1)
-        kk, vv = keys[:, lo : P + s0 + 1], vals[:, lo : P + s0 + 1]
-        s = torch.einsum("bqhd,bkhd->bhqk", q[:, s0 : s0 + 1], kk) * scale
-        p = torch.softmax(s, -1)
-        outs.append(torch.einsum("bhqk,bkhd->bqhd", p, vv))
-        nvis = kk.shape[1]
-        ent = -(p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny))).sum(-1)  # (b, h, 1); 0 log 0 = 0
-        ents.append((ent / math.log(nvis)).mean(1) if nvis > 1 else ent.new_zeros(B, 1))
-    return torch.cat(outs, 1), torch.cat(ents, 1)
-
-
-def _local_window_blocks(
-    q: Tensor, keys: Tensor, vals: Tensor, window: int, P: int, C: int, scale: float
-) -> tuple[Tensor, Tensor]:
-    """All blocks of ``C`` queries at once: block i attends to the ``C + window - 1`` keys ending at its last query
-    (a strided ``unfold`` view of the left-padded keys, no Python loop and no per-block slices).
-
-    In block coordinates query r sees window key l iff r ≤ l ≤ r + window − 1 (the same band in every block),
-    and l must not be left padding.  Memory O(T·(C + window)) per head.
-    """
-    B, T, H, Dh = q.shape
-    W = window
-    if P > W - 1:  # only the last W-1 past keys can be seen
-        keys, vals, P = keys[:, P - (W - 1) :], vals[:, P - (W - 1) :], W - 1
-    n = -(-T // C)
-    L = C + W - 1
-    front, back = W - 1 - P, n * C - T
-    kp = F.pad(keys, (0, 0, 0, 0, front, back))  # (B, n·C + W − 1, H, Dh)
-    vp = F.pad(vals, (0, 0, 0, 0, front, back))
-    kw = kp.unfold(1, L, C)  # (B, n, H, Dh, L)
-    vw = vp.unfold(1, L, C)
-    qb = F.pad(q, (0, 0, 0, 0, 0, back)).view(B, n, C, H, Dh)
-    r = torch.arange(C, device=q.device)
-    lk = torch.arange(L, device=q.device)
-    band = (lk[None, :] >= r[:, None]) & (lk[None, :] <= r[:, None] + W - 1)  # (C, L)
-    real = (torch.arange(n, device=q.device)[:, None] * C + lk[None, :]) >= front  # (n, L): not left padding
-    vis = band[None] & real[:, None]  # (n, C, L)
-    s = torch.einsum("bnchd,bnhdl->bnhcl", qb, kw) * scale
-    s = s.masked_fill(~vis[None, :, None], float("-inf"))
-    p = torch.softmax(s, -1)
-    out = torch.einsum("bnhcl,bnhdl->bnchd", p, vw).reshape(B, n * C, H, vals.shape[-1])[:, :T]
-    nvis = vis.sum(-1).reshape(n * C)[:T].to(q.dtype)
-    ent = -(p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny))).sum(-1)  # (B, n, H, C); 0 log 0 = 0
-    ent = ent.mean(2).reshape(B, n * C)[:, :T]
-    norm = torch.where(nvis > 1, torch.log(nvis.clamp_min(2)), torch.ones_like(nvis))
-    return out, ent / norm * (nvis > 1)
+    keys, vals, n_past = join_past(q, k, v, window, past_k, past_v, mode, chunk_size)
+    return windowed_softmax(q, keys, vals, window, n_past, mode=mode, chunk_size=chunk_size, entropy=True)
 
 
 def retrieval_loss(

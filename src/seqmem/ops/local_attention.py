@@ -1,0 +1,146 @@
+"""Causal sliding-window softmax attention: query t sees the ``window`` most recent keys, itself included.
+
+``sliding_window_attention(q, k, v, window, past_k, past_v)`` on ``(batch, time, heads, dim)`` tensors returns
+``(o, state)`` with ``state = {"k", "v"}`` the last ``min(P + T, window − 1)`` keys and values (what the next call
+needs).  ``mode="recurrent"`` is the reference, one query at a time; ``mode="chunk"`` processes all blocks of
+``chunk_size`` queries at once: block i attends to the ``chunk_size + window − 1`` keys ending at its last query,
+taken as a strided ``unfold`` view of the left-padded keys, so there is no Python loop and no per-block slice,
+and the cost is O(T·(chunk_size + window)) per head instead of the O(T²) of a dense masked attention;
+``mode="parallel"`` is one block of all T queries.
+
+:func:`windowed_softmax` is the shared kernel; it can also return the normalised entropy of each query's
+attention row (VORT's routing feature, paper 000 eq. 11), which :func:`seqmem.ops.local_window_attention` uses.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["sliding_window_attention"]
+
+MODES = ("recurrent", "chunk", "parallel")
+
+
+def sliding_window_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    window: int,
+    past_k: Tensor | None = None,
+    past_v: Tensor | None = None,
+    *,
+    scale: float | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``o[t] = softmax(q_t·K_w^T·scale)·V_w`` over the ``window`` most recent keys (``scale`` default dim^-1/2).
+
+    ``q, k`` (batch, time, heads, D), ``v`` (batch, time, heads, Dv); ``past_k, past_v`` (batch, P, heads, ·)
+    the keys/values before this segment (only the last ``window − 1`` are used).  Returns ``(o, state)``.
+    """
+    keys, vals, n_past = join_past(q, k, v, window, past_k, past_v, mode, chunk_size)
+    o, _ = windowed_softmax(q, keys, vals, window, n_past, mode=mode, chunk_size=chunk_size, scale=scale)
+    keep = min(keys.shape[1], window - 1)
+    return o, {"k": keys[:, keys.shape[1] - keep :], "v": vals[:, vals.shape[1] - keep :]}
+
+
+def join_past(q, k, v, window, past_k, past_v, mode, chunk_size) -> tuple[Tensor, Tensor, int]:
+    """Validate the arguments of a sliding-window op; return ``(keys, vals, n_past)`` with the past prepended."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive integer, got {window!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    if q.dim() != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"q, k must be (batch, time, heads, D) and v (batch, time, heads, Dv); got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if (past_k is None) != (past_v is None):
+        raise ValueError("give both past_k and past_v, or neither")
+    if past_k is None:
+        return k, v, 0
+    if past_k.dim() != 4 or past_k.shape[0] != q.shape[0] or past_k.shape[2:] != k.shape[2:] or (
+        past_v.shape[:3] != past_k.shape[:3] or past_v.shape[3] != v.shape[3]
+    ):
+        raise ValueError(
+            f"past_k/past_v must be (batch, P, heads, ·) matching k/v; got {tuple(past_k.shape)}, "
+            f"{tuple(past_v.shape)}"
+        )
+    return torch.cat([past_k, k], 1), torch.cat([past_v, v], 1), past_k.shape[1]
+
+
+def windowed_softmax(
+    q: Tensor,
+    keys: Tensor,
+    vals: Tensor,
+    window: int,
+    n_past: int,
+    *,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+    scale: float | None = None,
+    entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Queries ``q`` (B, T, H, D) at positions ``n_past … n_past+T−1`` of ``keys``/``vals`` (B, n_past+T, H, ·).
+
+    Returns ``(o, ent)``; ``ent`` (B, T) = mean over heads of H(a_t)/log(#visible keys) (0 when one key is
+    visible), or None unless ``entropy``.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if mode == "recurrent":
+        return _loop(q, keys, vals, window, n_past, scale, entropy)
+    return _blocks(q, keys, vals, window, n_past, q.shape[1] if mode == "parallel" else chunk_size, scale, entropy)
+
+
+def _row_entropy(p: Tensor) -> Tensor:
+    return -(p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny))).sum(-1)  # 0 log 0 = 0
+
+
+def _loop(q, keys, vals, window, P, scale, entropy):
+    """The reference: one query at a time, softmax over the keys of its window."""
+    B, T = q.shape[:2]
+    outs, ents = [], []
+    for t in range(T):
+        lo = max(0, P + t - window + 1)
+        kk, vv = keys[:, lo : P + t + 1], vals[:, lo : P + t + 1]
+        p = torch.softmax(torch.einsum("bhd,bkhd->bhk", q[:, t], kk) * scale, -1)
+        outs.append(torch.einsum("bhk,bkhd->bhd", p, vv))
+        if entropy:
+            nvis = kk.shape[1]
+            ents.append((_row_entropy(p) / math.log(nvis)).mean(1) if nvis > 1 else q.new_zeros(B))
+    return torch.stack(outs, 1), (torch.stack(ents, 1) if entropy else None)
+
+
+def _blocks(q, keys, vals, window, P, C, scale, entropy):
+    """All blocks of C queries at once.  In block coordinates query r sees window key l iff
+    r ≤ l ≤ r + window − 1 (the same band in every block), and l must not be left padding."""
+    B, T, H, D = q.shape
+    W = window
+    if P > W - 1:  # only the last W − 1 past keys can be seen
+        keys, vals, P = keys[:, P - (W - 1) :], vals[:, P - (W - 1) :], W - 1
+    n = -(-T // C)
+    L = C + W - 1
+    front, back = W - 1 - P, n * C - T
+    kw = F.pad(keys, (0, 0, 0, 0, front, back)).unfold(1, L, C)  # (B, n, H, D, L)
+    vw = F.pad(vals, (0, 0, 0, 0, front, back)).unfold(1, L, C)  # (B, n, H, Dv, L)
+    qb = F.pad(q, (0, 0, 0, 0, 0, back)).view(B, n, C, H, D)
+    r = torch.arange(C, device=q.device)
+    lk = torch.arange(L, device=q.device)
+    band = (lk[None, :] >= r[:, None]) & (lk[None, :] <= r[:, None] + W - 1)  # (C, L)
+    real = (torch.arange(n, device=q.device)[:, None] * C + lk[None, :]) >= front  # (n, L)
+    vis = band[None] & real[:, None]  # (n, C, L); every row sees at least its own key
+    s = torch.einsum("bnchd,bnhdl->bnhcl", qb, kw) * scale
+    p = torch.softmax(s.masked_fill(~vis[None, :, None], float("-inf")), -1)
+    o = torch.einsum("bnhcl,bnhdl->bnchd", p, vw).reshape(B, n * C, H, vals.shape[-1])[:, :T]
+    if not entropy:
+        return o, None
+    nvis = vis.sum(-1).reshape(n * C)[:T].to(q.dtype)
+    ent = _row_entropy(p).mean(2).reshape(B, n * C)[:, :T]  # (B, n, H, C) -> mean over heads
+    norm = torch.where(nvis > 1, torch.log(nvis.clamp_min(2)), torch.ones_like(nvis))
+    return o, ent / norm * (nvis > 1)
