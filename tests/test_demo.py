@@ -63,3 +63,5 @@ def test_longest_first_orders_by_measured_step_time(monkeypatch):
     fake = {"a": 0.1, "b": 0.3, "c": 0.2}
     monkeypatch.setattr(demo, "step_seconds", lambda name, cfg: fake[name])
     assert demo.longest_first(["a", "b", "c"], cfg) == ["b", "c", "a"]
+    # a mixer whose probe fails is started first (its worker reports the error in the table)
+    assert demo.longest_first(["a", "broken", "b"], cfg) == ["broken", "b", "a"]

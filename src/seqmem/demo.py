@@ -82,7 +82,7 @@ def build_model(name: str, cfg: DemoConfig) -> Any:
 
 
 def step_seconds(name: str, cfg: DemoConfig) -> float:
-    """Seconds of one forward + backward of the demo model on a random batch (after one warm-up step)."""
+    """Seconds of one forward + backward of the demo model on a random batch (the faster of two calls)."""
     import torch
 
     model = build_model(name, cfg)
@@ -102,8 +102,13 @@ def longest_first(mixers: list[str], cfg: DemoConfig) -> list[str]:
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the workers run
+    cost: dict[str, float] = {}
     try:
-        cost = {m: step_seconds(m, cfg) for m in mixers}
+        for m in mixers:
+            try:
+                cost[m] = step_seconds(m, cfg)
+            except Exception:  # noqa: BLE001 — the worker reports the error in the table; start it first
+                cost[m] = float("inf")
     finally:
         torch.set_num_threads(threads)
     return sorted(mixers, key=lambda m: -cost[m])
