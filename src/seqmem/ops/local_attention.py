@@ -121,20 +121,30 @@ def _blocks(q, keys, vals, window, P, C, scale, entropy):
     """All blocks of C queries at once.  In block coordinates query r sees window key l iff
     r ≤ l ≤ r + window − 1 (the same band in every block), and l must not be left padding."""
     B, T, H, D = q.shape
-    W = window
+    # no query sees more than the P + T keys there are: a longer window is the same as one of P + T (less padding)
+    W = min(window, P + T)
+    C = min(C, T)
     if P > W - 1:  # only the last W − 1 past keys can be seen
         keys, vals, P = keys[:, P - (W - 1) :], vals[:, P - (W - 1) :], W - 1
-    n = -(-T // C)
-    L = C + W - 1
-    front, back = W - 1 - P, n * C - T
-    kw = F.pad(keys, (0, 0, 0, 0, front, back)).unfold(1, L, C)  # (B, n, H, D, L)
-    vw = F.pad(vals, (0, 0, 0, 0, front, back)).unfold(1, L, C)  # (B, n, H, Dv, L)
-    qb = F.pad(q, (0, 0, 0, 0, 0, back)).view(B, n, C, H, D)
-    r = torch.arange(C, device=q.device)
-    lk = torch.arange(L, device=q.device)
-    band = (lk[None, :] >= r[:, None]) & (lk[None, :] <= r[:, None] + W - 1)  # (C, L)
-    real = (torch.arange(n, device=q.device)[:, None] * C + lk[None, :]) >= front  # (n, L)
-    vis = band[None] & real[:, None]  # (n, C, L); every row sees at least its own key
+    if T <= C:  # one block: its keys as they are (no padding, no unfold), the band in absolute positions
+        n, C = 1, T
+        kw, vw = keys.permute(0, 2, 3, 1)[:, None], vals.permute(0, 2, 3, 1)[:, None]  # (B, 1, H, ·, P + T)
+        qb = q[:, None]
+        i = torch.arange(P, P + T, device=q.device)[:, None]
+        j = torch.arange(P + T, device=q.device)[None, :]
+        vis = ((j <= i) & (j > i - W))[None]  # (1, T, P + T)
+    else:
+        n = -(-T // C)
+        L = C + W - 1
+        front, back = W - 1 - P, n * C - T
+        kw = F.pad(keys, (0, 0, 0, 0, front, back)).unfold(1, L, C)  # (B, n, H, D, L)
+        vw = F.pad(vals, (0, 0, 0, 0, front, back)).unfold(1, L, C)  # (B, n, H, Dv, L)
+        qb = F.pad(q, (0, 0, 0, 0, 0, back)).view(B, n, C, H, D)
+        r = torch.arange(C, device=q.device)
+        lk = torch.arange(L, device=q.device)
+        band = (lk[None, :] >= r[:, None]) & (lk[None, :] <= r[:, None] + W - 1)  # (C, L)
+        real = (torch.arange(n, device=q.device)[:, None] * C + lk[None, :]) >= front  # (n, L)
+        vis = band[None] & real[:, None]  # (n, C, L); every row sees at least its own key
     s = torch.einsum("bnchd,bnhdl->bnhcl", qb, kw) * scale
     p = torch.softmax(s.masked_fill(~vis[None, :, None], float("-inf")), -1)
     o = torch.einsum("bnhcl,bnhdl->bnchd", p, vw).reshape(B, n * C, H, vals.shape[-1])[:, :T]
