@@ -20,7 +20,7 @@ from typing import Any
 
 @dataclass
 class DemoConfig:
-    # Sized so that all mixers train in about ten minutes on 2 CPU cores (26 mixers: 11.7 min on an idle 2-core
+    # Sized so that all mixers train in about ten minutes on 2 CPU cores (26 mixers: 11.4 min on an idle 2-core
     # Xeon, 2026-11-23) while attention still reaches >= 0.99 for every seed we tried (0-3: 0.993-0.9995).  A
     # 32-token vocabulary makes attention's recall circuit form in a few hundred steps; with 64 tokens it needed
     # 1,200 steps of batch 64 (3.75x the compute).  With 500-600 steps (lr 2e-3 or 3e-3) seed 1 stayed on the
