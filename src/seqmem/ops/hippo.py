@@ -33,7 +33,7 @@ import math
 
 import numpy as np
 import torch
-from scipy.special import roots_legendre
+from numpy.polynomial.legendre import leggauss
 from torch import Tensor
 
 __all__ = [
@@ -86,7 +86,7 @@ def legs_matrices(N: int, dtype: torch.dtype = torch.float64) -> tuple[Tensor, T
 
 @functools.lru_cache(maxsize=8)
 def _gauss(M: int) -> tuple[np.ndarray, np.ndarray]:
-    u, w = roots_legendre(M)
+    u, w = leggauss(M)  # Gauss–Legendre nodes and weights on [-1, 1] (numpy only: no scipy at run time)
     return u, w
 
 
