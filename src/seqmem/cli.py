@@ -179,14 +179,47 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: str) -> int:
 
 
 def _train_checked(args: argparse.Namespace, rank: int, world: int, device: str) -> int:
+    from seqmem.train.checkpoint import holds_run, list_checkpoints
+
+    out = Path(args.out)
+    if rank != 0:
+        return _train_into(args, rank, world, device, out)
+    overwrite = getattr(args, "overwrite", False)
+    if args.resume and overwrite:
+        raise UsageError("give --resume or --overwrite, not both")
+    if not args.resume and not overwrite and holds_run(out):
+        raise UsageError(f"{out} already holds a training run: --resume continues it, --overwrite replaces it, "
+                         "or choose another --out")
+    created = _first_missing(out)  # removed again if this run fails before its first checkpoint
+    try:
+        return _train_into(args, rank, world, device, _check_out_dir(out))
+    except BaseException:
+        if created is not None and not list_checkpoints(out / "checkpoints"):
+            import shutil
+
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost directory of ``path`` (``path`` itself included) that does not exist yet, else ``None``."""
+    path = Path(path).absolute()
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
+
+
+def _train_into(args: argparse.Namespace, rank: int, world: int, device: str, out: Path) -> int:
     import torch
 
     from seqmem.repro.common import atomic_write_text
     from seqmem.train import TrainConfig, train
+    from seqmem.train.checkpoint import remove_run
     from seqmem.train.tracking import make_loggers
 
     main = rank == 0
-    out = _check_out_dir(args.out) if main else Path(args.out)
     mixers = args.mixer.split(",")
     task_name, task_opts = _task_from_args(args)
     spec = {
@@ -214,6 +247,8 @@ def _train_checked(args: argparse.Namespace, rank: int, world: int, device: str)
     model, task = build_run(spec)
     model.to(device)
     if main and not args.resume:
+        if getattr(args, "overwrite", False):
+            remove_run(out)  # only now: arguments that fail validation above leave the old run alone
         atomic_write_text(spec_path, json.dumps(spec, indent=2))
     if main and hasattr(task, "save_tokenizer"):
         task.save_tokenizer(out / "tokenizer")
@@ -360,6 +395,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the training run already in --out (its files are removed first)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--no-check-finite", action="store_true",
                    help="skip the NaN/Inf checks of every layer's input and output (on by default)")

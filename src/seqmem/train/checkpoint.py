@@ -113,5 +113,33 @@ def load_weights(model: nn.Module, path: Path) -> None:
         )
 
 
+#: what a training run writes into its directory (``seqmem train --overwrite`` removes exactly these)
+RUN_FILES = ("checkpoints", "metrics.jsonl", "tokenizer", "tensorboard", "wandb", "plots", "run.json")
+_TRASH_PREFIX = ".tmp-old-run-"
+
+
+def holds_run(directory: Path) -> bool:
+    """Whether ``directory`` holds (part of) a training run: a ``run.json``, ``metrics.jsonl`` or checkpoint."""
+    directory = Path(directory)
+    return (directory / "run.json").exists() or (directory / "metrics.jsonl").exists() or bool(
+        list_checkpoints(directory / "checkpoints"))
+
+
+def remove_run(directory: Path) -> None:
+    """Remove the training run in ``directory`` (the :data:`RUN_FILES`; other files stay).
+
+    The files are first renamed into one hidden directory beside them (each rename is atomic; ``run.json`` goes
+    last, so an interrupted removal still reads as a run and is never mixed with a new one), then deleted; a hidden
+    directory left by an earlier interrupted removal is deleted too."""
+    directory = Path(directory)
+    trash = Path(tempfile.mkdtemp(dir=directory, prefix=_TRASH_PREFIX))
+    for name in RUN_FILES:
+        src = directory / name
+        if src.exists() or src.is_symlink():
+            os.replace(src, trash / name)
+    for old in directory.glob(f"{_TRASH_PREFIX}*"):
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def load_trainer_state(path: Path) -> dict[str, Any]:
     return torch.load(Path(path) / "trainer.pt", weights_only=False)

@@ -22,7 +22,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmem.mixers.base import NonFiniteError
-from seqmem.train.checkpoint import latest_good_checkpoint, load_trainer_state, load_weights, save_checkpoint
+from seqmem.train.checkpoint import (
+    latest_good_checkpoint,
+    list_checkpoints,
+    load_trainer_state,
+    load_weights,
+    save_checkpoint,
+)
 
 
 @dataclass
@@ -209,8 +215,12 @@ def train(
             result.history = [r for r in _read_jsonl(metrics_path) if r["step"] <= start]
             if main:
                 _write_jsonl(metrics_path, result.history)
-        elif main and metrics_path.exists():
-            metrics_path.unlink()
+        else:
+            if list_checkpoints(ckpt_dir):
+                raise ValueError(f"{out_dir} already holds checkpoints of a training run: resume=True continues "
+                                 "it; to start a new run, use another directory or remove the old run first")
+            if main and metrics_path.exists():
+                metrics_path.unlink()
     if not main:
         metrics_path = ckpt_dir = None
         loggers = None
