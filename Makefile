@@ -1,8 +1,12 @@
 # Two commands do everything on a fresh machine:  `make demo`  and  `make test`.
-.PHONY: setup demo test lint
+# Each creates .venv on first use (scripts/setup.sh says what it installs and how torch is chosen):
+# `make demo` installs torch and seqmem with its core dependencies only; `make test` adds the dev and hf extras.
+.PHONY: setup setup-demo demo test lint
 setup:
-	bash scripts/setup.sh
-demo: setup
+	bash scripts/setup.sh test
+setup-demo:
+	bash scripts/setup.sh demo
+demo: setup-demo
 	.venv/bin/seqmem demo --out runs/demo
 test: setup
 	.venv/bin/python -m pytest
