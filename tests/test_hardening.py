@@ -96,3 +96,89 @@ def test_failed_run_keeps_an_existing_directory(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("mine")
     assert main([*TRAIN, "--mixer-option", "bogus=1", "--out", str(tmp_path)]) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+# ----------------------------------------------------------------------- 2. nothing executes from a run dir
+class _Payload:
+    """Unpickling this runs ``os.mkdir(marker)``: what a planted ``trainer.pt`` could do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return os.mkdir, (self.marker,)
+
+
+def test_real_trainer_state_loads_with_weights_only(tmp_path, capsys):
+    from seqmem.train.checkpoint import latest_good_checkpoint, load_trainer_state
+
+    run = tmp_path / "run"
+    assert main([*TRAIN, "--out", str(run)]) == 0
+    ck = latest_good_checkpoint(run / "checkpoints")
+    st = torch.load(ck / "trainer.pt", weights_only=True)  # plain tensors and containers only
+    assert st["step"] == 4 and isinstance(st["data_rng"], torch.Tensor) and st["optimizer"]["state"]
+    assert load_trainer_state(ck)["train_config"]["seed"] == 0
+
+
+def test_resume_does_not_unpickle_a_planted_trainer_state(tmp_path, capsys):
+    from seqmem.train.checkpoint import _sha256, latest_good_checkpoint
+
+    run = tmp_path / "run"
+    assert main([*TRAIN, "--steps", "6", "--out", str(run)]) == 0
+    ck = latest_good_checkpoint(run / "checkpoints")
+    marker = tmp_path / "pwned"
+    torch.save({"step": 2, "x": _Payload(marker)}, ck / "trainer.pt")
+    man = json.loads((ck / "manifest.json").read_text())
+    man["files"]["trainer.pt"] = _sha256(ck / "trainer.pt")  # the attacker rewrites the hash beside it
+    (ck / "manifest.json").write_text(json.dumps(man))
+    _fails_one_line([*TRAIN, "--steps", "6", "--out", str(run), "--resume"], capsys, "trainer.pt")
+    assert not marker.exists()
+
+
+def _fresh_lattice_lib(monkeypatch, cache: Path):
+    import seqmem.ops._lattice_cpp as lc
+
+    monkeypatch.setenv("SEQMEM_CACHE", str(cache))
+    monkeypatch.delenv("SEQMEM_LATTICE_BACKEND", raising=False)
+    monkeypatch.setattr(lc, "_LIB", None)
+    monkeypatch.setattr(lc, "_FAILED", None)
+    return lc
+
+
+def test_lattice_cache_refuses_a_directory_or_library_writable_by_others(tmp_path, monkeypatch):
+    import shutil
+
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler")
+    good = tmp_path / "good"
+    lc = _fresh_lattice_lib(monkeypatch, good)
+    assert lc.available()
+    so = next(good.glob("lattice_kernel_*.so"))
+    assert not so.stat().st_mode & 0o022 and not good.stat().st_mode & 0o077
+
+    # a world-writable cache directory holding a planted library with the predictable name
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    bad.chmod(0o777)
+    marker = tmp_path / "loaded"
+    src = tmp_path / "evil.c"
+    src.write_text(f'#include <stdio.h>\n__attribute__((constructor)) static void f(void)'
+                   f'{{ FILE *h = fopen("{marker}", "w"); if (h) fclose(h); }}\n')
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("c++")
+    subprocess.run([cc, "-shared", "-fPIC", "-x", "c", str(src), "-o", str(bad / so.name)], check=True)
+    lc = _fresh_lattice_lib(monkeypatch, bad)
+    with pytest.warns(RuntimeWarning, match="writable by others"):
+        assert lc.available()  # built afresh in a private directory instead
+    assert not marker.exists()
+
+    # a library file writable by others inside a private directory
+    bad.chmod(0o700)
+    (bad / so.name).chmod(0o666)
+    lc = _fresh_lattice_lib(monkeypatch, bad)
+    with pytest.warns(RuntimeWarning, match="writable by others"):
+        assert lc.available()
+    assert not marker.exists()

@@ -1,7 +1,10 @@
 """Build-on-first-use loader of the fused C++ Lattice scan (``_lattice_kernel.cpp``), its autograd Function.
 
 The kernel is plain C++ (no torch headers), so it compiles in about a second with the system ``c++``; it is
-cached under ``$SEQMEM_CACHE`` (default ``~/.cache/seqmem``) keyed by a hash of the source.  If no compiler is
+cached under ``$SEQMEM_CACHE`` (default ``~/.cache/seqmem``) keyed by a hash of the source.  A cache directory or
+library that another user owns or could write to is never loaded from (a library there could run any code): the
+kernel is then compiled into a private temporary directory for this process, with a ``RuntimeWarning`` naming the
+path to fix (``chmod go-w`` it, or point ``SEQMEM_CACHE`` at a directory of your own).  If no compiler is
 available, :func:`available` returns False and ``lattice_scan(mode="scan")`` uses the pure-PyTorch hand-VJP
 scan instead.  Set ``SEQMEM_LATTICE_BACKEND=torch`` to force the PyTorch path.
 """
@@ -15,6 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 
 import torch
@@ -37,6 +41,34 @@ def _cpu_id() -> str:
         return platform.machine() + platform.processor()
 
 
+def _unsafe(path: Path) -> str | None:
+    """Why ``path`` must not be trusted (owned by another user, or writable by group or others), else ``None``."""
+    st = path.stat()
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"{path} (owned by another user)"
+    if st.st_mode & 0o022:
+        return f"{path} (writable by others: mode {st.st_mode & 0o777:o})"
+    return None
+
+
+def _compile(cxx: str, flags: list[str], so: Path) -> None:
+    """Compile the kernel to ``so`` via a temporary file in the same directory and an atomic rename."""
+    fd, tmp = tempfile.mkstemp(dir=so.parent, suffix=".so")
+    os.close(fd)
+    common = ["-shared", "-fPIC", "-std=c++17", str(_SRC), "-o", tmp]
+    try:
+        r = subprocess.run([cxx, *flags, *common], capture_output=True, text=True)
+        if r.returncode != 0:  # a compiler without -march=native (e.g. some clang on arm64): plain -O3
+            r = subprocess.run([cxx, "-O3", *common], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"compiling {_SRC.name} failed:\n{r.stderr[-2000:]}")
+        os.chmod(tmp, 0o755)  # whatever the umask: never writable by group or others
+        os.replace(tmp, so)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def _build() -> ctypes.CDLL:
     src = _SRC.read_bytes()
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
@@ -51,23 +83,25 @@ def _build() -> ctypes.CDLL:
     flags = ["-O3", "-march=native", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math"]
     key = hashlib.sha256(src + cxx.encode() + " ".join(flags).encode() + _cpu_id().encode()).hexdigest()[:16]
     cache = Path(os.environ.get("SEQMEM_CACHE", Path.home() / ".cache" / "seqmem"))
-    cache.mkdir(parents=True, exist_ok=True)
-    so = cache / f"lattice_kernel_{key}.so"
-    if not so.exists():
-        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".so")
-        os.close(fd)
-        common = ["-shared", "-fPIC", "-std=c++17", str(_SRC), "-o", tmp]
+    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    name = f"lattice_kernel_{key}.so"
+    problem = _unsafe(cache) or (_unsafe(cache / name) if (cache / name).exists() else None)
+    if problem is None:
+        so = cache / name
+        if not so.exists():
+            _compile(cxx, flags, so)
+        lib = ctypes.CDLL(str(so))
+    else:
+        warnings.warn(f"not loading the Lattice kernel from {problem}; compiling it in a private temporary "
+                      "directory instead (fix: chmod go-w, or set SEQMEM_CACHE to a directory of your own)",
+                      RuntimeWarning, stacklevel=3)
+        private = tempfile.mkdtemp(prefix="seqmem-lattice-")  # mode 0700, removed once the library is loaded
         try:
-            r = subprocess.run([cxx, *flags, *common], capture_output=True, text=True)
-            if r.returncode != 0:  # a compiler without -march=native (e.g. some clang on arm64): plain -O3
-                r = subprocess.run([cxx, "-O3", *common], capture_output=True, text=True)
-            if r.returncode != 0:
-                raise RuntimeError(f"compiling {_SRC.name} failed:\n{r.stderr[-2000:]}")
-            os.replace(tmp, so)
+            so = Path(private) / name
+            _compile(cxx, flags, so)
+            lib = ctypes.CDLL(str(so))
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    lib = ctypes.CDLL(str(so))
+            shutil.rmtree(private, ignore_errors=True)
     for name in ("lattice_fwd_f64", "lattice_fwd_f32", "lattice_bwd_f64", "lattice_bwd_f32"):
         getattr(lib, name).restype = None
     return lib

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import tempfile
 import warnings
@@ -142,4 +143,18 @@ def remove_run(directory: Path) -> None:
 
 
 def load_trainer_state(path: Path) -> dict[str, Any]:
-    return torch.load(Path(path) / "trainer.pt", weights_only=False)
+    """The trainer state of a checkpoint: tensors and plain containers only (``weights_only=True``), so a planted
+    ``trainer.pt`` cannot run code when a run is resumed (its manifest hash proves integrity, not origin)."""
+    f = Path(path) / "trainer.pt"
+    try:
+        st = torch.load(f, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError:
+        raise ValueError(f"checkpoint {path}: trainer.pt holds objects other than tensors and plain containers; "
+                         "refusing to load it (that could run code): delete the checkpoint or start a new run"
+                         ) from None
+    except Exception as e:  # noqa: BLE001 — damaged files raise RuntimeError, EOFError, ...
+        raise ValueError(f"checkpoint {path}: cannot read trainer.pt ({type(e).__name__}); delete the checkpoint "
+                         "or start a new run") from None
+    if not isinstance(st, dict):
+        raise ValueError(f"checkpoint {path}: trainer.pt holds a {type(st).__name__}, not a trainer state dict")
+    return st
