@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from seqmem.clihelp import add_deprecated_alias, finish_parser
+
 
 class UsageError(Exception):
     """A user mistake the CLI reports in one line (exit code 2)."""
@@ -92,7 +94,31 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------- train
+# Defaults of `seqmem train` that depend on --task (argparse default None). MQAR's are the demo's sizes, which
+# attention learns to ~1.0 accuracy in about a minute on 2 CPU cores; the MQAR task's own defaults (vocab 8192,
+# 8 pairs) need far longer runs.
+TRAIN_TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "mqar": {"d_model": 128, "steps": 800, "lr": 2e-3, "vocab": 32, "num_pairs": 4, "seq_len": 32},
+    "lm": {"d_model": 64, "steps": 1000, "lr": 1e-3},
+}
+
+
+def _task_default_help(key: str, text: str, **task_own: Any) -> str:
+    """``text (default: mqar: X; lm: Y)`` from TRAIN_TASK_DEFAULTS (``task_own``: a task's own default)."""
+    per = {t: d[key] for t, d in TRAIN_TASK_DEFAULTS.items() if key in d} | task_own
+    return f"{text} (default: " + "; ".join(f"{t}: {v:g}" if isinstance(v, float) else f"{t}: {v}"
+                                            for t, v in per.items()) + ")"
+
+
+def _fill_task_defaults(args: argparse.Namespace) -> None:
+    """Options left at None take --task's default from TRAIN_TASK_DEFAULTS."""
+    for key, value in TRAIN_TASK_DEFAULTS.get(args.task, {}).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+
+
 def _task_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    _fill_task_defaults(args)
     opts = parse_options(args.task_option)
     if args.task != "lm" and (getattr(args, "dataset", None) is not None or getattr(args, "tokenizer", None)
                               not in (None, "byte")):
@@ -322,8 +348,20 @@ def _available(pkg: str) -> list[str]:
                   and m.name != "common")
 
 
+# Wall-clock of `--scale small` (docs/results/<paper>/README.md: 2-core machines shared with other jobs, so a
+# quiet machine is faster; about 10 CPU-minutes of one core each).
+REPRO_SMALL_TIME = {"echo": "17 min", "elastic": "17 min", "lattice": "3 min", "vla": "45 min", "vort": "15 min"}
+REPRO_SCALES_HELP = ("smoke: tiny budgets, about a minute, checks that everything runs; small (default): about 10 "
+                     "CPU-minutes per paper, the committed docs/results; paper: the papers' sizes, CPU-hours to "
+                     "days (a GPU is advised)")
+
+
 def _add_repro(sub) -> None:
-    p = sub.add_parser("repro", help="reproduce a paper's experiments (seqmem repro PAPER --help)")
+    p = sub.add_parser(
+        "repro", help="reproduce a paper's experiments (seqmem repro PAPER --help)",
+        description="Reproduce one paper's experiments and write Markdown/JSON tables (paper | ours | our scale) "
+                    "and PNG plots. --scale " + REPRO_SCALES_HELP + ". Measured wall-clock of --scale small on a "
+                    "shared 2-core machine: " + ", ".join(f"{k} {v}" for k, v in REPRO_SMALL_TIME.items()) + ".")
     rsub = p.add_subparsers(dest="paper", metavar="PAPER", parser_class=_Parser)
     for paper in _available("seqmem.repro"):
         try:
@@ -333,10 +371,13 @@ def _add_repro(sub) -> None:
             continue
         if not hasattr(mod, "run"):
             continue
-        rp = rsub.add_parser(paper, help=(mod.__doc__ or "").strip().split("\n")[0])
-        rp.add_argument("--scale", default="small", choices=getattr(mod, "SCALES", ["smoke", "small", "paper"]))
+        summary = " ".join((mod.__doc__ or "").strip().split("\n\n")[0].split()).replace("``", "")
+        rp = rsub.add_parser(paper, help=summary, description=summary)
+        small = f" (small took {REPRO_SMALL_TIME[paper]} here)" if paper in REPRO_SMALL_TIME else ""
+        rp.add_argument("--scale", default="small", choices=getattr(mod, "SCALES", ["smoke", "small", "paper"]),
+                        help=REPRO_SCALES_HELP + small)
         rp.add_argument("--out", type=Path, default=None, help="output directory (default runs/repro/<paper>)")
-        rp.add_argument("--seed", type=int, default=0)
+        rp.add_argument("--seed", type=int, default=0, help="seed")
         if hasattr(mod, "add_arguments"):
             mod.add_arguments(rp)
         rp.set_defaults(func=_run_repro(mod, paper))
@@ -355,64 +396,87 @@ def make_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="seqmem", description="Long-context memory layers on one harness.")
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
 
-    p = sub.add_parser("list", help="registered mixers with their state size")
-    p.add_argument("--d-model", type=_positive_int, default=128)
-    p.add_argument("--heads", type=_positive_int, default=4)
-    p.add_argument("--context", type=_positive_int, default=1024)
+    p = sub.add_parser("list", help="registered mixers with their state size and parameters (a few seconds)",
+                       description="Build every registered mixer at one size and print its state size (numbers "
+                                   "per sequence after --context tokens), parameters and a one-line description.")
+    p.add_argument("--d-model", type=_positive_int, default=128, help="model width")
+    p.add_argument("--heads", type=_positive_int, default=4, help="attention / memory heads")
+    p.add_argument("--context", type=_positive_int, default=1024, help="tokens after which the state is counted")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("train", help="train a language model on a task (multi-process: torchrun ... -m seqmem train)")
-    p.add_argument("--task", required=True, choices=["mqar", "lm"])
+    p = sub.add_parser(
+        "train", help="train a language model on a task (multi-process: torchrun ... -m seqmem train)",
+        description="Train a language model whose layers use the given mixer(s) on MQAR or byte-level language "
+                    "modelling; writes run.json, metrics.jsonl and checkpoints to --out. The defaults marked "
+                    "'mqar' learn MQAR in about a minute on 2 CPU cores (the demo's sizes).")
+    p.add_argument("--task", required=True, choices=["mqar", "lm"], help="mqar (associative recall) or lm")
     p.add_argument("--mixer", required=True, help="mixer name, or a comma-separated list (one per layer)")
-    p.add_argument("--mixer-option", action="append", metavar="KEY=VALUE", help="mixer option (repeatable)")
-    p.add_argument("--task-option", action="append", metavar="KEY=VALUE", help="task option (repeatable)")
-    p.add_argument("--layers", type=_positive_int, default=2)
-    p.add_argument("--d-model", type=_positive_int, default=64)
-    p.add_argument("--heads", type=_positive_int, default=2)
-    p.add_argument("--mlp-ratio", type=float, default=4.0)
-    p.add_argument("--steps", type=_positive_int, default=1000)
-    p.add_argument("--batch-size", type=_positive_int, default=32)
-    p.add_argument("--lr", type=_positive_float, default=1e-3)
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--seq-len", type=_positive_int, default=None)
-    p.add_argument("--vocab", type=_positive_int, default=None, help="MQAR vocabulary size")
-    p.add_argument("--num-pairs", type=_positive_int, default=None, help="MQAR key-value pairs")
-    p.add_argument("--corpus", default=None, help="LM corpus: code, docs, or a directory of text files")
+    p.add_argument("--mixer-option", action="append", metavar="KEY=VALUE",
+                   help="mixer option (repeatable; default: the mixer's own options)")
+    p.add_argument("--task-option", action="append", metavar="KEY=VALUE",
+                   help="task option (repeatable; default: the task's own options)")
+    p.add_argument("--layers", type=_positive_int, default=2, help="number of blocks")
+    p.add_argument("--d-model", type=_positive_int, default=None, help=_task_default_help("d_model", "model width"))
+    p.add_argument("--heads", type=_positive_int, default=2, help="attention / memory heads per layer")
+    p.add_argument("--mlp-ratio", type=float, default=4.0, help="SwiGLU MLP width / d_model")
+    p.add_argument("--steps", type=_positive_int, default=None,
+                   help=_task_default_help("steps", "training steps (with --resume: may exceed the original run's "
+                                                    "--steps to extend it; see docs/reliability.md)"))
+    p.add_argument("--batch-size", type=_positive_int, default=32, help="sequences per step (all processes)")
+    p.add_argument("--lr", type=_positive_float, default=None,
+                   help=_task_default_help("lr", "peak learning rate (AdamW, 10%% warm-up, cosine decay)"))
+    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of the matrices")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the training data")
+    p.add_argument("--seq-len", type=_positive_int, default=None,
+                   help=_task_default_help("seq_len", "tokens per sequence", lm=512))
+    p.add_argument("--vocab-size", dest="vocab", metavar="V", type=_positive_int, default=None,
+                   help=_task_default_help("vocab", "MQAR vocabulary size"))
+    p.add_argument("--num-pairs", type=_positive_int, default=None,
+                   help=_task_default_help("num_pairs", "MQAR key-value pairs"))
+    p.add_argument("--corpus", default=None,
+                   help="LM corpus: code, docs, or a directory of text files (default: code)")
     p.add_argument("--dataset", default=None,
                    help="LM dataset: pg19, proof-pile, fineweb-edu or any Hugging Face dataset name (needs the "
                         "datasets package and network), or a local directory / text, .jsonl, .parquet file, or "
-                        "datasets.save_to_disk directory (see docs/ecosystem.md)")
+                        "datasets.save_to_disk directory (see docs/ecosystem.md; default: none, --corpus is used)")
     p.add_argument("--tokenizer", default=None,
                    help="LM tokenizer: byte (default), a Hugging Face tokenizer name or local path, a "
                         "tokenizer.json file, or train:VOCAB (byte-level BPE trained on the train split)")
     p.add_argument("--log", action="append", choices=["tensorboard", "wandb"], default=None,
-                   help="extra metric backend (repeatable; offline; metrics.jsonl is always written)")
-    p.add_argument("--eval-every", type=int, default=0)
-    p.add_argument("--eval-examples", type=_positive_int, default=512)
-    p.add_argument("--checkpoint-every", type=int, default=0)
-    p.add_argument("--log-every", type=_positive_int, default=10)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--resume", action="store_true")
+                   help="extra metric backend (repeatable; offline; default: none, metrics.jsonl is always written)")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="evaluate every N steps and print the result (0: only at the end)")
+    p.add_argument("--eval-examples", type=_positive_int, default=512, help="held-out examples per evaluation")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="write a checkpoint every N steps (0: only at the end)")
+    p.add_argument("--log-every", type=_positive_int, default=10,
+                   help="write a metrics line every N steps (and, when stderr is not a terminal, print one)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps")
+    p.add_argument("--out", type=Path, required=True, help="run directory")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its newest checkpoint, bit-exactly (same arguments; "
+                        "a larger --steps extends it)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the training run already in --out (its files are removed first)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     p.add_argument("--no-check-finite", action="store_true",
                    help="skip the NaN/Inf checks of every layer's input and output (on by default)")
+    add_deprecated_alias(p, "--vocab", "--vocab-size")
+    add_deprecated_alias(p, "--batch", "--batch-size")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="evaluate the newest checkpoint of a training run")
-    p.add_argument("--run", type=Path, required=True)
-    p.add_argument("--examples", type=_positive_int, default=512)
-    p.add_argument("--batch-size", type=_positive_int, default=64)
+    p.add_argument("--run", type=Path, required=True, help="run directory written by seqmem train")
+    p.add_argument("--examples", type=_positive_int, default=512, help="held-out examples")
+    p.add_argument("--batch-size", type=_positive_int, default=64, help="sequences per forward pass")
+    add_deprecated_alias(p, "--batch", "--batch-size")
     p.add_argument("--no-check-finite", action="store_true",
                    help="skip the NaN/Inf checks of every layer's input and output (on by default)")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("export-hf", help="save a training run as a Hugging Face model (needs transformers)")
-    p.add_argument("--run", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--run", type=Path, required=True, help="run directory written by seqmem train")
+    p.add_argument("--out", type=Path, required=True, help="directory for save_pretrained")
     p.set_defaults(func=cmd_export_hf)
 
     from seqmem import demo, plotting
@@ -426,7 +490,7 @@ def make_parser() -> argparse.ArgumentParser:
         bench = None
     if bench is not None:
         bench.add_parser(sub)
-    return ap
+    return finish_parser(ap)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,13 +39,18 @@ _REGISTRY: dict[str, MixerEntry] = {}
 _LOADED = False
 
 
+def _summary(doc: str) -> str:
+    """The first paragraph of a docstring on one line (a summary wrapped over several lines is not cut)."""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
 def register(name: str, description: str = "", **defaults: Any):
     """Class decorator registering a mixer under ``name`` with default options ``defaults``."""
 
     def deco(cls: type[Mixer]) -> type[Mixer]:
         if name in _REGISTRY and _REGISTRY[name].cls is not cls:
             raise ValueError(f"mixer name {name!r} registered twice ({_REGISTRY[name].cls} and {cls})")
-        doc = description or (inspect.getdoc(cls) or "").split("\n")[0]
+        doc = description or _summary(inspect.getdoc(cls) or "")
         _REGISTRY[name] = MixerEntry(name, cls, dict(defaults), doc)
         return cls
 

@@ -24,6 +24,7 @@ from seqmem.bench.common import (
 )
 from seqmem.cli import _positive_float as _pos_float
 from seqmem.cli import _positive_int as _pos_int
+from seqmem.clihelp import add_deprecated_alias
 
 
 def _nonneg_int(s: str) -> int:
@@ -38,22 +39,26 @@ def _nonneg_int(s: str) -> int:
 
 def _common(p: argparse.ArgumentParser, repeats: int, warmup: int, impl: str) -> None:
     p.add_argument("--mixers", default=None, help="comma-separated mixer names (default: every registered mixer)")
-    p.add_argument("--lengths", default=None, help="comma-separated lengths, k = 1024 (e.g. 1k,2k,4k)")
-    p.add_argument("--d-model", type=_pos_int, default=256)
-    p.add_argument("--heads", type=_pos_int, default=4)
-    p.add_argument("--batch", type=_pos_int, default=1)
+    p.add_argument("--lengths", default=None,
+                   help="comma-separated lengths, k = 1024 (e.g. 1k,2k,4k; default: the benchmark's own list)")
+    p.add_argument("--d-model", type=_pos_int, default=256, help="model width")
+    p.add_argument("--heads", type=_pos_int, default=4, help="heads")
+    p.add_argument("--batch-size", dest="batch", type=_pos_int, default=1, help="sequences per call")
+    add_deprecated_alias(p, "--batch", "--batch-size")
     p.add_argument("--repeats", type=_pos_int, default=repeats, help="timed repeats per measurement")
     p.add_argument("--warmup", type=_nonneg_int, default=warmup, help="untimed warm-up calls per measurement")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    p.add_argument("--impl", default=impl, choices=["fast", "reference", "both"])
+    p.add_argument("--device", default="cpu", help="torch device")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES), help="parameter and input dtype")
+    p.add_argument("--impl", default=impl, choices=["fast", "reference", "both"],
+                   help="the training form, the recurrent reference, or both")
     p.add_argument("--max-seconds", type=_pos_float, default=30.0,
                    help="time cap per measurement; what would exceed it is reported 'not run'")
     p.add_argument("--threads", type=_pos_int, default=None, help="torch.set_num_threads (default: unchanged)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, default=None, help="write the records to this JSON file")
-    p.add_argument("--plot", type=Path, default=None, help="write PNG plots to this directory")
-    p.add_argument("--markdown", type=Path, default=None, help="write the summary tables to this Markdown file")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")
+    p.add_argument("--json", type=Path, default=None, help="write the records to this JSON file (default: not written)")
+    p.add_argument("--plot", type=Path, default=None, help="write PNG plots to this directory (default: no plots)")
+    p.add_argument("--markdown", type=Path, default=None,
+                   help="write the summary tables to this Markdown file (default: printed only)")
 
 
 def add_parser(sub: Any) -> None:
@@ -65,8 +70,10 @@ def add_parser(sub: Any) -> None:
     _common(s, repeats=3, warmup=1, impl="both")
     s.add_argument("--ref-lengths", default=None,
                    help="lengths at which impl=reference is measured (default: --lengths); capped by --max-seconds")
-    s.add_argument("--ref-repeats", type=_pos_int, default=None, help="timed repeats for impl=reference")
-    s.add_argument("--ref-warmup", type=_nonneg_int, default=None, help="warm-up calls for impl=reference")
+    s.add_argument("--ref-repeats", type=_pos_int, default=None,
+                   help="timed repeats for impl=reference (default: --repeats)")
+    s.add_argument("--ref-warmup", type=_nonneg_int, default=None,
+                   help="warm-up calls for impl=reference (default: --warmup)")
     s.add_argument("--no-flops", action="store_true", help="skip the FLOP count (GFLOP/s, %% of GEMM peak)")
     s.add_argument("--gemm-sizes", default="512,1024,2048",
                    help="sizes n of the n×n GEMMs measuring the peak (the best rate counts)")

@@ -396,18 +396,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--length", type=_pos_int, default=65536, help="tokens of the random input (batch 1)")
     p.add_argument("--piece", type=_pos_int, default=4096, help="tokens per streamed piece")
     p.add_argument("--tail", type=_pos_int, default=4096, help="tokens of the first/last error windows")
-    p.add_argument("--d-model", type=_pos_int, default=32)
-    p.add_argument("--heads", type=_pos_int, default=2)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--d-model", type=_pos_int, default=32, help="model width")
+    p.add_argument("--heads", type=_pos_int, default=2, help="heads")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")
     p.add_argument("--precisions", default=",".join(PRECISIONS),
                    help=f"comma-separated subset of {','.join(PRECISIONS)} (float64 always runs: it is the reference)")
-    p.add_argument("--impl", default="fast", choices=["fast", "reference"])
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--impl", default="fast", choices=["fast", "reference"],
+                   help="the training form or the recurrent reference")
+    p.add_argument("--device", default="cpu", help="torch device")
     p.add_argument("--max-seconds", type=_pos_float, default=300.0,
                    help="per mixer and precision: stop (and say so) when the projected time exceeds this")
     p.add_argument("--threads", type=_pos_int, default=None, help="torch.set_num_threads (default: unchanged)")
-    p.add_argument("--json", type=Path, default=None, help="write the records to this JSON file")
-    p.add_argument("--markdown", type=Path, default=None, help="write the tables to this Markdown file")
+    p.add_argument("--json", type=Path, default=None, help="write the records to this JSON file (default: not written)")
+    p.add_argument("--markdown", type=Path, default=None,
+                   help="write the tables to this Markdown file (default: printed only)")
     p.add_argument("--render", type=Path, default=None,
                    help="only re-render the Markdown of a saved --json file (no measurement)")
 

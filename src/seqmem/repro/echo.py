@@ -1,4 +1,5 @@
-"""``seqmem repro echo``: Echo / Spectral Koopman Attention (Sridhar & Johansen 2026, paper 003).
+"""Echo / Spectral Koopman Attention (Sridhar & Johansen 2026, arXiv:2605.06997): NIAH length generalisation (Table 2),
+zero-shot transfer (Table 3), state sizes.
 
 Experiments (paper | ours side by side, see docs/echo.md and docs/results/echo/README.md):
 

@@ -1,4 +1,5 @@
-"""Elastic Memory (paper 004): long-document LM, per-block loss, memory scaling, sampling swap, HiPPO tables.
+"""Elastic Memory (Towards Compressive and Scalable Recurrent Memory): long-document LM, per-block loss,
+memory scaling, sampling swap, HiPPO tables.
 
 ``seqmem repro elastic --scale smoke|small|paper --out DIR`` writes, under DIR:
 
@@ -137,7 +138,8 @@ PAPER_T13 = {1: (0.45, 2.92), 2: (0.41, 2.86), 4: (0.35, 2.82), 8: (0.31, 2.78),
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--steps", type=int, default=None, help="override the number of training steps")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="override the number of training steps (default: the scale's)")
     parser.add_argument("--corpus", default="code", help="LMTask corpus (code, docs or a path)")
     parser.add_argument("--skip-lm", action="store_true", help="only the HiPPO tables (12) — seconds")
     parser.add_argument("--only-topic", action="store_true", help="only the synthetic topic-memory check")

@@ -1,4 +1,5 @@
-"""Lattice (paper 002, arXiv:2504.05646): scan speed, LM table (Table 2 in miniature), ablation ladder (Table 4).
+"""Lattice (Lattice: Learning to Efficiently Compress the Memory): scan speed, LM table (Table 2 in
+miniature), ablation ladder (Table 4).
 
 ``seqmem repro lattice --scale smoke|small|paper --out DIR [--experiments speed,lm,ablation]``
 
@@ -129,7 +130,7 @@ def add_arguments(parser) -> None:
                         help="comma-separated: speed,lm,ablation (default), vnorm (not in the paper) and context "
                              "(the context-length sweep with several seeds)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="override the training steps of every LM experiment of the scale")
+                        help="override the training steps of every LM experiment (default: the scale's)")
     parser.add_argument("--corpus", default=None,
                         help="LM corpus: code, docs or a path (default: code for lm/ablation/vnorm, docs for context)")
     parser.add_argument("--contexts", default=None,

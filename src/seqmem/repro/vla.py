@@ -1,4 +1,5 @@
-"""VLA (paper 001): state-norm curves, Jacobian norms, latency, copy task, MQAR capacity / long context / OOD.
+"""VLA (Variational Linear Attention, arXiv:2605.11196): state-norm curves, Jacobian norms, latency, copy
+task, MQAR capacity / long context / OOD.
 
 ``seqmem repro vla --scale smoke|small|paper --out DIR [--experiments a,b] [--lr-sweep 3e-4,3e-3]``
 
@@ -107,9 +108,15 @@ def scale_config(scale: str) -> dict[str, Any]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experiments", default=",".join(EXPERIMENTS), help=f"comma list of {EXPERIMENTS}")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma list of {list(ALL_MODELS)}")
-    p.add_argument("--steps", type=int, default=None, help="override the training steps of every experiment")
-    p.add_argument("--capacity-ns", default=None, help="override the MQAR capacity n list, e.g. 4,8")
-    p.add_argument("--batch", type=int, default=None, help="override the MQAR batch size")
+    p.add_argument("--steps", type=int, default=None,
+                   help="override the training steps of every experiment (default: the scale's)")
+    p.add_argument("--capacity-ns", default=None, help="override the MQAR capacity n list, e.g. 4,8 (default: the "
+                                                       "scale's)")
+    p.add_argument("--batch-size", dest="batch", type=int, default=None,
+                   help="override the MQAR batch size (default: the scale's)")
+    from seqmem.clihelp import add_deprecated_alias
+
+    add_deprecated_alias(p, "--batch", "--batch-size")
     p.add_argument("--lr-sweep", default=None, help="comma list of learning rates (default: per scale)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
 

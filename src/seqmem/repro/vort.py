@@ -1,4 +1,5 @@
-"""VORT (paper 000): SOE kernel accuracy (Fig. 4), Zipf-lag retrieval (Table 1), entity label copy (Table 2).
+"""VORT (Adaptive Power-Law Memory, arXiv:2605.08966): SOE kernel accuracy (Fig. 4), Zipf-lag retrieval
+(Table 1), entity label copy (Table 2).
 
 ``seqmem repro vort --scale smoke|small|paper``.  Models (all share the keyed retrieval accumulator of eq. 16,
 one layer): PL = ``vort_fixed_alpha`` (α = 0.7, SOE S = 15), Exp = ``exp_decay`` (λ swept, chosen on a validation
@@ -313,7 +314,7 @@ def lm_experiment(scale: str, out: Path, seed: int, command: str) -> list[dict]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experiments", default="kernel,table1,table2,table3",
                    help="comma list of kernel,table1,table2,table3")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
 
 
 def run(args: argparse.Namespace) -> int:
