@@ -8,7 +8,9 @@ pieces with the returned state, in
 * ``float64`` — the reference (the float32 weights cast up);
 * ``float32``;
 * ``bf16`` — float32 weights under ``torch.autocast(device, dtype=torch.bfloat16)``;
-* ``fp16`` — mixer and input cast to float16 (an op without a float16 CPU kernel is reported, not hidden).
+* ``fp16`` — mixer and input cast to float16 (an op without a float16 CPU kernel is reported, not hidden);
+* ``fp16_autocast`` (on request only, not in the default set) — float32 weights under
+  ``torch.autocast(device, dtype=torch.float16)``.
 
 Per mixer and precision it reports NaN/Inf in output and state, the relative error ``‖y − y64‖ / ‖y64‖`` over the
 whole sequence, the first and the last ``--tail`` tokens, the largest state norm over time and the wall time; for
@@ -34,6 +36,8 @@ from typing import Any
 import torch
 
 PRECISIONS = ("float64", "float32", "bf16", "fp16")
+#: accepted by ``precisions=`` / ``--precisions`` but not run by default
+EXTRA_PRECISIONS = ("fp16_autocast",)
 
 #: What each mechanism promises about its state norm over a long sequence (and where the promise comes from).
 #: ``bounded``: the update is a contraction / a fixed-size buffer / a normalised memory, so norms stay bounded for
@@ -213,8 +217,13 @@ def measure_mixer(name: str, *, length: int = 65536, piece: int = 4096, d_model:
                 return torch.autocast(dev.type, dtype=torch.bfloat16)
         elif prec == "fp16":
             mixer, x, ctx = copy.deepcopy(m32).half(), x64.half(), contextlib.nullcontext
+        elif prec == "fp16_autocast":
+            mixer, x = m32, x64.float()
+
+            def ctx() -> Any:
+                return torch.autocast(dev.type, dtype=torch.float16)
         else:
-            raise ValueError(f"unknown precision {prec!r}; choose from {list(PRECISIONS)}")
+            raise ValueError(f"unknown precision {prec!r}; choose from {list(PRECISIONS + EXTRA_PRECISIONS)}")
         acc = {"all": 0.0, "first": 0.0, "last": 0.0, "nonfinite": 0, "state_max": 0.0, "state_finite": True,
                "out_dtype": None}
         if prec == "float64":
@@ -248,7 +257,7 @@ def measure_mixer(name: str, *, length: int = 65536, piece: int = 4096, d_model:
         try:
             r = _stream(mixer, x, piece, n_ref, ctx, max_seconds, on_piece)
         except Exception as exc:  # an op without a kernel for this dtype on this device: report it
-            kind = "unsupported on " + dev.type.upper() if prec in ("fp16", "bf16") else "error"
+            kind = "unsupported on " + dev.type.upper() if prec in ("fp16", "bf16", "fp16_autocast") else "error"
             return {"finite": None, "error": f"{kind}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
         n = r["tokens"]
         out = {"finite": acc["nonfinite"] == 0, "nonfinite": acc["nonfinite"], "tokens": n,
@@ -458,7 +467,7 @@ def run(args: argparse.Namespace) -> int:
     mixers = resolve_mixers(args.mixers)
     dev = resolve_device(args.device)
     precs = [s.strip() for s in args.precisions.split(",") if s.strip()]
-    bad = [s for s in precs if s not in PRECISIONS]
+    bad = [s for s in precs if s not in PRECISIONS + EXTRA_PRECISIONS]
     if bad or not precs:
         raise ValueError(f"--precisions: unknown {bad or 'empty list'}; choose from {','.join(PRECISIONS)}")
     precs = ["float64"] + [s for s in dict.fromkeys(precs) if s != "float64"]

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
+from seqmem.ops._common import floor
 from seqmem.ops.ska_ops import NORMS, OPERATOR_FORMS, STATE_KEYS, spectral_koopman_attention
 from seqmem.registry import register
 
@@ -175,7 +176,7 @@ class KoopmanMLP(Mixer):
 
     def eigenvalues(self) -> tuple[Tensor, Tensor]:
         """``(γ, ω)`` after the clamp ``|λ| ≤ 1`` (or projection onto ``|λ| = 1`` with ``unit_circle=True``)."""
-        rho = torch.sqrt(self.lam_re**2 + self.lam_im**2).clamp_min(1e-12)
+        rho = torch.sqrt(self.lam_re**2 + self.lam_im**2).clamp_min(floor(1e-12, self.lam_re.dtype))
         s = 1.0 / rho if self.unit_circle else torch.clamp(1.0 / rho, max=1.0)
         return self.lam_re * s, self.lam_im * s
 

@@ -49,6 +49,13 @@ def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
     return torch.float32
 
 
+def floor(value: float, dtype: torch.dtype) -> float:
+    """``value`` as a lower clamp that stays positive in ``dtype``: at least the smallest normal number of ``dtype``
+    (a fixed ``1e-30`` is 0 in float16, so ``x / norm.clamp_min(1e-30)`` is 0/0 = NaN for a zero vector).  Equal to
+    ``value`` in float32/float64 for any ``value`` they represent as a normal number."""
+    return max(float(value), float(torch.finfo(dtype).tiny))
+
+
 def check_scale(op: str, scale, dk: int) -> float:
     if scale is None:
         return dk**-0.5

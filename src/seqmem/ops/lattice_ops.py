@@ -33,6 +33,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from seqmem.ops import _lattice_cpp
+from seqmem.ops._common import floor
 
 __all__ = [
     "LATTICE_OBJECTIVES",
@@ -75,7 +76,7 @@ def sphere_retract(u: Tensor, eps: float = 1e-12) -> Tensor:
 
     For ``u = s + Δ`` with ``‖s‖ = 1`` and ``Δ ⊥ s`` this equals the paper's ``(1 + ‖Δ‖²)^{-1/2} (s + Δ)``.
     """
-    return u / torch.linalg.vector_norm(u, dim=-2, keepdim=True).clamp_min(eps)
+    return u / torch.linalg.vector_norm(u, dim=-2, keepdim=True).clamp_min(floor(eps, u.dtype))
 
 
 def soft_threshold(x: Tensor, tau: Tensor | float) -> Tensor:
@@ -105,7 +106,7 @@ def lattice_step(
         if normalize:
             Sb, inv_n = S, None
         else:
-            inv_n = 1.0 / torch.linalg.vector_norm(S, dim=-2).clamp_min(eps)  # 1/‖s_i‖
+            inv_n = 1.0 / torch.linalg.vector_norm(S, dim=-2).clamp_min(floor(eps, S.dtype))  # 1/‖s_i‖
             Sb = S * inv_n.unsqueeze(-2)  # φ(S)
         if objective == "dec":
             h = (Sb @ k.unsqueeze(-1)).squeeze(-1) - v  # e_t = φ(S)k − v
@@ -122,7 +123,7 @@ def lattice_step(
         dS = -(h.unsqueeze(-1) * w.unsqueeze(-2) - Sb * (p * w).unsqueeze(-2))
     elif objective == "ttt":
         z = (S @ k.unsqueeze(-1)).squeeze(-1)
-        nz = torch.linalg.vector_norm(z, dim=-1, keepdim=True).clamp_min(eps)
+        nz = torch.linalg.vector_norm(z, dim=-1, keepdim=True).clamp_min(floor(eps, z.dtype))
         vh = z / nz  # φ(S k)
         e = vh - v
         pe = (e - vh * (vh * e).sum(-1, keepdim=True)) / nz  # P(z) e / ‖z‖

@@ -47,6 +47,8 @@ import math
 import torch
 from torch import Tensor
 
+from seqmem.ops._common import floor
+
 __all__ = [
     "ska_spectral_scale",
     "ska_readout",
@@ -78,9 +80,9 @@ def ska_spectral_scale(A: Tensor, iters: int = 6) -> Tensor:
         v = torch.full(A.shape[:-1] + (1,), 1.0 / math.sqrt(r), dtype=A.dtype, device=A.device)
         for _ in range(iters):
             u = A @ v
-            u = u / u.norm(dim=-2, keepdim=True).clamp_min(1e-30)
+            u = u / u.norm(dim=-2, keepdim=True).clamp_min(floor(1e-30, u.dtype))
             v = A.mT @ u
-            v = v / v.norm(dim=-2, keepdim=True).clamp_min(1e-30)
+            v = v / v.norm(dim=-2, keepdim=True).clamp_min(floor(1e-30, v.dtype))
         sigma = (A @ v).norm(dim=-2, keepdim=True)
         return 1.0 / sigma.clamp_min(1.0)
 

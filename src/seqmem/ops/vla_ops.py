@@ -44,6 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from seqmem.ops._common import floor
+
 __all__ = [
     "vla_attention",
     "vla_paper_delta_rule",
@@ -88,7 +90,7 @@ def _state_to(state, dtype: torch.dtype):
 
 
 def _unit(x: Tensor) -> Tensor:
-    return x / x.norm(dim=-1, keepdim=True).clamp_min(_TINY)
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(floor(_TINY, x.dtype))
 
 
 def vla_jacobian_norm_closed_form(c: Tensor | float) -> Tensor:

@@ -26,6 +26,7 @@ import math
 import torch
 from torch import Tensor
 
+from seqmem.ops._common import floor
 from seqmem.ops.fractional import gl_weights, soe_coefficients
 from seqmem.ops.local_attention import join_past, windowed_softmax
 
@@ -255,7 +256,7 @@ def retrieval_loss(
         c, xi, c_now = soe_coefficients(alpha, n_terms, horizon, eps)
         w = soe_kernel_matrix(pos, pos, c, xi, c_now)
     strict = pos[None, :] < pos[:, None]
-    logr = (logits + torch.log(w.clamp_min(1e-300))).masked_fill(~strict, float("-inf"))
+    logr = (logits + torch.log(w.clamp_min(floor(1e-300, w.dtype)))).masked_fill(~strict, float("-inf"))
     logp = logr - torch.logsumexp(logr, -1, keepdim=True).nan_to_num(neginf=0.0)
     src = source.clamp_min(0)
     picked = torch.gather(logp, 2, src[..., None])[..., 0]
