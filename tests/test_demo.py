@@ -1,20 +1,31 @@
-"""`seqmem demo`: option scaling, argument checks, and (slow) the attention target at the default size."""
+"""`seqmem demo` (a preset of the sweep runner): option scaling, argument checks, resumption, and (slow) the
+attention target at the default size."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from seqmem.demo import SCALED_OPTIONS, DemoConfig, demo_options, train_one
+from seqmem.demo import DemoConfig, demo_options, demo_spec, train_one
+from seqmem.sweep import LENGTH_RULE, load_spec
 
 
 def test_elastic_memory_scaled_with_block():
     # the paper's N/L = 540/2048 is kept: block 8 of a 32-token demo, 8 HiPPO coefficients
     assert demo_options("elastic", 32) == {"block_len": 8, "hippo_n": 8}
     assert demo_options("memorizing", 32) == {"block_len": 8, "n_queue": 16}
-    assert set(SCALED_OPTIONS) >= {"window", "block_len", "n_queue", "hippo_n"}
+    assert set(LENGTH_RULE) == {"window", "block", "memory", "queue", "chunk"}
+
+
+def test_ska_sees_its_context_in_the_demo():
+    # SKA is chunk-causal: with its default 64-token chunk every query of a 32-token demo saw no context at all
+    assert demo_options("ska", 32) == {"chunk_size": 4}
+    spec = load_spec(demo_spec(DemoConfig(), ["ska", "vort"]))
+    opts = {p.mixer: p.run_spec["model"]["mixer_options"] for p in spec.points()}
+    assert opts == {"ska": {"chunk_size": 4}, "vort": {"local_window": 8}}
 
 
 @pytest.mark.parametrize(
@@ -54,14 +65,26 @@ def test_melodi_summary_tokens_scaled_like_elastic_memory():
     assert demo_options("melodi", 32)["n_summary"] == demo_options("elastic", 32)["hippo_n"]
 
 
-def test_longest_first_orders_by_measured_step_time(monkeypatch):
-    import seqmem.demo as demo
+def test_runner_starts_the_slowest_runs_first_within_a_slice(monkeypatch):
+    import seqmem.sweep.runner as runner
 
-    cfg = DemoConfig(d_model=16, n_layers=1, batch_size=2)
-    # real measurements: a permutation of the input
-    assert sorted(demo.longest_first(["attention", "deltanet", "swa"], cfg)) == ["attention", "deltanet", "swa"]
-    fake = {"a": 0.1, "b": 0.3, "c": 0.2}
-    monkeypatch.setattr(demo, "step_seconds", lambda name, cfg: fake[name])
-    assert demo.longest_first(["a", "b", "c"], cfg) == ["b", "c", "a"]
-    # a mixer whose probe fails is started first (its worker reports the error in the table)
-    assert demo.longest_first(["a", "broken", "b"], cfg) == ["broken", "b", "a"]
+    spec = load_spec(demo_spec(DemoConfig(d_model=16, steps=2, batch_size=2), ["attention", "deltanet", "swa"]))
+    fake = {"attention": 0.1, "deltanet": 0.3, "swa": 0.2}
+    monkeypatch.setattr(runner, "estimate_costs", lambda pts, log=None: {p: fake[p.mixer] for p in pts})
+    lines: list[str] = []
+    runner.run_sweep(spec, Path("/nonexistent-dry-run"), dry_run=True, log=lines.append)
+    order = [line.split("/")[1] for line in lines if "would run" in line]
+    assert order == ["deltanet", "swa", "attention"]
+
+
+def test_demo_reuses_finished_runs(tmp_path):
+    cfg = DemoConfig(d_model=16, steps=3, batch_size=4, eval_examples=16)
+    from seqmem.demo import run_demo
+
+    first: list[str] = []
+    rows = run_demo(cfg, ["attention"], tmp_path, log=first.append)
+    assert rows[0]["error"] is None and (tmp_path / "results.md").exists() and (tmp_path / "report.md").exists()
+    again: list[str] = []
+    rows2 = run_demo(cfg, ["attention"], tmp_path, log=again.append)
+    assert any("1 finished, 0 to run" in line for line in again)
+    assert rows2[0]["accuracy"] == rows[0]["accuracy"]

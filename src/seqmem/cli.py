@@ -145,16 +145,7 @@ def _task_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     return args.task, opts
 
 
-def build_run(spec: dict[str, Any]):
-    """Model and task from a run specification (the ``run.json`` a ``train`` writes)."""
-    from seqmem.models import LanguageModel, LMConfig
-    from seqmem.tasks import build_task
-
-    task = build_task(spec["task"]["name"], **spec["task"]["options"])
-    mcfg = dict(spec["model"])
-    mcfg["vocab_size"] = task.vocab_size
-    model = LanguageModel(LMConfig.from_dict(mcfg))
-    return model, task
+from seqmem.train.run import build_run  # noqa: E402  (re-exported: seqmem.cli.build_run)
 
 
 def _init_distributed(device: str) -> tuple[int, int, str]:
@@ -482,6 +473,9 @@ def make_parser() -> argparse.ArgumentParser:
     from seqmem import demo, plotting
 
     demo.add_parser(sub)
+    from seqmem.sweep import cli as sweep_cli
+
+    sweep_cli.add_parser(sub)
     plotting.add_parser(sub)
     _add_repro(sub)
     try:

@@ -218,8 +218,8 @@ def from_run(run_dir: str, **config_kwargs: Any) -> SeqmemForCausalLM:
     import json
     from pathlib import Path
 
-    from seqmem.cli import build_run
     from seqmem.train.checkpoint import latest_good_checkpoint, load_weights
+    from seqmem.train.run import build_run
 
     run = Path(run_dir)
     if not (run / "run.json").is_file():

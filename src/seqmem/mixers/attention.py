@@ -45,6 +45,12 @@ class Attention(Mixer):
     """Causal multi-head softmax attention with rotary positions; optional sliding window."""
 
     contract_configs: ClassVar[list[dict]] = [{}, {"window": 8}]
+    length_options: ClassVar[dict[str, str]] = {"window": "window"}
+
+    def long_range_reason(self, seq_len: int) -> str | None:
+        if self.window is not None and self.window < seq_len:
+            return f"sliding window of {self.window} tokens (< {seq_len})"
+        return None
     #: the windowed fast path uses banded blocks once the keys number at least max(this, 8·window); below that
     #: SDPA with a dense mask is faster on CPU (measured crossover: 256–512 keys for window 8, 512–1024 for 64)
     band_min_keys: ClassVar[int] = 512

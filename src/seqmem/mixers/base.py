@@ -108,6 +108,12 @@ class Mixer(nn.Module):
     """
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [{}]
+    #: Options whose value is a length in tokens, by kind: ``"window"`` (a query sees only this many recent
+    #: tokens), ``"block"`` (attention within blocks of this length), ``"chunk"`` (a chunk length that limits what a
+    #: query can see, e.g. a chunk-causal memory), ``"queue"`` (a memory of this many past tokens) or ``"memory"``
+    #: (a compressed memory of this many slots or tokens).  Comparisons scale them to the task's sequence length
+    #: with one rule (:data:`seqmem.sweep.LENGTH_RULE`); chunk sizes of exact chunked forms are not lengths here.
+    length_options: ClassVar[dict[str, str]] = {}
     #: ``name`` is filled in by :func:`seqmem.registry.register`.
     name: ClassVar[str] = "mixer"
 
@@ -116,6 +122,14 @@ class Mixer(nn.Module):
         self.d_model = check_positive_int("d_model", d_model)
         self.n_heads = check_positive_int("n_heads", n_heads)
         self.impl = check_choice("impl", impl, IMPLS)
+
+    def long_range_reason(self, seq_len: int) -> str | None:
+        """Why the output at position ``seq_len - 1`` cannot depend on the first token, or ``None`` when it can.
+
+        Every memory must carry the first token to the end of the sequence; a mixer that by design cannot (a
+        window, a block-local layer, a token-wise layer) says why, and ``tests/test_comparison.py`` checks the
+        answer both ways for every registered mixer."""
+        return None
 
     # -- contract ---------------------------------------------------------------------------------------------
     def forward(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:

@@ -71,6 +71,13 @@ class BlockAttention(Mixer):
     """Block-local causal softmax attention (the paper's Transformer++); base of the memory mixers."""
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [{"block_len": 8}]
+    length_options: ClassVar[dict[str, str]] = {"block_len": "block"}
+
+    def long_range_reason(self, seq_len: int) -> str | None:
+        # the memory mixers override this; plain block attention sees only its own block
+        if type(self)._mem_keys is BlockAttention._mem_keys and self.block_len < seq_len:
+            return f"attention within {self.block_len}-token blocks and no memory (< {seq_len})"
+        return None
 
     def __init__(
         self,
@@ -278,6 +285,7 @@ class Elastic(BlockAttention):
         {"block_len": 8, "hippo_n": 12, "mem_tokens": 5, "sampling": "uniform"},
         {"block_len": 5, "hippo_n": 4, "mem_tokens": 7, "sampling": "midpoint", "n_heads": 1},
     ]
+    length_options: ClassVar[dict[str, str]] = {"block_len": "block", "hippo_n": "memory"}
 
     def __init__(
         self,

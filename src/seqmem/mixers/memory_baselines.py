@@ -65,6 +65,14 @@ class Memorizing(BlockAttention):
         {"block_len": 8, "n_queue": 12},
         {"block_len": 6, "n_queue": 4},
     ]
+    length_options: ClassVar[dict[str, str]] = {"block_len": "block", "n_queue": "queue"}
+
+    def long_range_reason(self, seq_len: int) -> str | None:
+        # the last token's block starts at b; the queue then holds the n_queue tokens before b
+        b = (seq_len - 1) // self.block_len * self.block_len
+        if b > self.n_queue:
+            return f"FIFO memory of {self.n_queue} tokens before the current {self.block_len}-token block (< {seq_len})"
+        return None
 
     def __init__(
         self,
@@ -236,6 +244,7 @@ class Melodi(BlockAttention):
     """Melodi short-term summary-token memory on block-local attention (paper 004 baseline)."""
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [{"block_len": 8, "n_summary": 3}]
+    length_options: ClassVar[dict[str, str]] = {"block_len": "block", "n_summary": "memory"}
 
     def __init__(
         self,

@@ -38,6 +38,8 @@ class SKAMixer(Mixer):
     # sequence differs from the full forward (the max is frozen at the first piece). See
     # tests/ops/test_ska.py for
     # the test that demonstrates the leak.
+    # chunk-causal: a query reads only the statistics of earlier chunks, so the chunk length limits what it sees
+    length_options: ClassVar[dict[str, str]] = {"chunk_size": "chunk"}
     contract_configs: ClassVar[list[dict]] = [
         {"rank": 4, "chunk_size": 8},
         {"rank": 3, "chunk_size": 5, "power": 0},
@@ -149,6 +151,9 @@ class KoopmanMLP(Mixer):
     """
 
     contract_configs: ClassVar[list[dict]] = [{"d_k": 32}]
+
+    def long_range_reason(self, seq_len: int) -> str | None:
+        return "a token-wise layer with no sequence memory (a control)"
 
     def __init__(
         self,

@@ -117,6 +117,7 @@ class VORT(Mixer):
     """Keyed linear-attention retrieval with power-law (SOE) or exponential decay kernels (VORT
     eqs. 11–17)."""
 
+    length_options: ClassVar[dict[str, str]] = {"local_window": "window"}
     contract_configs: ClassVar[list[dict]] = [
         {"chunk_size": 8, "local_window": 8, "n_soe": 6, "horizon": 64, "n_features": 8},
         {

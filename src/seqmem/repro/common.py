@@ -4,64 +4,22 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
+from seqmem.io import atomic_write_bytes, atomic_write_text, machine_info, mean_std, save_figure
 
-
-def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "python": sys.version.split()[0],
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and rename, so a crash never leaves half a file."""
-    atomic_write_bytes(path, text.encode())
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Binary twin of :func:`atomic_write_text`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
-    """Save a matplotlib figure as PNG atomically (rendered in memory, then :func:`atomic_write_bytes`)."""
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    atomic_write_bytes(Path(path), buf.getvalue())
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "fmt",
+    "machine_info",
+    "markdown_table",
+    "mean_std",
+    "save_figure",
+    "write_results",
+]
 
 
 def fmt(v: Any, digits: int = 3) -> str:

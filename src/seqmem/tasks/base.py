@@ -27,10 +27,14 @@ from torch import Tensor
 
 IGNORE_INDEX = -100
 DEFAULT_EVAL_SEED = 2_718_281
+#: the validation stream is seeded with ``eval_seed + VALID_SEED_OFFSET``: examples for choosing hyper-parameters
+#: (learning rates in ``seqmem sweep``), drawn apart from the reported evaluation examples
+VALID_SEED_OFFSET = 1_000_003
 
 __all__ = [
     "DEFAULT_EVAL_SEED",
     "IGNORE_INDEX",
+    "VALID_SEED_OFFSET",
     "Task",
     "build_task",
     "get_task_class",
@@ -61,6 +65,8 @@ class Task:
     """
 
     name: ClassVar[str] = "task"
+    #: the split whose results are reported; hyper-parameters are chosen on ``valid`` (:meth:`valid_data`)
+    report_split: ClassVar[str] = "eval"
     #: eval examples are generated in blocks of this many, in order, so eval_data is prefix-consistent
     eval_block: ClassVar[int] = 256
 
@@ -86,6 +92,11 @@ class Task:
     def eval_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
         """``n_examples`` evaluation examples from the fixed-seed eval stream (deterministic, cached)."""
         return self._cached_stream("eval", self.eval_seed, n_examples, self._eval_sample)
+
+    def valid_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
+        """``n_examples`` validation examples: drawn like :meth:`eval_data` but from a separate stream (seed
+        ``eval_seed + VALID_SEED_OFFSET``), for choosing hyper-parameters without touching the reported examples."""
+        return self._cached_stream("valid", self.eval_seed + VALID_SEED_OFFSET, n_examples, self._eval_sample)
 
     def _cached_stream(
         self,

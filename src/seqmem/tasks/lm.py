@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -52,6 +52,8 @@ class LMTask(Task):
         cache: cache the concatenated corpus under ``~/.cache/seqmem`` (``$SEQMEM_CACHE``).
         eval_seed: seed of the evaluation stream (the test stream uses ``eval_seed + 1``).
     """
+
+    report_split: ClassVar[str] = "test"
 
     name = "lm"
     vocab_size = 256
@@ -128,6 +130,11 @@ class LMTask(Task):
 
     def _eval_sample(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         return self.sample_split(self.eval_split, batch_size, generator)
+
+    def valid_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
+        """Hyper-parameters are chosen on the evaluation windows (the ``val`` split); results are reported on
+        :meth:`test_data` (``report_split = "test"``)."""
+        return self.eval_data(n_examples)
 
     def test_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
         """``n_examples`` windows of the ``test`` split from a fixed seed (``eval_seed + 1``; cached)."""

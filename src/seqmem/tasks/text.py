@@ -13,7 +13,7 @@ token in ``n_buckets`` position buckets, inclusive bounds) — lower late-bucket
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -44,6 +44,8 @@ class TextLMTask(Task):
         eval_split: split of :meth:`eval_data` (``val``).
         cache: cache corpora, trained tokenizers and token streams under ``$SEQMEM_CACHE``.
     """
+
+    report_split: ClassVar[str] = "test"
 
     name = "text"
 
@@ -115,6 +117,11 @@ class TextLMTask(Task):
 
     def _eval_sample(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         return self.sample_split(self.eval_split, batch_size, generator)
+
+    def valid_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
+        """Hyper-parameters are chosen on the evaluation windows (the ``val`` split); results are reported on
+        :meth:`test_data` (``report_split = "test"``)."""
+        return self.eval_data(n_examples)
 
     def test_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
         """Fixed-seed windows of the ``test`` split (seed ``eval_seed + 1``) — report once, never tune on it."""

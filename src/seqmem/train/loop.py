@@ -87,15 +87,25 @@ def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, task: Any, n_examples: int = 512, batch_size: int = 64, distributed: bool = False
+    model: nn.Module, task: Any, n_examples: int = 512, batch_size: int = 64, distributed: bool = False,
+    split: str = "eval",
 ) -> dict[str, float]:
     """Loss and accuracy over the scored positions of the task's fixed evaluation set (+ task metrics).
+
+    ``split``: ``"eval"`` (:meth:`~seqmem.tasks.base.Task.eval_data`, the default), ``"valid"`` (the examples for
+    choosing hyper-parameters, :meth:`~seqmem.tasks.base.Task.valid_data`) or ``"test"`` (tasks with a held-out
+    test split, e.g. language modelling).
 
     ``distributed=True`` (every rank of the process group must call it): rank r evaluates batches r, r+W, …; the
     per-batch sums are gathered and added in batch order, so the result equals the single-process one exactly."""
     was_training = model.training
     model.eval()
-    inputs, targets = task.eval_data(n_examples)
+    getter = {"eval": "eval_data", "valid": "valid_data", "test": "test_data"}.get(split)
+    if getter is None:
+        raise ValueError(f"split must be 'eval', 'valid' or 'test', got {split!r}")
+    if not hasattr(task, getter):
+        raise ValueError(f"task {type(task).__name__} has no {split!r} split ({getter})")
+    inputs, targets = getattr(task, getter)(n_examples)
     device = next(model.parameters()).device
     rank, world = dist_info() if distributed else (0, 1)
     parts: list[tuple[int, float, float, int, int, dict[str, float]]] = []
@@ -205,10 +215,22 @@ def train(
                 raise ValueError(f"--resume: no valid checkpoint under {ckpt_dir}")
             load_weights(model, ck)
             st = load_trainer_state(ck)
-            if st.get("train_config") != asdict(cfg) | {"betas": list(cfg.betas)}:
+            old_cfg = dict(st.get("train_config") or {})
+            if {**old_cfg, "steps": cfg.steps} != asdict(cfg) | {"betas": list(cfg.betas)}:
                 raise ValueError(f"--resume: checkpoint {ck} was written with a different training configuration")
+            if cfg.steps < st["step"]:
+                raise ValueError(f"--resume: the checkpoint is at step {st['step']}, beyond steps={cfg.steps}")
             opt.load_state_dict(st["optimizer"])
             sched.load_state_dict(st["scheduler"])
+            if old_cfg.get("steps") != cfg.steps and main:
+                # Extension: the warm-up + cosine schedule is laid over the new total, as if the run had been
+                # started with it (LambdaLR's state holds only the step count; the lambda is _lr_lambda(cfg)).
+                lr_old = cfg.lr * _lr_lambda(TrainConfig(**{**old_cfg, "betas": tuple(old_cfg["betas"])}))(
+                    st["step"] - 1)
+                lr_new = cfg.lr * _lr_lambda(cfg)(st["step"] - 1)
+                _say(f"resume: extending the run from {old_cfg.get('steps')} to {cfg.steps} steps; the learning-"
+                     f"rate schedule is laid over the new total (lr at step {st['step']}: {lr_old:.3g} -> "
+                     f"{lr_new:.3g})")
             gen.set_state(st["data_rng"])
             torch.set_rng_state(st["torch_rng"])
             start = st["step"]
@@ -232,10 +254,16 @@ def train(
         ddp = DistributedDataParallel(model, device_ids=ids, static_graph=True)
 
     bar = None
+    lines = False  # progress as plain lines (stderr is a log file or a pipe: no carriage returns)
     if progress and main:
-        from tqdm.auto import tqdm
+        import sys
 
-        bar = tqdm(total=cfg.steps, initial=start, dynamic_ncols=True, leave=False)
+        if sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=cfg.steps, initial=start, dynamic_ncols=True, leave=False)
+        else:
+            lines = True
     model.train()
     t0 = time.perf_counter()
     tokens = 0
@@ -291,6 +319,10 @@ def train(
             if bar is not None:
                 bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record.get('accuracy', float('nan')):.3f}",
                                 tok_s=f"{record.get('tokens_per_s', 0):.0f}")
+            if (bar is not None or lines) and "eval_loss" in record:
+                _say(_eval_line(record, cfg.steps), bar)
+            elif lines and "accuracy" in record:
+                _say(_progress_line(record, cfg.steps, start, time.perf_counter() - t0))
         if bar is not None:
             bar.update(1)
         if ckpt_dir is not None and (
@@ -309,6 +341,28 @@ def train(
         bar.close()
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _say(msg: str, bar: Any = None) -> None:
+    """One line on stderr (above the progress bar when there is one)."""
+    import sys
+
+    if bar is not None:
+        bar.write(msg, file=sys.stderr)
+    else:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def _progress_line(record: dict[str, Any], total: int, start: int, elapsed: float) -> str:
+    step = record["step"]
+    left = elapsed / max(step - start, 1) * (total - step)
+    return (f"step {step}/{total}  loss {record['loss']:.4f}  acc {record['accuracy']:.3f}  "
+            f"{record.get('tokens_per_s', 0):.0f} tok/s  {elapsed:.0f} s elapsed, ~{left:.0f} s left")
+
+
+def _eval_line(record: dict[str, Any], total: int) -> str:
+    evals = "  ".join(f"{k[5:]} {v:.4f}" for k, v in record.items() if k.startswith("eval_"))
+    return f"step {record['step']}/{total}  eval: {evals}"
 
 
 def _ddp_loss(
@@ -354,6 +408,6 @@ def _read_jsonl(path: Path | None) -> list[dict[str, Any]]:
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    from seqmem.repro.common import atomic_write_text
+    from seqmem.io import atomic_write_text
 
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))

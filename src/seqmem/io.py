@@ -1,0 +1,81 @@
+"""Ground-floor helpers every layer may use: atomic file writes, machine facts, sample statistics.
+
+Nothing here imports the rest of seqmem, so training, sweeps, reproductions and the command line can all share it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, core count, torch/Python versions, intra-op threads and GPU name (if any)."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "python": sys.version.split()[0],
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file and rename, so a crash never leaves half a file."""
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    """Binary twin of :func:`atomic_write_text`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save_figure(fig: Any, path: Path | str, dpi: int = 120) -> None:
+    """Save a matplotlib figure as PNG atomically (rendered in memory, then :func:`atomic_write_bytes`)."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    atomic_write_bytes(Path(path), buf.getvalue())
+
+
+def mean_std(values: Iterable[float]) -> tuple[float, float]:
+    """Mean and *sample* standard deviation (n − 1 in the denominator) of ``values``.
+
+    One value has no spread to estimate: its std is ``nan`` (shown as "—" in tables), never a misleading 0.
+    An empty input gives ``(nan, nan)``."""
+    xs = [float(v) for v in values]
+    if not xs:
+        return math.nan, math.nan
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return m, math.nan
+    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))

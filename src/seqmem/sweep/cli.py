@@ -1,0 +1,76 @@
+"""``seqmem sweep``: run (or resume) a sweep spec and write its report."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    from seqmem.sweep.spec import list_packaged_specs
+
+    packaged = ", ".join(list_packaged_specs())
+    p = sub.add_parser(
+        "sweep",
+        help="run a grid of training runs from a spec file (resumable) and report lr-selected means over seeds",
+        description=(
+            "Run every grid point of SPEC (a TOML/JSON file, or a packaged spec: " + packaged + ") as one run "
+            "directory under --out; re-running skips finished runs and resumes partial ones from their "
+            "checkpoints; a changed spec for existing runs is refused. Afterwards (or with --report alone) it "
+            "writes report.md, report.json and the accuracy-vs-state plot: per row the learning rate with the best "
+            "mean validation metric, then mean ± std over seeds on the reported examples."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("spec", help="spec file (.toml or .json) or packaged spec name")
+    p.add_argument("--out", type=Path, default=None, help="sweep directory (default: runs/sweeps/<spec name>)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (at most the number of cores)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--report", action="store_true", help="only aggregate the finished runs (no training)")
+    p.add_argument("--report-dir", type=Path, default=None, help="where to write the report (default: --out)")
+    p.add_argument("--dry-run", action="store_true", help="list the runs left and the estimated CPU time")
+    p.add_argument("--no-probe", action="store_true", help="skip the step-time probe (no ETA)")
+    p.add_argument("--limit", type=int, default=None, help="run at most this many runs now (the rest next time)")
+    p.set_defaults(func=cmd_sweep)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from seqmem.cli import UsageError, _check_out_dir
+    from seqmem.sweep import SpecError, load_spec, run_sweep, write_report
+
+    for k in ("jobs", "threads"):
+        if getattr(args, k) < 1:
+            raise UsageError(f"--{k} must be at least 1")
+    if args.limit is not None and args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    if args.jobs > (os.cpu_count() or 1):
+        print(f"seqmem sweep: warning: --jobs {args.jobs} exceeds the {os.cpu_count()} cores; timings will be "
+              "inflated", file=sys.stderr)
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as e:
+        raise UsageError(str(e)) from None
+    out = Path(args.out) if args.out is not None else Path("runs/sweeps") / spec.name
+    command = "seqmem sweep " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
+    if not args.report:
+        out = _check_out_dir(out)
+        try:
+            res = run_sweep(spec, out, jobs=args.jobs, threads=args.threads, probe=not args.no_probe,
+                            dry_run=args.dry_run, limit=args.limit, log=lambda s: print(s, flush=True))
+        except SpecError as e:
+            raise UsageError(str(e)) from None
+        if args.dry_run:
+            return 0
+        if res["errors"]:
+            print(f"seqmem sweep: {res['errors']} run(s) failed (error.json in their directories)", file=sys.stderr)
+    elif not out.is_dir():
+        raise UsageError(f"{out} does not exist: nothing to report (run the sweep first)")
+    report_dir = _check_out_dir(args.report_dir) if args.report_dir else out
+    payload = write_report(spec, out, report_dir, command=command)
+    done = sum(r["runs_done"] for r in payload["rows"])
+    total = sum(r["runs_total"] for r in payload["rows"])
+    print(f"report: {report_dir / 'report.md'} ({done}/{total} runs finished)")
+    return 0

@@ -1,0 +1,235 @@
+"""Aggregate a sweep: the learning rate chosen on validation, then mean ± std over seeds on the reported split.
+
+For every row (setting × mixer × model size) the learning rate with the best mean *validation* metric over seeds is
+chosen (highest accuracy, or lowest loss with ``select = "loss"``); a diverged run counts as the worst value.  The
+row then reports that learning rate's mean ± sample std over seeds on the task's reported split (never used for
+the choice), the per-seed values, the peak state (numbers per sequence) and the parameters.  Written as Markdown,
+JSON and an accuracy-vs-state plot (one line per mixer across model sizes, error bars over seeds).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from seqmem.io import atomic_write_text, machine_info, mean_std, save_figure
+from seqmem.sweep.runner import (
+    choose_lr,
+    expected_runs,
+    group_points,
+    read_result,
+    selection_lrs,
+    valid_value,
+)
+from seqmem.sweep.spec import SweepSpec, length_rule_text
+
+
+def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
+    """One row per (setting, mixer, model size), with the chosen lr and statistics over seeds."""
+    from seqmem.registry import build_mixer
+
+    rows = []
+    for (setting, mixer, axes), pts in group_points(spec.points()).items():
+        results = {(p.lr, p.seed): read_result(out / p.rel_dir) for p in pts}
+        n_total = expected_runs(spec, pts)
+        n_done = sum(1 for r in results.values() if valid_value(r, spec.select) is not None)
+        lr_valid = selection_lrs(spec, pts, out)
+        best_lr = choose_lr(lr_valid, spec.select)
+        first = next((r for r in results.values() if r and "state" in r), None)
+        row: dict[str, Any] = {
+            "setting": setting, "mixer": mixer, "family": pts[0].family, **dict(axes),
+            "runs_done": n_done, "runs_total": n_total, "complete": n_done >= n_total,
+            "lr_valid": {f"{lr:g}": v for lr, v in sorted(lr_valid.items())},
+            "best_lr": best_lr, "state": first["state"] if first else None,
+            "params": first["params"] if first else None,
+        }
+        if best_lr is not None:
+            per_seed = {}
+            for seed in spec.seeds:
+                v = valid_value(results.get((best_lr, seed)), spec.select, part="report")
+                if v is not None:
+                    per_seed[seed] = v
+            m, sd = mean_std([v for v in per_seed.values() if not math.isnan(v)])
+            split = next((r.get("report_split") for (lr, _), r in results.items()
+                          if lr == best_lr and r and r.get("report_split")), "eval")
+            row.update({"report_mean": m, "report_std": sd, "per_seed": per_seed, "n_seeds": len(per_seed),
+                        "diverged_seeds": sum(1 for v in per_seed.values() if math.isnan(v)),
+                        "valid_at_best": lr_valid[best_lr], "report_split": split,
+                        "lr_at_grid_edge": len(lr_valid) > 1 and best_lr in (min(lr_valid), max(lr_valid))})
+        # why the row may be unable to use its context (per layer, at this setting's length)
+        seq_len = next(s.seq_len for s in spec.settings if s.label == setting)
+        model = pts[0].run_spec["model"]
+        names = model["mixer"] if isinstance(model["mixer"], list) else [model["mixer"]] * model["n_layers"]
+        opts = model["mixer_options"] if isinstance(model["mixer_options"], list) else \
+            [model["mixer_options"]] * len(names)
+        reasons = []
+        for n, o in zip(names, opts):
+            r = build_mixer(n, model["d_model"], **{"n_heads": model["n_heads"], **o}).long_range_reason(seq_len)
+            if r:
+                reasons.append(f"{n}: {r}")
+        row["cannot_reach_first_token"] = len(reasons) == len(names)
+        row["length_note"] = "; ".join(sorted(set(reasons)))
+        row["note"] = spec.notes.get(mixer, "")
+        row["mixer_options"] = model["mixer_options"]
+        rows.append(row)
+    return rows
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return "—" if math.isnan(v) else f"{v:.{digits}f}"
+    return str(v)
+
+
+def chance_level(spec: SweepSpec) -> dict[str, float]:
+    """Per setting: 1/(number of value tokens) for MQAR-like tasks with a ``value_range`` (else absent)."""
+    from seqmem.tasks import build_task
+
+    out = {}
+    for s in spec.settings:
+        t = build_task(spec.task, **{**spec.task_options, **s.options})
+        vr = getattr(t, "value_range", None)
+        if vr is not None:
+            out[s.label] = 1.0 / (vr[1] - vr[0])
+    return out
+
+
+def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu_seconds: float = 0.0) -> str:
+    """The report as Markdown: the protocol, the length rule, one table per setting, CPU-hours and machine."""
+    info = machine_info()
+    cpu_s = cpu_seconds
+    sel = spec.select
+    lines = [f"# Sweep `{spec.name}`", ""]
+    if spec.description:
+        lines += [spec.description, ""]
+    lines += [
+        f"Task `{spec.task}` {json.dumps(spec.task_options)}; model {json.dumps(spec.model)}; "
+        f"training {json.dumps(spec.train)}; learning rates {spec.lrs}; seeds {spec.seeds}.",
+        "",
+        ("**Protocol.** For each row the learning rate with the best mean validation "
+         f"{sel} over seeds ({spec.valid_examples} validation examples, a stream separate from the reported ones) "
+         "is chosen; the row " if spec.lr_selection == "all_seeds" else
+         f"**Protocol (two stages).** For each row every learning rate is trained with seed {spec.seeds[0]}; the "
+         f"one with the best validation {sel} ({spec.valid_examples} validation examples, a stream separate from "
+         f"the reported ones) is then trained with the other seeds ({spec.seeds[1:]}); the row ") +
+        "reports that learning rate's mean ± sample std over seeds on the reported split, and the per-seed values. "
+        "A diverged run counts as the worst value. *state* is the most numbers per sequence the model holds at any "
+        "point of the sequence (all layers). *lr** is the chosen learning rate; '(edge)' marks one at the edge of "
+        "the grid.",
+        "",
+        f"**Lengths.** {length_rule_text()}" + ("." if spec.scale_lengths else " — switched OFF in this spec."),
+        "",
+    ]
+    chance = chance_level(spec)
+    for setting in spec.settings:
+        srows = [r for r in rows if r["setting"] == setting.label]
+        srows.sort(key=lambda r: (-(r.get("report_mean") if r.get("report_mean") == r.get("report_mean") and
+                                    r.get("report_mean") is not None else -1)
+                                  if sel == "accuracy" else (r.get("report_mean") or math.inf), r["state"] or 0))
+        lines += [f"## {setting.label} ({json.dumps(setting.options)}, T = {setting.seq_len})", ""]
+        if setting.label in chance:
+            lines += [f"Chance: {chance[setting.label]:.3f}.", ""]
+        axes = spec.model_axes
+        head = ["mixer", *axes, "state", "params", "lr*", f"{sel} (mean ± std)", "per seed", "valid by lr", "runs",
+                "note"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in srows:
+            per = ", ".join(_fmt(v) for v in r.get("per_seed", {}).values()) or "—"
+            lrv = ", ".join(f"{lr}: {_fmt(v)}" for lr, v in r["lr_valid"].items()) or "—"
+            ms = "—" if r.get("report_mean") is None else \
+                f"{_fmt(r['report_mean'])} ± {_fmt(r['report_std'])}"
+            lr = "—" if r["best_lr"] is None else f"{r['best_lr']:g}" + (" (edge)" if r.get("lr_at_grid_edge") else "")
+            note = []
+            if r["cannot_reach_first_token"]:
+                note.append("by design cannot see the whole sequence: " + r["length_note"])
+            elif r["length_note"]:
+                note.append(r["length_note"])
+            if r.get("note"):
+                note.append(r["note"])
+            if r.get("diverged_seeds"):
+                note.append(f"{r['diverged_seeds']} seed(s) diverged")
+            if not r["complete"]:
+                note.append("PARTIAL")
+            state = "—" if r["state"] is None else f"{r['state']:,}"
+            params = "—" if r["params"] is None else f"{r['params']:,}"
+            lines.append("| " + " | ".join([f"`{r['mixer']}`", *[str(r.get(a)) for a in axes], state, params, lr, ms,
+                                             per, lrv, f"{r['runs_done']}/{r['runs_total']}", "; ".join(note)])
+                         + " |")
+        lines.append("")
+    done = sum(r["runs_done"] for r in rows)
+    total = sum(r["runs_total"] for r in rows)
+    lines += [f"Runs finished: {done}/{total}; training time of the finished runs: {cpu_s / 3600:.2f} CPU-hours "
+              f"(one thread each). Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}; "
+              f"report written {time.strftime('%Y-%m-%d %H:%M')}.", ""]
+    if command:
+        lines += [f"Command: `{command}`", ""]
+    return "\n".join(lines)
+
+
+def plot(spec: SweepSpec, rows: list[dict[str, Any]], path: Path) -> None:
+    """Accuracy (or loss) against peak state: per setting a panel, per mixer a line across model sizes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = spec.settings
+    fig, axs = plt.subplots(1, len(settings), figsize=(6.2 * len(settings) + 2.4, 4.8), squeeze=False)
+    mixers = [m.label for m in spec.mixers]
+    cmap = plt.get_cmap("tab20").colors
+    markers = "osD^vPX<>*hd"
+    chance = chance_level(spec)
+    for ax, setting in zip(axs[0], settings):
+        for i, mixer in enumerate(mixers):
+            pts = sorted((r for r in rows if r["setting"] == setting.label and r["mixer"] == mixer
+                          and r.get("report_mean") is not None and r["state"]), key=lambda r: r["state"])
+            if not pts:
+                continue
+            xs = [r["state"] for r in pts]
+            ys = [r["report_mean"] for r in pts]
+            es = [0.0 if r["report_std"] != r["report_std"] else r["report_std"] for r in pts]
+            dashed = any(r["cannot_reach_first_token"] for r in pts)
+            ax.errorbar(xs, ys, yerr=es, color=cmap[i % len(cmap)], marker=markers[i % len(markers)], ms=5,
+                        capsize=3, lw=1.2, ls="--" if dashed else "-", label=mixer if ax is axs[0][0] else None,
+                        markeredgecolor="black", markeredgewidth=0.3)
+        if setting.label in chance and spec.select == "accuracy":
+            ax.axhline(chance[setting.label], color="grey", ls=":", lw=1)
+        ax.set_xscale("log")
+        ax.set_xlabel("peak state (numbers per sequence, log)")
+        ax.set_ylabel(f"{spec.select} (reported split; mean ± std over seeds)")
+        ax.set_title(f"{setting.label} (T={setting.seq_len})", fontsize=10)
+        ax.grid(alpha=0.3)
+        if spec.select == "accuracy":
+            ax.set_ylim(-0.02, 1.04)
+    fig.legend(loc="center right", fontsize=7, frameon=False)
+    fig.suptitle(f"{spec.name}: {spec.select} vs state (dashed: cannot see the whole sequence by design)",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1 - 2.2 / fig.get_figwidth(), 1))
+    save_figure(fig, path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(spec: SweepSpec, out: Path, report_dir: Path | None = None, command: str = "") -> dict[str, Any]:
+    """Write ``report.md``, ``report.json`` and ``<select>_vs_state.png`` to ``report_dir`` (default ``out``)."""
+    out = Path(out)
+    report_dir = Path(report_dir or out)
+    rows = collect(spec, out)
+    secs = 0.0
+    for p in spec.points():
+        r = read_result(out / p.rel_dir)
+        if r:
+            secs += float(r.get("seconds", 0.0))
+    md = markdown(spec, rows, command, secs)
+    payload = {
+        "spec": spec.raw, "source": spec.source, "length_rule": length_rule_text(), "select": spec.select,
+        "cpu_hours": secs / 3600, "machine": machine_info(), "rows": rows,
+    }
+    atomic_write_text(report_dir / "report.md", md)
+    atomic_write_text(report_dir / "report.json", json.dumps(payload, indent=2, default=str))
+    plot(spec, rows, report_dir / f"{spec.select}_vs_state.png")
+    return payload

@@ -1,0 +1,378 @@
+"""Run a sweep: one run directory per grid point, resumable, in worker processes with one thread each.
+
+Per run directory: ``run.json`` (what ``seqmem train`` writes; a changed spec for an existing run is refused),
+``metrics.jsonl`` and ``checkpoints/`` from the trainer, and ``result.json`` once the run has finished (validation
+and reported metrics, state size, parameters, seconds).  Re-running the same sweep skips finished runs and resumes
+partial ones from their newest good checkpoint, so a campaign can be stopped and continued on any machine.
+A run that diverges (NaN loss at its learning rate) is a result too (``status: "diverged"``); any other error is
+written to ``error.json`` and retried on the next invocation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from seqmem.io import atomic_write_text
+from seqmem.sweep.spec import Point, SpecError, SweepSpec
+
+RESULT = "result.json"
+
+
+class SweepConflict(SpecError):
+    """Existing run directories were written by a different spec."""
+
+
+def peak_state(model: Any, seq_len: int) -> int:
+    """The most numbers per sequence ``model`` holds at any point of a ``seq_len``-token sequence (block mixers
+    empty a partial-block buffer at each block end, so the size after exactly ``seq_len`` tokens understates them)."""
+    return max(model.state_size(t) for t in range(1, seq_len + 1))
+
+
+def check_conflicts(points: list[Point], out: Path) -> None:
+    """Refuse to mix two specs in one directory: every existing ``run.json`` must equal its point's spec."""
+    bad = []
+    for p in points:
+        f = out / p.rel_dir / "run.json"
+        if f.exists():
+            try:
+                old = json.loads(f.read_text())
+            except ValueError:
+                bad.append(f"{f} (unreadable)")
+                continue
+            if old != p.run_spec:
+                keys = sorted(k for k in set(old) | set(p.run_spec) if old.get(k) != p.run_spec.get(k))
+                bad.append(f"{f} (differs in {', '.join(keys)})")
+    if bad:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise SweepConflict(f"the spec changed for existing runs: {bad[0]}{more}; use another --out, or restore "
+                            "the spec these runs were made with")
+
+
+def is_finished(run_dir: Path) -> bool:
+    return (run_dir / RESULT).is_file()
+
+
+def read_result(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((run_dir / RESULT).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run_point(run_spec: dict[str, Any], run_dir: str, threads: int = 1) -> dict[str, Any]:
+    """Train (or resume) one grid point and write its ``result.json``; returns the result."""
+    import torch
+
+    from seqmem.mixers.base import NonFiniteError
+    from seqmem.train import TrainConfig, evaluate, train
+    from seqmem.train.checkpoint import latest_good_checkpoint
+    from seqmem.train.run import build_run
+
+    torch.set_num_threads(threads)
+    d = Path(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    spec_file = d / "run.json"
+    if not spec_file.exists():
+        atomic_write_text(spec_file, json.dumps(run_spec, indent=2))
+    torch.manual_seed(run_spec["train"]["seed"])
+    model, task = build_run(run_spec)
+    cfg = TrainConfig(**run_spec["train"])
+    sweep = run_spec.get("sweep", {})
+    resume = latest_good_checkpoint(d / "checkpoints") is not None
+    t0 = time.perf_counter()
+    result: dict[str, Any] = {
+        "setting": sweep.get("setting"), "mixer": sweep.get("mixer"), "family": sweep.get("family"),
+        "lr": cfg.lr, "seed": cfg.seed, "steps": cfg.steps,
+        "params": model.num_parameters(), "state": peak_state(model, task.seq_len), "seq_len": task.seq_len,
+        "resumed": resume,
+    }
+    try:
+        res = train(model, task, cfg, out_dir=d, resume=resume)
+        report_split = getattr(task, "report_split", "eval")
+        result["valid"] = evaluate(model, task, sweep.get("valid_examples", 512), cfg.eval_batch_size,
+                                   split="valid")
+        result["report"] = evaluate(model, task, cfg.eval_examples, cfg.eval_batch_size, split=report_split)
+        result["report_split"] = report_split
+        result["status"] = "finished"
+        result["train_seconds"] = res.seconds
+    except (FloatingPointError, NonFiniteError) as e:  # diverged at this learning rate: a result, not a crash
+        result["status"] = "diverged"
+        result["error"] = str(e).splitlines()[0]
+    result["seconds"] = time.perf_counter() - t0
+    atomic_write_text(d / RESULT, json.dumps(result, indent=2))
+    err = d / "error.json"
+    if err.exists():
+        err.unlink()
+    return result
+
+
+def _run_point_safe(run_spec: dict[str, Any], run_dir: str, threads: int) -> dict[str, Any]:
+    try:
+        return run_point(run_spec, run_dir, threads)
+    except Exception as e:  # noqa: BLE001 — recorded and retried next time; the sweep goes on
+        msg = f"{type(e).__name__}: {e}".splitlines()[0]
+        try:
+            atomic_write_text(Path(run_dir) / "error.json", json.dumps({"error": msg}))
+        except OSError:
+            pass
+        return {"status": "error", "error": msg}
+
+
+def step_seconds(run_spec: dict[str, Any]) -> float:
+    """Seconds of one training step (forward + backward at the run's batch size, the faster of two) — for ETAs."""
+    import torch
+
+    from seqmem.train.run import build_run
+
+    model, task = build_run(run_spec)
+    x, _ = task.sample(run_spec["train"].get("batch_size", 32), torch.Generator().manual_seed(0))
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        model(x)[0].float().logsumexp(-1).mean().backward()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def estimate_costs(points: list[Point], log: Callable[[str], None] | None = None) -> dict[Point, float]:
+    """Estimated seconds of each point (one-thread step time × steps), probing each distinct model once."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    probe: dict[str, float] = {}
+    out: dict[Point, float] = {}
+    try:
+        for p in points:
+            key = json.dumps({"task": p.run_spec["task"], "model": p.run_spec["model"]}, sort_keys=True)
+            if key not in probe:
+                try:
+                    probe[key] = step_seconds(p.run_spec)
+                except Exception:  # noqa: BLE001 — the run itself will report the error
+                    probe[key] = float("nan")
+                if log is not None:
+                    log(f"  step time {p.setting} / {p.mixer} / {dict(p.model_axes)}: {probe[key] * 1e3:.0f} ms")
+            out[p] = probe[key] * p.run_spec["train"]["steps"]
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def choose_lr(values: dict[float, float], select: str) -> float | None:
+    """The learning rate with the best validation value (``nan`` = diverged = worst); ``None`` if empty."""
+    best = None
+    for lr, v in values.items():
+        if best is None:
+            best = lr
+            continue
+        b = values[best]
+        if math.isnan(b) and not math.isnan(v):
+            best = lr
+        elif not math.isnan(v) and (v > b if select == "accuracy" else v < b):
+            best = lr
+    return best
+
+
+def valid_value(r: dict[str, Any] | None, select: str, part: str = "valid") -> float | None:
+    """A finished run's metric (``None`` while unfinished; ``nan`` if it diverged)."""
+    if r is None or r.get("status") not in ("finished", "diverged"):
+        return None
+    if r["status"] == "diverged":
+        return math.nan
+    return float(r[part][select])
+
+
+def group_points(points: list[Point]) -> dict[tuple, list[Point]]:
+    groups: dict[tuple, list[Point]] = {}
+    for p in points:
+        groups.setdefault(p.group, []).append(p)
+    return groups
+
+
+def selection_lrs(spec: SweepSpec, pts: list[Point], out: Path) -> dict[float, float]:
+    """Validation value per lr used to choose a row's lr: mean over seeds (``all_seeds``) or the first seed's
+    (``first_seed``); lrs with no finished run are absent."""
+    by_lr: dict[float, list[float]] = {}
+    for p in pts:
+        if spec.lr_selection == "first_seed" and not spec.is_first_stage(p):
+            continue
+        v = valid_value(read_result(out / p.rel_dir), spec.select)
+        if v is not None:
+            by_lr.setdefault(p.lr, []).append(v)
+    return {lr: (math.nan if any(math.isnan(v) for v in vs) else sum(vs) / len(vs)) for lr, vs in by_lr.items()}
+
+
+def wanted_points(spec: SweepSpec, out: Path, points: list[Point] | None = None) -> list[Point]:
+    """The runs the sweep needs now: every point (``all_seeds``), or the first-seed runs plus, for each row whose
+    first-seed runs have all finished, the other seeds at the chosen lr (``first_seed``)."""
+    points = spec.points() if points is None else points
+    if spec.lr_selection == "all_seeds":
+        return points
+    out_pts: list[Point] = []
+    for pts in group_points(points).values():
+        stage1 = [p for p in pts if spec.is_first_stage(p)]
+        out_pts += stage1
+        if all(is_finished(out / p.rel_dir) for p in stage1):
+            best = choose_lr(selection_lrs(spec, pts, out), spec.select)
+            out_pts += [p for p in pts if p.lr == best and not spec.is_first_stage(p)]
+    return out_pts
+
+
+def expected_runs(spec: SweepSpec, pts: list[Point]) -> int:
+    """Runs a row needs in all (``pts``: the row's grid points)."""
+    if spec.lr_selection == "all_seeds":
+        return len(pts)
+    return len({p.lr for p in pts}) + len(spec.seeds) - 1
+
+
+def _fmt_secs(s: float) -> str:
+    if s != s:
+        return "?"
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def run_sweep(
+    spec: SweepSpec,
+    out: Path,
+    jobs: int = 1,
+    threads: int = 1,
+    log: Callable[[str], None] = print,
+    probe: bool = True,
+    dry_run: bool = False,
+    limit: int | None = None,
+) -> dict[str, Any]:
+    """Run every unfinished run of ``spec`` under ``out``; returns counts.  See the module docstring.
+
+    With ``lr_selection = "first_seed"`` the second stage of a row (its other seeds at the chosen lr) starts as soon
+    as the row's first-seed runs have finished, within the same invocation."""
+    out = Path(out)
+    points = spec.points()
+    check_conflicts(points, out)
+    groups = group_points(points)
+    n_expected = sum(expected_runs(spec, g) for g in groups.values())
+    done_before = sum(1 for p in wanted_points(spec, out, points) if is_finished(out / p.rel_dir))
+    n_left = n_expected - done_before
+    log(f"sweep {spec.name}: {n_expected} runs ({spec.lr_selection} lr selection), {done_before} finished, "
+        f"{n_left} to run ({jobs} worker(s) x {threads} thread(s)) -> {out}")
+    # cost per row (all its runs share a model) for the ETA and for starting the longest runs first
+    row_cost: dict[tuple, float] = {}
+    if probe and n_left:
+        log("measuring one-thread step times for the ETA ...")
+        left_rows = [g for g in groups.values()
+                     if sum(1 for p in wanted_points(spec, out, g) if is_finished(out / p.rel_dir))
+                     < expected_runs(spec, g)]
+        c = estimate_costs([g[0] for g in left_rows], log)
+        row_cost = {p.group: v for p, v in c.items()}
+        total = sum(v * (expected_runs(spec, g) - sum(1 for p in g if is_finished(out / p.rel_dir)))
+                    for g in left_rows for v in [row_cost[g[0].group]] if v == v)
+        log(f"estimated {total / 3600:.2f} CPU-hours for the runs left, about {_fmt_secs(total / max(jobs, 1))} "
+            f"with {jobs} worker(s)")
+    slice_order = {}
+    for p in points:
+        slice_order.setdefault((p.setting, p.model_axes), len(slice_order))
+
+    def order(todo: list[Point]) -> list[Point]:
+        # slices (setting, model size) in spec order; the longest runs first within a slice
+        return sorted(todo, key=lambda p: (slice_order[(p.setting, p.model_axes)], -(row_cost.get(p.group) or 0)))
+
+    if dry_run:
+        todo = order([p for p in wanted_points(spec, out, points) if not is_finished(out / p.rel_dir)])
+        for p in todo[:limit]:
+            log(f"  would run {p.rel_dir}")
+        if spec.lr_selection == "first_seed":
+            log(f"  (+ the second-stage runs of rows whose lr is not chosen yet: {n_left - len(todo)})")
+        return {"total": n_expected, "finished_before": done_before, "ran": 0, "errors": 0}
+
+    t0 = time.perf_counter()
+    state = {"finished": 0, "errors": 0, "done_cost": 0.0}
+    cost_left = sum(row_cost.get(g[0].group, 0.0) * (expected_runs(spec, g)
+                    - sum(1 for p in g if is_finished(out / p.rel_dir))) for g in groups.values())
+
+    def report(p: Point, r: dict[str, Any]) -> None:
+        nonlocal cost_left
+        state["finished"] += 1
+        c = row_cost.get(p.group, 0.0)
+        if c == c:
+            state["done_cost"] += c
+            cost_left -= c
+        el = time.perf_counter() - t0
+        if r.get("status") == "finished":
+            what = (f"valid {_metric(r['valid'], spec.select)}  {r.get('report_split', 'eval')} "
+                    f"{_metric(r['report'], spec.select)}")
+        elif r.get("status") == "diverged":
+            what = "diverged"
+        else:
+            what = f"ERROR {r.get('error', '')}"
+            state["errors"] += 1
+        if state["done_cost"] > 0 and cost_left > 1e-9:
+            eta = f"ETA {_fmt_secs(el / state['done_cost'] * cost_left)}"
+        else:
+            left = n_left - state["finished"]
+            eta = f"ETA {_fmt_secs(el / state['finished'] * left)}" if left > 0 else "done"
+        log(f"[{done_before + state['finished']}/{n_expected}] {p.rel_dir}  {what}  "
+            f"{_fmt_secs(r.get('seconds', 0.0))}  | {eta}")
+
+    attempted: set[Point] = set()
+    budget = limit
+    env_before = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by spawned workers
+    ex = None
+    try:
+        if jobs > 1:
+            import multiprocessing as mp
+
+            ex = ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"))
+        while budget is None or budget > 0:
+            todo = order([p for p in wanted_points(spec, out, points)
+                          if p not in attempted and not is_finished(out / p.rel_dir)])
+            if budget is not None:
+                todo = todo[:budget]
+                budget -= len(todo)
+            if not todo:
+                break
+            attempted.update(todo)
+            if ex is None:
+                import torch
+
+                prev = torch.get_num_threads()
+                try:
+                    for p in todo:
+                        report(p, _run_point_safe(p.run_spec, str(out / p.rel_dir), threads))
+                finally:
+                    torch.set_num_threads(prev)
+            else:
+                futs = {ex.submit(_run_point_safe, p.run_spec, str(out / p.rel_dir), threads): p for p in todo}
+                for f in as_completed(futs):
+                    report(futs[f], f.result())
+    except KeyboardInterrupt:
+        if ex is not None:
+            ex.shutdown(wait=False, cancel_futures=True)
+            ex = None
+        raise
+    finally:
+        if ex is not None:
+            ex.shutdown()
+        if env_before is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env_before
+    log(f"sweep {spec.name}: ran {state['finished']} run(s) in {_fmt_secs(time.perf_counter() - t0)}"
+        + (f", {state['errors']} error(s) (see error.json; re-run to retry)" if state["errors"] else ""))
+    return {"total": n_expected, "finished_before": done_before, "ran": state["finished"],
+            "errors": state["errors"]}
+
+
+def _metric(m: dict[str, Any], select: str) -> str:
+    v = m.get(select)
+    return "?" if v is None else f"{select} {v:.3f}"

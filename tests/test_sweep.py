@@ -1,0 +1,280 @@
+"""The sweep runner: spec validation, grid expansion, resumption, conflicts, lr choice on validation, report."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqmem.cli import main
+from seqmem.sweep import (
+    LENGTH_RULE,
+    SpecError,
+    SweepConflict,
+    collect,
+    fair_options,
+    list_packaged_specs,
+    load_spec,
+    run_sweep,
+    write_report,
+)
+from seqmem.sweep.spec import PACKAGED_SPECS
+
+TINY = tomllib.loads((PACKAGED_SPECS / "tiny.toml").read_text())
+
+
+def tiny(**changes) -> dict:
+    raw = copy.deepcopy(TINY)
+    for k, v in changes.items():
+        sect, _, key = k.partition("__")
+        if key:
+            raw[sect][key] = v
+        else:
+            raw[sect] = v
+    return raw
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def test_packaged_specs_all_load():
+    names = list_packaged_specs()
+    assert {"tiny", "compare", "demo"} <= set(names)
+    for n in names:
+        spec = load_spec(n)
+        assert spec.points(), n
+
+
+def test_grid_expansion_and_directories():
+    spec = load_spec(tiny(model__d_model=[16, 32]))
+    pts = spec.points()
+    # 1 setting x 2 widths x 2 mixers x 2 lrs x 2 seeds
+    assert len(pts) == 16
+    assert len({p.rel_dir for p in pts}) == 16
+    p = pts[0]
+    assert p.rel_dir.parts[:3] == ("2-pairs", "attention", "d_model16")
+    run = p.run_spec
+    assert run["task"] == {"name": "mqar", "options": {"vocab_size": 16, "num_pairs": 2, "seq_len": 16}}
+    assert run["train"]["lr"] == 3e-3 and run["train"]["seed"] == 0
+    assert run["train"]["checkpoint_every"] == 6  # steps // 5 by default: a killed run loses little
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"bogus": 1}, "unknown key"),
+        ({"name": "has space"}, "'name'"),
+        ({"train__lrs": []}, "lrs"),
+        ({"train__lrs": [1e-3, -1.0]}, "lrs"),
+        ({"train__seeds": [0, 0]}, "distinct"),
+        ({"train__lr": 1e-3}, "'lrs'"),
+        ({"train__stpes": 3}, "unknown key"),
+        ({"model__n_layers": [1, 2]}, "n_layers"),
+        ({"model__widht": 3}, "unknown key"),
+        ({"mixers": ["atention"]}, "did you mean 'attention'"),
+        ({"mixers": [{"name": "attention", "options": {"windw": 4}}]}, "no option"),
+        ({"mixers": [{"name": "a+b", "layers": ["attention"]}]}, "one mixer per layer"),
+        ({"mixers": ["attention", "attention"]}, "distinct"),
+        ({"settings": [{"label": "x", "options": {"num_pairs": 100}}]}, "task 'mqar'"),
+        ({"mixers": [{"name": "attention", "options": {"window": -3}}]}, "window"),
+        ({"select": "speed"}, "select"),
+    ],
+)
+def test_bad_specs_are_refused_with_a_clear_message(change, match):
+    with pytest.raises(SpecError, match=match):
+        load_spec(tiny(**change))
+
+
+def test_spec_file_errors(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = \n")
+    with pytest.raises(SpecError, match="not valid TOML"):
+        load_spec(bad)
+    with pytest.raises(SpecError, match="neither a file nor a packaged spec"):
+        load_spec(tmp_path / "missing.toml")
+    js = tmp_path / "tiny.json"
+    js.write_text(json.dumps(TINY))
+    assert len(load_spec(js).points()) == len(load_spec("tiny").points())
+
+
+def test_length_rule_scales_every_length_option():
+    assert fair_options("ska", 64) == {"chunk_size": int(LENGTH_RULE["chunk"] * 64)}
+    assert fair_options("swa", 64) == {"window": 16}
+    assert fair_options("attention", 64) == {}  # window=None stays off
+    assert fair_options("elastic", 64) == {"block_len": 16, "hippo_n": 16}
+    assert fair_options("memorizing", 64) == {"block_len": 16, "n_queue": 32}
+    assert fair_options("vort", 64) == {"local_window": 16}
+    assert fair_options("vort_fixed_alpha", 64) == {}  # local_window=0 (off) by default stays off
+    assert fair_options("mamba2", 64) == {}  # an exact chunked form's chunk is not a length
+    # a spec's own options win over the rule
+    spec = load_spec(tiny(mixers=[{"name": "swa", "options": {"window": 3}}]))
+    assert spec.points()[0].run_spec["model"]["mixer_options"] == {"window": 3}
+
+
+def test_hybrid_rows_get_per_layer_options():
+    spec = load_spec(tiny(mixers=[{"name": "mamba2+ska", "layers": ["mamba2", "ska"], "family": "echo"}]))
+    m = spec.points()[0].run_spec["model"]
+    assert m["mixer"] == ["mamba2", "ska"]
+    assert m["mixer_options"] == [{}, {"chunk_size": 2}]
+
+
+def test_run_report_resume_and_conflict(tmp_path):
+    spec = load_spec("tiny")
+    a = tmp_path / "a"
+    res = run_sweep(spec, a, jobs=1, log=quiet, probe=False)
+    assert res == {"total": 8, "finished_before": 0, "ran": 8, "errors": 0}
+    for p in spec.points():
+        d = a / p.rel_dir
+        assert json.loads((d / "run.json").read_text()) == p.run_spec
+        r = json.loads((d / "result.json").read_text())
+        assert r["status"] == "finished" and r["steps"] == 30
+        # validation and reported examples are different draws
+        assert r["valid"]["accuracy"] != r["report"]["accuracy"] or r["valid"]["loss"] != r["report"]["loss"]
+    # a second invocation finds nothing to do
+    assert run_sweep(spec, a, jobs=1, log=quiet, probe=False)["ran"] == 0
+
+    # b: interrupted — three runs finished, one killed half-way (a checkpoint and metrics, no result) — resumes to
+    # the same numbers
+    b = tmp_path / "b"
+    run_sweep(spec, b, jobs=1, log=quiet, probe=False, limit=3)
+    from seqmem.io import atomic_write_text
+    from seqmem.train import TrainConfig, train
+    from seqmem.train.run import build_run
+
+    p = spec.points()[3]
+    d = b / p.rel_dir
+    atomic_write_text(d / "run.json", json.dumps(p.run_spec))
+    torch.manual_seed(p.seed)
+    model, task = build_run(p.run_spec)
+    train(model, task, TrainConfig(**p.run_spec["train"]), out_dir=d, stop_after=12)
+    assert not (d / "result.json").exists() and any((d / "checkpoints").iterdir())
+    log: list[str] = []
+    res = run_sweep(spec, b, jobs=1, log=log.append, probe=False)
+    assert res["finished_before"] == 3 and res["ran"] == 5
+    assert json.loads((d / "result.json").read_text())["resumed"] is True
+    ra, rb = collect(spec, a), collect(spec, b)
+    for x, y in zip(ra, rb):
+        assert x["per_seed"] == y["per_seed"] and x["best_lr"] == y["best_lr"] and x["lr_valid"] == y["lr_valid"]
+
+    # a changed spec for existing runs is refused before anything runs
+    changed = load_spec(tiny(train__steps=31))
+    with pytest.raises(SweepConflict, match="differs in train"):
+        run_sweep(changed, a, jobs=1, log=quiet, probe=False)
+
+    # the report: Markdown, JSON, plot
+    payload = write_report(spec, a, tmp_path / "rep")
+    assert (tmp_path / "rep" / "report.md").read_text().startswith("# Sweep `tiny`")
+    assert (tmp_path / "rep" / "accuracy_vs_state.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "rep" / "report.json").read_text())["rows"] == json.loads(
+        json.dumps(payload["rows"], default=str))
+    assert all(r["n_seeds"] == 2 and r["complete"] for r in payload["rows"])
+
+
+def test_cli_sweep_exit_codes(tmp_path, capsys):
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps(tiny(train__steps=4, train__lrs=[1e-2], train__seeds=[0], mixers=["attention"])))
+    out = tmp_path / "o"
+    assert main(["sweep", str(spec), "--out", str(out), "--no-probe"]) == 0
+    assert (out / "report.md").exists()
+    spec.write_text(json.dumps(tiny(train__steps=5, train__lrs=[1e-2], train__seeds=[0], mixers=["attention"])))
+    capsys.readouterr()
+    assert main(["sweep", str(spec), "--out", str(out), "--no-probe"]) == 2
+    err = capsys.readouterr().err
+    assert "spec changed" in err and len(err.strip().splitlines()) == 1
+    assert main(["sweep", str(tmp_path / "nope.toml"), "--out", str(out)]) == 2
+    assert main(["sweep", "tiny", "--report", "--out", str(tmp_path / "never-ran")]) == 2
+    assert main(["sweep", "tiny", "--jobs", "0"]) == 2
+
+
+def _fake_results(spec, out: Path, valid: dict, report: dict, status: dict | None = None) -> None:
+    """Write result.json files: valid[(lr, seed)] / report[(lr, seed)] accuracies."""
+    from seqmem.io import atomic_write_text
+
+    for p in spec.points():
+        d = out / p.rel_dir
+        st = (status or {}).get((p.lr, p.seed), "finished")
+        r = {"status": st, "state": 100, "params": 10, "seconds": 1.0, "report_split": "eval"}
+        if st == "finished":
+            r["valid"] = {"accuracy": valid[(p.lr, p.seed)], "loss": 1.0}
+            r["report"] = {"accuracy": report[(p.lr, p.seed)], "loss": 1.0}
+        atomic_write_text(d / "run.json", json.dumps(p.run_spec))
+        atomic_write_text(d / "result.json", json.dumps(r))
+
+
+def test_lr_is_chosen_on_validation_never_on_the_reported_split(tmp_path):
+    spec = load_spec(tiny(mixers=["attention"]))
+    lo, hi = spec.lrs
+    # validation prefers `lo`; the reported examples would prefer `hi`
+    valid = {(lo, 0): 0.9, (lo, 1): 0.8, (hi, 0): 0.5, (hi, 1): 0.6}
+    report = {(lo, 0): 0.7, (lo, 1): 0.75, (hi, 0): 0.99, (hi, 1): 0.98}
+    _fake_results(spec, tmp_path, valid, report)
+    (row,) = collect(spec, tmp_path)
+    assert row["best_lr"] == lo
+    assert row["per_seed"] == {0: 0.7, 1: 0.75}
+    assert row["report_mean"] == pytest.approx(0.725)
+    assert row["report_std"] == pytest.approx(math.sqrt(((0.7 - 0.725) ** 2 + (0.75 - 0.725) ** 2) / 1))
+    assert row["lr_at_grid_edge"]
+
+
+def test_a_diverged_run_makes_its_lr_the_worst(tmp_path):
+    spec = load_spec(tiny(mixers=["attention"]))
+    lo, hi = spec.lrs
+    valid = {(lo, 0): 0.3, (lo, 1): 0.3, (hi, 0): 0.9, (hi, 1): 0.9}
+    _fake_results(spec, tmp_path, valid, valid, status={(hi, 1): "diverged"})
+    (row,) = collect(spec, tmp_path)
+    assert row["best_lr"] == lo
+
+
+def test_partial_rows_are_marked(tmp_path):
+    spec = load_spec(tiny(mixers=["attention"]))
+    lo, hi = spec.lrs
+    valid = {(lo, 0): 0.3, (lo, 1): 0.3, (hi, 0): 0.9, (hi, 1): 0.9}
+    _fake_results(spec, tmp_path, valid, valid)
+    (tmp_path / spec.points()[-1].rel_dir / "result.json").unlink()
+    (row,) = collect(spec, tmp_path)
+    assert not row["complete"] and row["runs_done"] == 3
+    from seqmem.sweep.report import markdown
+
+    assert "PARTIAL" in markdown(spec, [row])
+
+
+def test_first_seed_protocol_runs_other_seeds_only_at_the_chosen_lr(tmp_path):
+    raw = tiny(lr_selection="first_seed", train__seeds=[0, 1, 2], train__steps=4, mixers=["attention"])
+    spec = load_spec(raw)
+    lo, hi = spec.lrs
+    log: list[str] = []
+    res = run_sweep(spec, tmp_path, jobs=1, log=log.append, probe=False)
+    # 2 lrs with seed 0, then seeds 1 and 2 at the chosen lr: 4 runs, not 6
+    assert res["total"] == 4 and res["ran"] == 4
+    (row,) = collect(spec, tmp_path)
+    assert row["complete"] and row["n_seeds"] == 3
+    finished = {(p.lr, p.seed) for p in spec.points() if (tmp_path / p.rel_dir / "result.json").exists()}
+    best = row["best_lr"]
+    assert finished == {(lo, 0), (hi, 0), (best, 1), (best, 2)}
+    # the choice is the first seed's validation value
+    v = {lr: json.loads((tmp_path / p.rel_dir / "result.json").read_text())["valid"]["accuracy"]
+         for p in spec.points() if p.seed == 0 for lr in [p.lr]}
+    assert v[best] == max(v.values())
+
+
+def test_notes_and_length_reasons_reach_the_report(tmp_path):
+    raw = tiny(mixers=["swa", "attention"], notes={"attention": "the reference"})
+    spec = load_spec(raw)
+    lo, hi = spec.lrs
+    vals = {(lr, s): 0.5 for lr in (lo, hi) for s in (0, 1)}
+    _fake_results(spec, tmp_path, vals, vals)
+    rows = {r["mixer"]: r for r in collect(spec, tmp_path)}
+    assert rows["swa"]["cannot_reach_first_token"] and "window of 4 tokens" in rows["swa"]["length_note"]
+    assert rows["attention"]["note"] == "the reference"
+    from seqmem.sweep.report import markdown
+
+    md = markdown(spec, list(rows.values()))
+    assert "the reference" in md and "by design cannot see the whole sequence" in md
+    with pytest.raises(SpecError, match="not rows"):
+        load_spec(tiny(notes={"nobody": "x"}))
