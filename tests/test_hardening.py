@@ -182,3 +182,61 @@ def test_lattice_cache_refuses_a_directory_or_library_writable_by_others(tmp_pat
     with pytest.warns(RuntimeWarning, match="writable by others"):
         assert lc.available()
     assert not marker.exists()
+
+
+# ------------------------------------------------------------------- 5. one line + exit 2, never a traceback
+@pytest.mark.parametrize("device,match", [
+    pytest.param("cuda", "--device cuda", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has a GPU")),
+    ("cuda:99", "--device cuda:99"), ("foo", "--device foo"), ("meta", "--device meta"), ("", "--device")])
+def test_bad_device_is_one_line(tmp_path, capsys, device, match):
+    _fails_one_line([*TRAIN, "--device", device, "--out", str(tmp_path / "r")], capsys, match)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_plot_out_is_a_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main([*TRAIN, "--out", str(run)]) == 0
+    f = tmp_path / "file"
+    f.write_text("x")
+    _fails_one_line(["plot", str(run), "--out", str(f)], capsys, str(f))
+    assert f.read_text() == "x"
+
+
+@pytest.fixture(scope="module")
+def two_checkpoint_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("h5") / "run"
+    assert main([*TRAIN, "--out", str(run)]) == 0  # checkpoints at steps 2 and 4
+    return run
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("manifest", ["[]", '"x"', "3", "null", '{"step": 4}', '{"files": []}', '{"files": {}}',
+                                      '{"files": {"model.safetensors": 5}}', '{"files": {"trainer.pt": "00"}}'])
+def test_bad_manifest_falls_back_to_the_older_checkpoint(two_checkpoint_run, tmp_path, capsys, manifest):
+    from seqmem.train.checkpoint import latest_good_checkpoint, verify_checkpoint
+
+    run = _copy(two_checkpoint_run, tmp_path / "run")
+    newest = run / "checkpoints" / "ckpt-00000004"
+    (newest / "manifest.json").write_text(manifest)
+    assert not verify_checkpoint(newest)
+    with pytest.warns(UserWarning, match="corrupt"):
+        assert latest_good_checkpoint(run / "checkpoints").name == "ckpt-00000002"
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="corrupt"):
+        assert main(["eval", "--run", str(run), "--examples", "8"]) == 0
+    assert _final(capsys)["checkpoint"].endswith("ckpt-00000002")
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", '"run"', '{"task": 3, "model": {}}', "\xff\xfe"])
+def test_corrupt_run_json_names_the_file(two_checkpoint_run, tmp_path, capsys, text):
+    run = _copy(two_checkpoint_run, tmp_path / "run")
+    (run / "run.json").write_bytes(text.encode("latin-1"))
+    line = _fails_one_line(["eval", "--run", str(run)], capsys, "run.json")
+    assert str(run / "run.json") in line
+    _fails_one_line([*TRAIN, "--out", str(run), "--resume"], capsys, str(run / "run.json"))

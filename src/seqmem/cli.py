@@ -173,7 +173,30 @@ def _init_distributed(device: str) -> tuple[int, int, str]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
+def _check_device(name: str) -> str:
+    """``--device``: a device torch knows, with data (not ``meta``), present on this machine."""
+    import torch
+
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise UsageError(f"--device {name}: not a device; use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise UsageError(f"--device {name}: no CUDA GPU is available to this torch build; use --device cpu")
+        if dev.index is not None and dev.index >= n:
+            raise UsageError(f"--device {name}: only {n} CUDA GPU(s) here (cuda:0..cuda:{n - 1})")
+    elif dev.type == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise UsageError(f"--device {name}: MPS is not available here; use --device cpu")
+    elif dev.type != "cpu":
+        raise UsageError(f"--device {name}: training runs on cpu, cuda or mps, not {dev.type}")
+    return name
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    _check_device(args.device)
     rank, world, device = _init_distributed(args.device)
     try:
         return _train(args, rank, world, device)
@@ -196,7 +219,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: str) -> int:
 
 
 def _train_checked(args: argparse.Namespace, rank: int, world: int, device: str) -> int:
-    from seqmem.train.checkpoint import holds_run, list_checkpoints
+    from seqmem.train.checkpoint import holds_run, list_checkpoints, read_run_spec
 
     out = Path(args.out)
     if rank != 0:
@@ -207,6 +230,8 @@ def _train_checked(args: argparse.Namespace, rank: int, world: int, device: str)
     if not args.resume and not overwrite and holds_run(out):
         raise UsageError(f"{out} already holds a training run: --resume continues it, --overwrite replaces it, "
                          "or choose another --out")
+    if args.resume and (out / "run.json").exists():
+        read_run_spec(out)  # a corrupt run.json: one line naming it
     created = _first_missing(out)  # removed again if this run fails before its first checkpoint
     try:
         return _train_into(args, rank, world, device, _check_out_dir(out))
@@ -300,12 +325,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace, evaluate: Any, latest_good_checkpoint: Any, load_weights: Any) -> int:
+    from seqmem.train.checkpoint import read_run_spec
+
     run = Path(args.run)
-    spec_path = run / "run.json"
-    if not spec_path.exists():
-        raise UsageError(f"{run} is not a training run directory (no run.json)")
-    spec = json.loads(spec_path.read_text())
-    model, task = build_run(spec)
+    spec = read_run_spec(run)
+    try:
+        model, task = build_run(spec)
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"{run / 'run.json'}: {e}") from None
     ck = latest_good_checkpoint(run / "checkpoints")
     if ck is None:
         raise UsageError(f"no valid checkpoint under {run / 'checkpoints'}")
@@ -320,6 +347,9 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
         from seqmem.hf import from_run
     except ImportError:
         raise UsageError("export-hf needs transformers (pip install seqmem[hf])") from None
+    from seqmem.train.checkpoint import read_run_spec
+
+    read_run_spec(Path(args.run))  # a missing or corrupt run.json: one line naming it
     model = from_run(str(args.run))
     model.save_pretrained(str(_check_out_dir(args.out)))
     tok = Path(args.run) / "tokenizer"

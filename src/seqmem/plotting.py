@@ -54,7 +54,10 @@ def plot_runs(runs: list[str | Path], out: str | Path | None = None) -> list[Pat
     data = {str(r): read_metrics(r) for r in runs}
     label = {k: Path(k).name or k for k in data}
     out = Path(out) if out is not None else Path(runs[0]) / "plots"
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot write plots to {out}: {e.strerror or e}") from None
     written: list[Path] = []
     for metric, fname, ylabel in (("loss", "loss.png", "loss (nats/token)"), ("accuracy", "accuracy.png", "accuracy")):
         fig, ax = plt.subplots(figsize=(6.4, 4.2))

@@ -18,6 +18,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 CKPT_PREFIX = "ckpt-"
+#: the files every checkpoint holds, each with its SHA-256 in ``manifest.json``
+CKPT_FILES = ("model.safetensors", "trainer.pt")
 
 
 def _sha256(path: Path) -> str:
@@ -50,7 +52,7 @@ def save_checkpoint(directory: Path, step: int, model: nn.Module, trainer_state:
     try:
         save_file(_weights(model), str(tmp / "model.safetensors"))
         torch.save(trainer_state, tmp / "trainer.pt")
-        manifest = {"step": step, "files": {f: _sha256(tmp / f) for f in ("model.safetensors", "trainer.pt")}}
+        manifest = {"step": step, "files": {f: _sha256(tmp / f) for f in CKPT_FILES}}
         (tmp / "manifest.json").write_text(json.dumps(manifest))
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
@@ -74,11 +76,31 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 
 def verify_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a complete checkpoint: a manifest (a JSON object) whose ``files`` maps exactly
+    :data:`CKPT_FILES` to their SHA-256 hex digests, all of which match."""
     try:
         manifest = json.loads((Path(path) / "manifest.json").read_text())
-        return all(_sha256(Path(path) / f) == h for f, h in manifest["files"].items())
-    except (OSError, ValueError, KeyError):
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if not isinstance(files, dict) or set(files) != set(CKPT_FILES):
+            return False
+        return all(isinstance(h, str) and _sha256(Path(path) / f) == h for f, h in files.items())
+    except (OSError, ValueError):  # unreadable file, not JSON, not UTF-8
         return False
+
+
+def read_run_spec(run_dir: Path) -> dict[str, Any]:
+    """The ``run.json`` of a training run, checked to be a JSON object with ``task`` and ``model`` objects; errors
+    (``ValueError``) name the file."""
+    path = Path(run_dir) / "run.json"
+    try:
+        spec = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{Path(run_dir)} is not a training run directory (no run.json)") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is corrupt (not JSON: {e}); restore it or start a new run") from None
+    if not isinstance(spec, dict) or not all(isinstance(spec.get(k), dict) for k in ("task", "model")):
+        raise ValueError(f"{path} is corrupt (not a run specification with 'task' and 'model' objects)")
+    return spec
 
 
 def latest_good_checkpoint(directory: Path) -> Path | None:
