@@ -279,12 +279,17 @@ def _train_into(args: argparse.Namespace, rank: int, world: int, device: str, ou
         },
     }
     spec_path = out / "run.json"
+    extended = False
     if args.resume:
         if not spec_path.exists():
             raise UsageError(f"--resume: {spec_path} not found (nothing to resume)")
         old = json.loads(spec_path.read_text())
-        if old != json.loads(json.dumps(spec)):
-            raise UsageError(f"--resume: arguments differ from the run in {out}; use the same arguments")
+        new = json.loads(json.dumps(spec))
+        old_steps = old.get("train", {}).get("steps")
+        if {**old, "train": {**old.get("train", {}), "steps": spec["train"]["steps"]}} != new:
+            raise UsageError(f"--resume: arguments differ from the run in {out}; use the same arguments "
+                             "(only --steps may grow, to extend the run)")
+        extended = old_steps != args.steps  # run.json takes the new --steps once training succeeded
     torch.manual_seed(args.seed)
     model, task = build_run(spec)
     model.to(device)
@@ -307,6 +312,8 @@ def _train_into(args: argparse.Namespace, rank: int, world: int, device: str, ou
     finally:
         for lg in loggers:
             lg.close()
+    if main and extended:
+        atomic_write_text(spec_path, json.dumps(spec, indent=2))
     if main:
         print(json.dumps({"step": cfg.steps, **{f"eval_{k}": v for k, v in res.final.items()}}))
     return 0

@@ -255,6 +255,7 @@ def train(
 
     bar = None
     lines = False  # progress as plain lines (stderr is a log file or a pipe: no carriage returns)
+    last_line = float("-inf")
     if progress and main:
         import sys
 
@@ -321,8 +322,9 @@ def train(
                                 tok_s=f"{record.get('tokens_per_s', 0):.0f}")
             if (bar is not None or lines) and "eval_loss" in record:
                 _say(_eval_line(record, cfg.steps), bar)
-            elif lines and "accuracy" in record:
-                _say(_progress_line(record, cfg.steps, start, time.perf_counter() - t0))
+            elif lines and "accuracy" in record and (time.perf_counter() - last_line >= 10 or step == end):
+                last_line = time.perf_counter()  # at most one line per 10 s (and the last step)
+                _say(_progress_line(record, cfg.steps, start, last_line - t0))
         if bar is not None:
             bar.update(1)
         if ckpt_dir is not None and (
