@@ -1,4 +1,4 @@
-"""Elastic Memory mixer and baselines (paper 004): claims T10–T14 of the note; memory == HiPPO ops."""
+"""Elastic Memory mixer and baselines (Elastic Memory paper): the mechanism's claims; memory == HiPPO ops."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import torch
 
 from seqmem.ops import gl_weights, soe_coefficients, soe_kernel, soe_nodes
 
-REF = {  # notes/vort.md §2.2 (computed independently with scipy there)
+REF = {  # reference values computed independently with scipy
     0.3: [1, 0.3, 0.195, 0.1495, 0.065995, 0.013294, 0.002655, 0.000530],
     0.5: [1, 0.5, 0.375, 0.3125, 0.176197, 0.056348, 0.017839, 0.005642],
     0.7: [1, 0.7, 0.595, 0.5355, 0.382101, 0.193309, 0.096975, 0.048607],
@@ -78,7 +78,7 @@ def test_soe_accuracy_issue_target(alpha):
     "T,S,bound", [(300, 15, 1.5e-3), (10_000, 20, 4e-4), (100_000, 20, 6e-4), (100_000, 30, 3e-5)]
 )
 def test_soe_accuracy_beyond_note(alpha, T, S, bound):
-    """α values and horizons not tabulated in the note (bounds ~1.2x the worst value measured here)."""
+    """α values and horizons not tabulated above (bounds ~1.2x the worst value measured here)."""
     assert soe_err(alpha, S, T) <= bound
 
 

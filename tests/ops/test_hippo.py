@@ -1,4 +1,4 @@
-"""HiPPO-LegS ops (Elastic Memory, paper 004 §2 / App. E): closed forms vs expm, recurrence vs projection."""
+"""HiPPO-LegS ops (Elastic Memory paper §2 / App. E): closed forms vs expm, recurrence vs projection."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""lattice_chunked (mini-batch Lattice, note §3.2): the cheap form (no per-token (C, N, d, m) states) equals the
+"""lattice_chunked (mini-batch Lattice, docs/lattice.md): the cheap form (no per-token (C, N, d, m) states) equals the
 dense per-token-state form and the mixer's per-token loop, outputs and gradients, in float64 and float32."""
 
 from __future__ import annotations

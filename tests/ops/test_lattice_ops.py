@@ -274,7 +274,7 @@ def test_fast_scan_memory_is_chunk_frugal():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# mini-batch approximation (note §3.2)
+# mini-batch approximation (docs/lattice.md)
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("objective", ["dec", "enc", "sim"])
 def test_chunked_with_chunk_one_is_exact_and_larger_chunks_differ(objective):

@@ -1,6 +1,6 @@
 """Spectral Koopman Attention op (Echo): reference loop == parallel form, streaming, and the paper's claims.
 
-Claims of Sridhar & Johansen (2026) tested here (see docs/echo.md and notes/echo.md §4, §7):
+Claims of Sridhar & Johansen (2026) tested here (see docs/echo.md):
 the collapse identity (Prop. I.8 + notes §2.7), K = 0 is ridge regression (Cor. I.9, Prop. I.2), the
 excess-risk
 identity (Prop. I.3), A* = M G⁻¹ (Prop. A.1), whitened operator similar to M G̃⁻¹ (Prop. A.3) and the

@@ -1,4 +1,4 @@
-"""The VLA paper's claims (notes/vla.md §4), each confirmed or tested as what is actually true.
+"""The VLA paper's claims (docs/vla.md, errata), each confirmed or tested as what is actually true.
 
 * Prop. 1 (bounded state): triangle bound (13), ‖S_t − S_{t-1}‖_F = ‖e_t‖, plateau vs linear attention's
   growth.

@@ -1,4 +1,4 @@
-"""The VORT paper's mathematical claims (paper 000, Sections 2-5), each confirmed or recorded as an erratum.
+"""The VORT paper's mathematical claims (arXiv:2605.08966, Sections 2-5), each confirmed or recorded as an erratum.
 
 Errata asserted here as what is true (see docs/vort.md):
 * eq. (5): the printed density has an extra e^{-λ}; it integrates to w_{j+1}, not w_j;
@@ -136,7 +136,7 @@ def test_thm41_quantisation_bound():
         lhs = abs(k_pl(b, t) - k_pl(a, t))
         rhs = (b - a) * t ** (b - 1) / math.gamma(b) * (abs(math.log(t)) + abs(sp.digamma(delta)))
         worst = max(worst, lhs / rhs)
-    assert worst <= 1.0  # eq. (18) holds (note measured 0.994)
+    assert worst <= 1.0  # eq. (18) holds (0.994 measured once)
     # uniform grid: sup_α |k_α - k_{α_k*}| = O(log t / K) with the actual spacing (1-δ)/K
     delta = 0.1
     sups = {}

@@ -1,4 +1,5 @@
-"""Elastic Memory (paper 004): block-wise attention with a HiPPO-LegS compressed key/value memory.
+"""Elastic Memory (*Towards Compressive and Scalable Recurrent Memory*, Song et al.): block-wise attention
+with a HiPPO-LegS compressed key/value memory.
 
 ``block_attention`` — Transformer++ with block-local attention: causal softmax attention inside blocks of
 ``block_len`` tokens, RoPE with block-local positions, nothing crosses a block boundary.  It is also the base
@@ -270,7 +271,7 @@ class BlockAttention(Mixer):
 )
 @register("elastic_uni", sampling="uniform", description="Elastic Memory with uniform polynomial sampling")
 class Elastic(BlockAttention):
-    """Elastic Memory attention (paper 004, Algorithm 1): block attention + HiPPO-LegS memory of raw K and V.
+    """Elastic Memory attention (Elastic Memory paper, Algorithm 1): block attention + HiPPO-LegS memory of raw K and V.
 
     Options: ``block_len`` (L, paper 2048), ``hippo_n`` (N, paper 540 at "1x"), ``mem_tokens`` (L_mem;
     default N),

@@ -1,6 +1,6 @@
 """Lattice (Karami & Mirrokni 2025, arXiv:2504.05646): the orthogonal-state-recurrence block of Appendix A.
 
-Block (shared notes/lattice.md §2.11; details the paper leaves open are marked (R), our recommendation):
+Block (docs/lattice.md; details the paper leaves open are marked (R), our recommendation):
 
     u = x W_qk                                   one projection shared by q and k (App. A)
     q = silu(conv_q(u)),  k = silu(conv_k(u))    two short causal depthwise convolutions (kernel 4 (R), SiLU (R))
@@ -16,7 +16,7 @@ baseline are options of the same block (see ``LADDER`` below): DeltaNet update (
 normalize=False``, eq. 20), orthogonal update without the sphere projection (``normalize=False``, eq. 7/13),
 + sphere projection (the default, eq. 14), + forget gate (``forget_gate=True``, eq. 16), and the paper's model
 of TTT (``objective="ttt", normalize=False``, eq. 19).  ``lattice_chunked`` (the TTT-style mini-batch
-approximation, note §3.2) is a DIFFERENT model, registered separately.
+approximation, docs/lattice.md) is a DIFFERENT model, registered separately.
 
 ``impl="reference"`` runs the per-token loop under autograd; ``impl="fast"`` runs the same recurrence with the
 fused C++ scan (or the PyTorch hand-VJP scan) and a chunk-recompute backward.
@@ -202,7 +202,7 @@ class LatticeSimMixer(LatticeMixer):
 
 @register("lattice_chunked", objective="dec")
 class LatticeChunkedMixer(LatticeMixer):
-    """Mini-batch Lattice (note §3.2, TTT-style): all gradients of a chunk taken at its start state.
+    """Mini-batch Lattice (TTT-style): all gradients of a chunk taken at its start state.
 
     A DIFFERENT model from ``lattice`` (equal only for ``chunk_size=1``); chunks are counted from the sequence
     start, so the state also holds the chunk-start slots, the partial-chunk update and a position counter.

@@ -11,15 +11,17 @@ completed block into it; inside the block they use causal softmax attention with
 * ``infini`` — Infini-Transformer (Munkhdalai et al., 2024): per head a compressive memory ``M`` (d_k × d_v)
   and normaliser ``z``, read by linear attention ``A_mem = σ(q) M / (σ(q) z)`` (σ = ELU + 1), updated per
   block with the delta rule ``M ← M + σ(K)ᵀ (V − σ(K) M / (σ(K) z))``, ``z ← z + Σ σ(K)``; the paper adds an
-  RMSNorm (we apply a parameter-free RMSNorm to ``A_mem`` per head, note §7 item 17); ``y = σ(β_h) A_mem + (1
-  − σ(β_h)) A_local``.  ``M`` and ``z`` are undecayed sums: for float16 / bfloat16 inputs they are kept and
-  read in float32 (z = Σσ(k) passes float16's 65,504 after ~10⁵ tokens and the read would silently vanish).
-* ``melodi`` — Melodi's short-term (intra-layer) memory as the note defines it (paper 004 keeps only that
-  part): ``n_summary`` learned summary tokens per layer.  After each block they attend (position-free softmax,
-  the layer's own q/k/v projections) to ``[memory; the whole block]``; the result is linearly mixed with the
-  previous memory, ``m ← σ(μ) ⊙ m + (1 − σ(μ)) ⊙ s`` (per slot; ``m = s`` after the first block).  The next
-  block attends to the memory's keys / values (projected with the layer's k/v weights, no RoPE) in one joint
-  softmax with the causal block keys.  Added parameters ``n_summary × d_model`` (+ ``n_summary`` mix logits).
+  RMSNorm (we apply a parameter-free RMSNorm to ``A_mem`` per head, our choice; docs/elastic.md);
+  ``y = σ(β_h) A_mem + (1 − σ(β_h)) A_local``.  ``M`` and ``z`` are undecayed sums: for float16 / bfloat16
+  inputs they are kept and read in float32 (z = Σσ(k) passes float16's 65,504 after ~10⁵ tokens and the read
+  would silently vanish).
+* ``melodi`` — Melodi's short-term (intra-layer) memory as docs/elastic.md defines it (the Elastic Memory
+  paper keeps only that part): ``n_summary`` learned summary tokens per layer.  After each block they attend
+  (position-free softmax, the layer's own q/k/v projections) to ``[memory; the whole block]``; the result is
+  linearly mixed with the previous memory, ``m ← σ(μ) ⊙ m + (1 − σ(μ)) ⊙ s`` (per slot; ``m = s`` after the
+  first block).  The next block attends to the memory's keys / values (projected with the layer's k/v weights,
+  no RoPE) in one joint softmax with the causal block keys.  Added parameters ``n_summary × d_model`` (+
+  ``n_summary`` mix logits).
 
 Memory keys and queries for the memory read are the raw (pre-RoPE) projections throughout (position-free
 memory, like Elastic Memory's memory tokens).
@@ -59,7 +61,8 @@ def _elu1(x: Tensor) -> Tensor:
     "memorizing", description="Memorizing Transformer: FIFO memory of past K/V, dense read, per-head gate"
 )
 class Memorizing(BlockAttention):
-    """Memorizing Transformer (dense-read variant of paper 004): block attention + gated FIFO K/V memory."""
+    """Memorizing Transformer (dense-read variant; an Elastic Memory paper baseline): block attention + gated
+    FIFO K/V memory."""
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [
         {"block_len": 8, "n_queue": 12},
@@ -149,7 +152,7 @@ class Memorizing(BlockAttention):
     "infini", description="Infini-Transformer: compressive delta-rule memory (linear-attention read) + gate"
 )
 class Infini(BlockAttention):
-    """Infini-attention (delta-rule memory; paper 004 baseline) on block-local attention."""
+    """Infini-attention (delta-rule memory; an Elastic Memory paper baseline) on block-local attention."""
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [
         {"block_len": 8},
@@ -241,7 +244,7 @@ class Infini(BlockAttention):
     description="Melodi short-term memory: learned summary tokens, self-attn + linear mix, read by attention",
 )
 class Melodi(BlockAttention):
-    """Melodi short-term summary-token memory on block-local attention (paper 004 baseline)."""
+    """Melodi short-term summary-token memory on block-local attention (an Elastic Memory paper baseline)."""
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [{"block_len": 8, "n_summary": 3}]
     length_options: ClassVar[dict[str, str]] = {"block_len": "block", "n_summary": "memory"}

@@ -10,7 +10,7 @@ no-op).
 The state holds the committed statistics, the previous key, the normalisation state and the pending sums of
 the
 current partial chunk plus a position counter, so streaming and token-by-token decoding reproduce the training
-forward exactly (the paper's per-token inclusive decoder of §3.5 does not; notes/echo.md §7.6).
+forward exactly (the paper's per-token inclusive decoder of §3.5 does not; docs/echo.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""VLA — Variational Linear Attention (paper 001) and the paper's own "DeltaNet" baseline (eq. 4).
+"""VLA — Variational Linear Attention (arXiv:2605.11196) and the paper's own "DeltaNet" baseline (eq. 4).
 
 ``vla``: Algorithm 1 per head (ELU+1 features, unit read key k̂, penalty direction
 u = L2norm(W_u k_raw)/√d_h, Sherman–Morrison inverse-penalty A (A₀ = I/λ0, λ0 = 0.1), +ηI refresh every
@@ -169,7 +169,7 @@ class VLAFixedA(VLA):
 class VLAPaperDeltaNet(_HeadProjections):
     """The VLA paper's "DeltaNet" baseline exactly as its eq. (4) defines it (decay gate on S, write rate 1).
 
-    Unstated details follow notes/vla.md §3: keys k̂ = L2norm(ELU(k)+1), β_t = σ(w_βᵀ x_t + b_β) per head,
+    Details the paper leaves unstated (docs/vla.md): keys k̂ = L2norm(ELU(k)+1), β_t = σ(w_βᵀ x_t + b_β) per head,
     readout as VLA's (S φ(q) / max(φ(q)ᵀ Σφ(k), ε)).  Canonical DeltaNet (Yang et al. 2024) is the separate
     ``deltanet`` mixer.
     """

@@ -1,4 +1,4 @@
-"""VORT — variable-order (power-law) retention (paper 000, eqs. 11, 14–17) and its baseline kernels.
+"""VORT — variable-order (power-law) retention (VORT paper, arXiv:2605.08966, eqs. 11, 14–17) and its baseline kernels.
 
 Per head: q, k, v projections; features φ (FAVOR+ positive random features with a fixed seed, elu+1, or the
 exact exp(q·k/√d) of eq. 13); keyed retrieval o_t = Σ_i s_ti ŵ_{t−i} v_i / (Σ_i s_ti ŵ_{t−i} + ε0) (eq. 16),
@@ -112,7 +112,7 @@ def fit_exp_mixture(alpha: float, n_exp: int, horizon: int, iters: int = 300) ->
     return log_rate.detach()[order].exp().numpy(), log_pi.detach()[order].exp().numpy()
 
 
-@register("vort", description="VORT: adaptive power-law (SOE) retention + local attention (paper 000)")
+@register("vort", description="VORT: adaptive power-law (SOE) retention + local attention (VORT paper)")
 class VORT(Mixer):
     """Keyed linear-attention retrieval with power-law (SOE) or exponential decay kernels (VORT
     eqs. 11–17)."""

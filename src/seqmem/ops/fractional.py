@@ -1,4 +1,4 @@
-"""Grünwald–Letnikov power-law kernel and its sum-of-exponentials (SOE) approximation (VORT, paper 000).
+"""Grünwald–Letnikov power-law kernel and its sum-of-exponentials (SOE) approximation (VORT paper, arXiv:2605.08966).
 
 ``gl_weights(alpha, lags)``
     w_j^(α) = Γ(j+α) / (Γ(α) Γ(j+1))  (eq. 2), in lgamma form (stable for lags up to 1e6 and beyond).

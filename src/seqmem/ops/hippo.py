@@ -1,4 +1,5 @@
-"""HiPPO-LegS compression of 1-D signals (Elastic Memory, paper 004, Section 2 and Appendix E).
+"""HiPPO-LegS compression of 1-D signals (Elastic Memory: *Towards Compressive and Scalable
+Recurrent Memory*, Song et al., Section 2 and Appendix E).
 
 Every channel of a signal ``f`` (one value per token, held constant on the token's cell ``[s, s+1)``) is
 summarised after ``t`` tokens by ``N`` Legendre coefficients
@@ -122,7 +123,7 @@ def legs_transition(N: int, t1: float, t2: float, dtype: torch.dtype = torch.flo
     """``(t1/t2)^A``: maps the LegS coefficients of a history on ``[0, t1]`` to those on ``[0, t2]`` (no new
     input).
 
-    Closed form (note CF1/CF4): ``P[n,k] = (r/2)√((2n+1)(2k+1)) Σ_q w_q P_n(r(u_q+1) − 1) P_k(u_q)``, ``r =
+    Closed form (docs/elastic.md): ``P[n,k] = (r/2)√((2n+1)(2k+1)) Σ_q w_q P_n(r(u_q+1) − 1) P_k(u_q)``, ``r =
     t1/t2``,
     with N+1 Gauss–Legendre nodes (exact).  ``P_i = legs_transition(N, iL, (i+1)L) = (i/(i+1))^A`` and
     ``‖P‖₂ = √(t1/t2)``.  ``t1 = 0`` gives the zero matrix.
@@ -158,7 +159,7 @@ def legs_input_kernel(N: int, s0: int, length: int, T: int, dtype: torch.dtype =
     """(N, length) matrix mapping tokens ``s0 .. s0+length−1`` to their contribution to the state at time
     ``T``.
 
-    Column j is ``(1/T) ∫_{s}^{s+1} g_n^(T)(x) dx`` with ``s = s0 + j`` (note CF3); it equals the paper's
+    Column j is ``(1/T) ∫_{s}^{s+1} g_n^(T)(x) dx`` with ``s = s0 + j`` (docs/elastic.md); it equals the paper's
     HiPPO
     kernel column ``A^{-1}[((s+1)/T)^A − (s/T)^A] B`` (Eq. 27, CF2).  Needs ``s0 + length <= T``.  Row 0 is
     1/T.
@@ -272,7 +273,7 @@ def hippo_compress(
     * ``"recurrent"``: the per-token ZOH recurrence ``c_k = Ā_k c_{k−1} + B̄_k f_k`` (Eq. 4) with
       ``Ā_k = (k/(k+1))^A``, ``B̄_k = A^{-1}(I − Ā_k)B``;
     * ``"chunk"``: blocks of ``block_len`` tokens counted from time 0, ``C ← P C + K̄ F`` (Eq. 6);
-    * ``"direct"``: ``C(T) = (t0/T)^A C(t0) + K̄^{[t0, T)} F`` in one matmul (note CF5).
+    * ``"direct"``: ``C(T) = (t0/T)^A C(t0) + K̄^{[t0, T)} F`` in one matmul (docs/elastic.md).
     """
     signal = _check_signal(signal)
     N = _check_n(N)

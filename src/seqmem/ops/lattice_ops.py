@@ -1,4 +1,5 @@
-"""Lattice / Orthogonal State Recurrence (Karami & Mirrokni 2025, arXiv:2504.05646; shared notes/lattice.md).
+"""Lattice / Orthogonal State Recurrence (Karami & Mirrokni 2025, *Lattice: Learning to Efficiently Compress
+the Memory*).
 
 Per head the state ``S ∈ R^{d×m}`` holds ``m`` memory slots (columns ``s_i``).  Each token takes ONE gradient
 step on a ½-loss (the factor 2 of eq. 5 lives in the step size ``γ_t``):
@@ -13,7 +14,8 @@ with ``φ(S)`` the column normalisation and ``P(s) = I − ssᵀ/‖s‖²`` (ge
 ``normalize=True`` projects every slot back onto the unit sphere after the step (eq. 14, "NOSR", the Lattice
 default; the slots then stay unit-norm, so ``φ(S) = S``).  ``forget`` multiplies the old state by μ_t (L2
 forget gate, eq. 16).  ``l1`` applies the soft-threshold prox with threshold γ_t·λ_t after the gradient step
-(ISTA, eq. 18 with the note's errata: gradient at S_{t-1}, threshold γλ; order GD → prox → retraction).  The
+(ISTA, eq. 18 corrected as in docs/lattice.md: gradient at S_{t-1}, threshold γλ; order GD → prox → retraction).
+The
 read-out uses the UPDATED state: ``y_t = S_t q_t`` (eq. 13).
 
 Layout (flash-linear-attention style): ``q, k: (B, T, H, m)``, ``v: (B, T, H, d)``, ``gamma: (B, T, H)``
@@ -23,7 +25,7 @@ reference).  ``mode="scan"`` is the same recurrence, exactly, with a hand-derive
 states chunk by chunk (memory O(T/C·d·m + C·d·m) per head instead of O(T·d·m)); it runs in a fused C++ kernel
 (``_lattice_kernel.cpp``, built on first use) or, without a compiler, in PyTorch.  The update is non-linear in
 the state, so there is NO exact chunk-parallel form; :func:`lattice_chunked` is the TTT-style mini-batch
-approximation of the note's §3.2: a different model.
+approximation (docs/lattice.md): a different model.
 """
 
 from __future__ import annotations
@@ -497,7 +499,7 @@ class _FastScan(torch.autograd.Function):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# TTT-style mini-batch approximation (note §3.2): a DIFFERENT model, equal to the scan only for chunk_size=1
+# TTT-style mini-batch approximation (docs/lattice.md): a DIFFERENT model, equal to the scan only for chunk_size=1
 # ------------------------------------------------------------------------------------------------------------
 def lattice_chunked(
     q: Tensor,
@@ -511,7 +513,7 @@ def lattice_chunked(
     initial_update: Tensor | None = None,
     offset: int = 0,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """Mini-batch Lattice (NOSR with every gradient of a chunk taken at the chunk-start state; note §3.2).
+    """Mini-batch Lattice (NOSR with every gradient of a chunk taken at the chunk-start state; see docs/lattice.md).
 
     Within a chunk ``U_t = S⁰ + Σ_{j≤t} Δ_j(S⁰)``, ``S_t = colnormalize(U_t)``, ``y_t = S_t q_t``; the next
     chunk starts from ``S_C``.  A DIFFERENT model from :func:`lattice_scan` (equal only for ``chunk_size=1``).

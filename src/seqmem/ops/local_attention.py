@@ -9,7 +9,7 @@ and the cost is O(T·(chunk_size + window)) per head instead of the O(T²) of a 
 ``mode="parallel"`` is one block of all T queries.
 
 :func:`windowed_softmax` is the shared kernel; it can also return the normalised entropy of each query's
-attention row (VORT's routing feature, paper 000 eq. 11), which :func:`seqmem.ops.local_window_attention` uses.
+attention row (VORT's routing feature, VORT paper eq. 11), which :func:`seqmem.ops.local_window_attention` uses.
 """
 
 from __future__ import annotations

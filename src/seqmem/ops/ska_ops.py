@@ -12,7 +12,7 @@ normalisation ``Â = γ A_w / max(σ_max(A_w), 1)`` with detached power iteratio
 order
 ``K`` and ridge readout ``ŷ = η C_v G̃⁻¹ L Âᴷ L⁻¹ q`` (eq. 13, Prop. I.8).
 
-Collapse identity (notes/echo.md §2.7): since ``Â = c·L⁻¹ M L⁻ᵀ`` with the scalar ``c = γ/max(σ,1)``,
+Collapse identity (docs/echo.md): since ``Â = c·L⁻¹ M L⁻ᵀ`` with the scalar ``c = γ/max(σ,1)``,
 
     ŷ = η · cᴷ · C_v (G̃⁻¹ M)ᴷ G̃⁻¹ q          (K = 0: exact ridge regression ``η C_v G̃⁻¹ q``)
 

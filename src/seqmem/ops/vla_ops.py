@@ -1,4 +1,4 @@
-"""VLA — Variational Linear Attention (paper 001, Pandey & Singh 2026) as functional ops.
+"""VLA — Variational Linear Attention (Pandey & Singh 2026, arXiv:2605.11196) as functional ops.
 
 Per head (Algorithm 1, "VLAv3 Sequential Forward Pass"; eqs. 8-11 of the paper)::
 
@@ -11,7 +11,7 @@ Per head (Algorithm 1, "VLAv3 Sequential Forward Pass"; eqs. 8-11 of the paper):
     z ← z + k_feat;   o = S φ(q) / max(φ(q)ᵀ z, ε)           (readout, eq. 11)
 
 ``mode="recurrent"`` is that loop.  ``mode="chunk"`` is the exact chunked form (not in the paper;
-notes/vla.md §2.5):
+derived in docs/vla.md):
 
 * A-part: the A-loop depends only on the keys, so a run of c rank-1 Sherman–Morrison updates is one
   Cholesky step: ``G = I + U A₀ Uᵀ = L Lᵀ``, ``Z = L⁻¹ U A₀`` (row i = z_i/√δ_i),

@@ -1,4 +1,4 @@
-"""VORT retrieval ops (paper 000, eqs. 13–17, 24): decayed keyed linear attention over SOE channels.
+"""VORT retrieval ops (VORT paper, arXiv:2605.08966, eqs. 13–17, 24): decayed keyed linear attention over SOE channels.
 
 ``soe_retention`` — the merged form of eqs. (14)–(16) (notes §2.7): S' decay channels with rates ξ_s shared by
 all tokens and a per-token input weight c_s(α_t),

@@ -15,7 +15,7 @@ memory scaling, sampling swap, HiPPO tables.
 
 Data: byte-level windows of the ``code`` corpus (:class:`seqmem.tasks.lm.LMTask`; the test split is used only
 for the reported numbers).  A window is ``n_blocks`` blocks of ``block_len`` bytes (the paper: 16 × 2048
-Llama-2 tokens).  LongPPL proxy (note §8): a full-attention reference LM trained on the same data scores every
+Llama-2 tokens).  LongPPL proxy (our protocol): a full-attention reference LM trained on the same data scores every
 test token with the full window and with a 1-block sliding window; key tokens have ``loss_short − loss_full >
 2`` and ``loss_full < 2`` (nats), LongPPL = exp(mean loss of the evaluated model on the key tokens).
 """
@@ -77,7 +77,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         table12_trials=20,
         table13_examples=16,
     ),
-    # the paper's inferred 100M model (note §5.2): only meaningful on a GPU; never run on CPU
+    # the paper's 100M model as we infer it from its Section 3.4: only meaningful on a GPU; never run on CPU
     "paper": dict(
         d_model=720,
         n_layers=12,

@@ -10,7 +10,7 @@ paper mentions no positional encoding), ``linear`` (ELU+1 linear attention with 
 and ``vla``.  The backbone is seqmem's pre-norm LM (RMSNorm, SwiGLU with hidden 256 = the paper's FFN width);
 the paper does not state its norm/FFN type.  Every table shows the paper's value next to ours and our scale.
 The learning rate: the MQAR capacity curve runs every rate of the sweep (``lrs``; the paper's 3e-4 learns far
-slower than the paper reports, notes/vla.md §8); copy / long-context / OOD use ``lr_main`` unless
+slower than the paper reports, docs/vla.md); copy / long-context / OOD use ``lr_main`` unless
 ``--lr-sweep`` is given.
 """
 

@@ -1,7 +1,7 @@
 """Copy task of the VLA paper (§5.2, Table 7): reproduce the first half after a separator.
 
 Layout (the paper gives only "a length-T sequence; reproduce the second half after a separator"; our reading,
-notes/vla.md §5.4)::
+docs/vla.md)::
 
     c_1 .. c_m  SEP  c_1 .. c_m  [pad]        m = (T - 1) // 2, SEP = V - 1, c_i uniform from [0, V - 1)
 

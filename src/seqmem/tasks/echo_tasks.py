@@ -1,5 +1,5 @@
 """Synthetic retrieval tasks for the Echo reproduction (Tables 2–3, §4.2).  The paper does NOT specify its
-data generators; every layout below is OUR design (notes/echo.md §5.1–5.2), documented in docs/echo.md.
+data generators; every layout below is OUR design, documented in docs/echo.md.
 
 One vocabulary layout for all tasks (default ``vocab_size=128``):
 

@@ -17,7 +17,7 @@
   * every other position is filler: uniform random tokens from ``[0, V)`` (``random_non_queries=True``,
     zoology's default; they may coincide with keys or values, as in zoology) or ``pad_token`` (zoology's 0).
 
-``layout="vla"`` — the layout of the VLA paper (Fig. 1; see notes/vla.md §5.4)::
+``layout="vla"`` — the layout of the VLA paper (Fig. 1; see docs/tasks.md)::
 
     k1 v1 ... kn vn  [filler]  SEP  kσ(1) kσ(2) ... kσ(n)       T = 3n + 1 (+ filler)
 

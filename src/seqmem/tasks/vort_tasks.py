@@ -1,5 +1,5 @@
 """Synthetic retrieval tasks of the VORT paper (000, Section 6, Tables 1-2) — OUR generators (the paper gives no
-token format; notes/vort.md §8 [REC], adapted to a sparse layout so that the memory holds few items).
+token format; our layout, adapted to a sparse layout so that the memory holds few items).
 
 Each example is a structured sequence of length n with three aligned integer channels (all (B, n) int64):
 
