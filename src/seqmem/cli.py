@@ -196,6 +196,7 @@ def _check_device(name: str) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    _fill_task_defaults(args)  # --steps, --lr, ... left unset take --task's defaults before anything reads them
     _check_device(args.device)
     rank, world, device = _init_distributed(args.device)
     try:
