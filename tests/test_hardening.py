@@ -13,7 +13,7 @@ import torch
 from seqmem.cli import main
 
 TRAIN = ["train", "--task", "mqar", "--mixer", "deltanet", "--layers", "1", "--d-model", "16", "--heads", "2",
-         "--steps", "4", "--batch-size", "4", "--vocab", "32", "--num-pairs", "2", "--seq-len", "16",
+         "--steps", "4", "--batch-size", "4", "--vocab-size", "32", "--num-pairs", "2", "--seq-len", "16",
          "--eval-examples", "8", "--no-progress", "--checkpoint-every", "2"]
 
 
@@ -21,13 +21,20 @@ def _snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def _main(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse errors exit from inside main (one line, code 2)
+        return e.code
+
+
 def _fails_one_line(argv: list[str], capsys, match: str) -> str:
     capsys.readouterr()
-    assert main(argv) == 2
+    assert _main(argv) == 2
     text = capsys.readouterr().err
     err = [line for line in text.splitlines() if "error" in line.lower()]
     assert "Traceback" not in text and len(err) == 1, text
-    assert err[0].startswith("seqmem: error:") and match in err[0], err
+    assert err[0].startswith("seqmem") and ": error:" in err[0] and match in err[0], err
     return err[0]
 
 
@@ -240,3 +247,57 @@ def test_corrupt_run_json_names_the_file(two_checkpoint_run, tmp_path, capsys, t
     line = _fails_one_line(["eval", "--run", str(run)], capsys, "run.json")
     assert str(run / "run.json") in line
     _fails_one_line([*TRAIN, "--out", str(run), "--resume"], capsys, str(run / "run.json"))
+
+
+# ------------------------------------------------------------------------------------------------ 8. minor
+def test_orphaned_tmp_checkpoint_dirs_are_cleaned(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main([*TRAIN, "--steps", "6", "--out", str(run)]) == 0
+    ck = run / "checkpoints"
+    for i in range(2):  # what a kill -9 during a checkpoint write leaves behind
+        (ck / f".tmp-ckpt-orphan{i}").mkdir()
+        (ck / f".tmp-ckpt-orphan{i}" / "model.safetensors").write_bytes(b"x" * 100)
+    assert main([*TRAIN, "--steps", "8", "--out", str(run), "--resume"]) == 0
+    assert sorted(p.name for p in ck.iterdir()) == ["ckpt-00000006", "ckpt-00000008"]
+
+
+def test_out_empty_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _fails_one_line([*TRAIN, "--out", ""], capsys, "--out")
+    _fails_one_line([*TRAIN, "--out", "  "], capsys, "--out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_default_checkpoint_interval_lets_a_killed_run_resume(tmp_path, capsys):
+    i = TRAIN.index("--checkpoint-every")
+    argv = TRAIN[:i] + TRAIN[i + 2:]
+    run = tmp_path / "run"
+    assert main([*argv, "--steps", "20", "--out", str(run)]) == 0
+    spec = json.loads((run / "run.json").read_text())
+    assert spec["train"]["checkpoint_every"] == 2  # max(1, steps // 10)
+    from seqmem.cli import default_checkpoint_every
+
+    assert [default_checkpoint_every(s) for s in (1, 9, 10, 1000, 10**6)] == [1, 1, 1, 100, 1000]
+    # a run started with another interval (runs from before the default: 0) resumes without the flag
+    old = tmp_path / "old"
+    assert main([*argv, "--steps", "20", "--checkpoint-every", "0", "--out", str(old)]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--steps", "20", "--out", str(old), "--resume"]) == 0
+    assert json.loads((old / "run.json").read_text())["train"]["checkpoint_every"] == 0
+
+
+def test_did_you_mean():
+    import seqmem
+    from seqmem.tasks import build_task
+
+    with pytest.raises(ValueError, match="did you mean 'deltanet'"):
+        seqmem.build_mixer("deltnet", 16)
+    with pytest.raises(ValueError, match="did you mean 'chunk_size'"):
+        seqmem.build_mixer("deltanet", 16, chunksize=8)
+    with pytest.raises(ValueError, match="did you mean 'mqar'"):
+        build_task("mqr")
+    with pytest.raises(ValueError, match="did you mean 'num_pairs'"):
+        build_task("mqar", numpairs=3)
+    with pytest.raises(ValueError) as e:
+        seqmem.build_mixer("zzzzzz", 16)
+    assert "did you mean" not in str(e.value) and "registered mixers" in str(e.value)

@@ -64,6 +64,19 @@ def _positive_float(s: str) -> float:
     return v
 
 
+def _out_path(s: str) -> Path:
+    """An ``--out`` directory: a non-empty path (``--out ''`` would write into the current directory)."""
+    if not s.strip():
+        raise argparse.ArgumentTypeError("expected a directory, got an empty path (use --out . for this directory)")
+    return Path(s)
+
+
+def default_checkpoint_every(steps: int) -> int:
+    """``--checkpoint-every`` when not given: about ten checkpoints per run, at least every 1,000 steps, so a killed
+    run can resume (``max(1, min(steps // 10, 1000))``)."""
+    return max(1, min(steps // 10, 1000))
+
+
 def _check_out_dir(path: Path) -> Path:
     path = Path(path)
     try:
@@ -232,7 +245,11 @@ def _train_checked(args: argparse.Namespace, rank: int, world: int, device: str)
         raise UsageError(f"{out} already holds a training run: --resume continues it, --overwrite replaces it, "
                          "or choose another --out")
     if args.resume and (out / "run.json").exists():
-        read_run_spec(out)  # a corrupt run.json: one line naming it
+        old = read_run_spec(out)  # a corrupt run.json: one line naming it
+        if args.checkpoint_every is None:  # the interval the run was started with (0 in runs from before the default)
+            args.checkpoint_every = old.get("train", {}).get("checkpoint_every")
+    if args.checkpoint_every is None:
+        args.checkpoint_every = default_checkpoint_every(args.steps)
     created = _first_missing(out)  # removed again if this run fails before its first checkpoint
     try:
         return _train_into(args, rank, world, device, _check_out_dir(out))
@@ -405,7 +422,8 @@ def _add_repro(sub) -> None:
         small = f" (small took {REPRO_SMALL_TIME[paper]} here)" if paper in REPRO_SMALL_TIME else ""
         rp.add_argument("--scale", default="small", choices=getattr(mod, "SCALES", ["smoke", "small", "paper"]),
                         help=REPRO_SCALES_HELP + small)
-        rp.add_argument("--out", type=Path, default=None, help="output directory (default runs/repro/<paper>)")
+        rp.add_argument("--out", type=_out_path, default=None,
+                        help="output directory (default runs/repro/<paper>)")
         rp.add_argument("--seed", type=int, default=0, help="seed")
         if hasattr(mod, "add_arguments"):
             mod.add_arguments(rp)
@@ -476,12 +494,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=int, default=0,
                    help="evaluate every N steps and print the result (0: only at the end)")
     p.add_argument("--eval-examples", type=_positive_int, default=512, help="held-out examples per evaluation")
-    p.add_argument("--checkpoint-every", type=int, default=0,
-                   help="write a checkpoint every N steps (0: only at the end)")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="write a checkpoint every N steps (0: only at the end; default: steps/10, at most 1000)")
     p.add_argument("--log-every", type=_positive_int, default=10,
                    help="write a metrics line every N steps (and, when stderr is not a terminal, print one)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps")
-    p.add_argument("--out", type=Path, required=True, help="run directory")
+    p.add_argument("--out", type=_out_path, required=True, help="run directory")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its newest checkpoint, bit-exactly (same arguments; "
                         "a larger --steps extends it)")
@@ -505,7 +523,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export-hf", help="save a training run as a Hugging Face model (needs transformers)")
     p.add_argument("--run", type=Path, required=True, help="run directory written by seqmem train")
-    p.add_argument("--out", type=Path, required=True, help="directory for save_pretrained")
+    p.add_argument("--out", type=_out_path, required=True, help="directory for save_pretrained")
     p.set_defaults(func=cmd_export_hf)
 
     from seqmem import demo, plotting

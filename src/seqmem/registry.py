@@ -35,6 +35,14 @@ class MixerEntry:
         return opts
 
 
+def did_you_mean(word: str, choices: Any) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` to a mistyped ``word`` (difflib), else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 _REGISTRY: dict[str, MixerEntry] = {}
 _LOADED = False
 
@@ -78,7 +86,8 @@ def list_mixers() -> list[str]:
 def get_entry(name: str) -> MixerEntry:
     _load_all()
     if name not in _REGISTRY:
-        raise ValueError(f"unknown mixer {name!r}; registered mixers: {', '.join(sorted(_REGISTRY))}")
+        raise ValueError(f"unknown mixer {name!r}{did_you_mean(name, _REGISTRY)}; registered mixers: "
+                         f"{', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
 
 
@@ -88,7 +97,8 @@ def build_mixer(name: str, d_model: int, **options: Any) -> Mixer:
     valid = entry.valid_options()
     unknown = sorted(set(options) - set(valid))
     if unknown:
-        raise ValueError(f"mixer {name!r} got unknown option(s) {unknown}; valid options: {valid}")
+        hints = "".join(did_you_mean(u, valid) for u in unknown)
+        raise ValueError(f"mixer {name!r} got unknown option(s) {unknown}{hints}; valid options: {valid}")
     kwargs = {**entry.defaults, **options}
     mixer = entry.cls(d_model, **kwargs)
     mixer.registered_name = name

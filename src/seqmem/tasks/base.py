@@ -186,7 +186,10 @@ def list_tasks() -> list[str]:
 def get_task_class(name: str) -> type[Task]:
     _load_all()
     if name not in _TASKS:
-        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(sorted(_TASKS))}")
+        from seqmem.registry import did_you_mean
+
+        raise ValueError(f"unknown task {name!r}{did_you_mean(name, _TASKS)}; registered tasks: "
+                         f"{', '.join(sorted(_TASKS))}")
     return _TASKS[name]
 
 
@@ -211,7 +214,10 @@ def build_task(name: str, **options: Any) -> Task:
     valid = task_options(name)
     bad = [k for k in options if k not in valid]
     if bad:
+        from seqmem.registry import did_you_mean
+
+        hints = "".join(did_you_mean(b, valid) for b in bad)
         raise ValueError(
-            f"unknown option(s) {', '.join(map(repr, bad))} for task {name!r}; valid: {', '.join(valid)}"
+            f"unknown option(s) {', '.join(map(repr, bad))}{hints} for task {name!r}; valid: {', '.join(valid)}"
         )
     return cls(**options)

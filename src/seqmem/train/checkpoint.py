@@ -47,6 +47,7 @@ def save_checkpoint(directory: Path, step: int, model: nn.Module, trainer_state:
     """Write ``directory/ckpt-<step>/`` atomically; keep the newest ``keep`` checkpoints."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    remove_orphans(directory)
     final = directory / f"{CKPT_PREFIX}{step:08d}"
     tmp = Path(tempfile.mkdtemp(dir=directory, prefix=".tmp-ckpt-"))
     try:
@@ -66,6 +67,15 @@ def save_checkpoint(directory: Path, step: int, model: nn.Module, trainer_state:
     for old in list_checkpoints(directory)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def remove_orphans(directory: Path) -> None:
+    """Delete the temporary ``.tmp-ckpt-*`` directories of checkpoint writes that a killed process left behind
+    (one process writes a run's checkpoints, so none of them is in progress when this runs)."""
+    directory = Path(directory)
+    if directory.is_dir():
+        for p in directory.glob(".tmp-ckpt-*"):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def list_checkpoints(directory: Path) -> list[Path]:

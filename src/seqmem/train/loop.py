@@ -27,6 +27,7 @@ from seqmem.train.checkpoint import (
     list_checkpoints,
     load_trainer_state,
     load_weights,
+    remove_orphans,
     save_checkpoint,
 )
 
@@ -210,6 +211,8 @@ def train(
             out_dir.mkdir(parents=True, exist_ok=True)
         metrics_path, ckpt_dir = out_dir / "metrics.jsonl", out_dir / "checkpoints"
         if resume:
+            if main:
+                remove_orphans(ckpt_dir)
             ck = latest_good_checkpoint(ckpt_dir)
             if ck is None:
                 raise ValueError(f"--resume: no valid checkpoint under {ckpt_dir}")
