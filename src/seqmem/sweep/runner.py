@@ -15,7 +15,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -323,38 +323,50 @@ def run_sweep(
         log(f"[{done_before + state['finished']}/{n_expected}] {p.rel_dir}  {what}  "
             f"{_fmt_secs(r.get('seconds', 0.0))}  | {eta}")
 
+    # one run at a time per worker, always the first in priority order among the runs wanted *now*: a row's
+    # second stage (first_seed selection) starts as soon as its first-seed runs finish, and slices complete in order
     attempted: set[Point] = set()
     budget = limit
+
+    def next_point() -> Point | None:
+        nonlocal budget
+        if budget is not None and budget <= 0:
+            return None
+        cand = order([p for p in wanted_points(spec, out, points)
+                      if p not in attempted and not is_finished(out / p.rel_dir)])
+        if not cand:
+            return None
+        if budget is not None:
+            budget -= 1
+        attempted.add(cand[0])
+        return cand[0]
+
     env_before = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by spawned workers
     ex = None
     try:
-        if jobs > 1:
+        if jobs <= 1:
+            import torch
+
+            prev = torch.get_num_threads()
+            try:
+                while (p := next_point()) is not None:
+                    report(p, _run_point_safe(p.run_spec, str(out / p.rel_dir), threads))
+            finally:
+                torch.set_num_threads(prev)
+        else:
             import multiprocessing as mp
 
             ex = ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"))
-        while budget is None or budget > 0:
-            todo = order([p for p in wanted_points(spec, out, points)
-                          if p not in attempted and not is_finished(out / p.rel_dir)])
-            if budget is not None:
-                todo = todo[:budget]
-                budget -= len(todo)
-            if not todo:
-                break
-            attempted.update(todo)
-            if ex is None:
-                import torch
-
-                prev = torch.get_num_threads()
-                try:
-                    for p in todo:
-                        report(p, _run_point_safe(p.run_spec, str(out / p.rel_dir), threads))
-                finally:
-                    torch.set_num_threads(prev)
-            else:
-                futs = {ex.submit(_run_point_safe, p.run_spec, str(out / p.rel_dir), threads): p for p in todo}
-                for f in as_completed(futs):
-                    report(futs[f], f.result())
+            in_flight: dict[Any, Point] = {}
+            while True:
+                while len(in_flight) < jobs and (p := next_point()) is not None:
+                    in_flight[ex.submit(_run_point_safe, p.run_spec, str(out / p.rel_dir), threads)] = p
+                if not in_flight:
+                    break
+                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for f in done:
+                    report(in_flight.pop(f), f.result())
     except KeyboardInterrupt:
         if ex is not None:
             ex.shutdown(wait=False, cancel_futures=True)
