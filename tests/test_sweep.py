@@ -278,3 +278,38 @@ def test_notes_and_length_reasons_reach_the_report(tmp_path):
     assert "the reference" in md and "by design cannot see the whole sequence" in md
     with pytest.raises(SpecError, match="not rows"):
         load_spec(tiny(notes={"nobody": "x"}))
+
+
+def test_killed_sweep_leaves_no_workers_and_resumes_to_the_same_report(tmp_path):
+    """The acceptance scenario: `seqmem sweep` with 2 workers is SIGKILLed after its first finished run; its
+    workers exit on their own, and re-running the same command completes the sweep with the numbers of an
+    uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    raw = tiny(train__steps=40, train__seeds=[0], mixers=["attention"])
+    spec_file = tmp_path / "s.json"
+    spec_file.write_text(json.dumps(raw))
+    out = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "seqmem", "sweep", str(spec_file), "--out", str(out), "--jobs", "2", "--no-probe"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(out.rglob("result.json")) and proc.poll() is None:
+        time.sleep(0.2)
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(5)  # the workers notice their parent is gone within ~2 s
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(out) not in ps and "tracker_fd" not in "".join(
+        line for line in ps.splitlines() if "spawn_main" in line and str(os.getpid()) in line)
+    assert subprocess.run(cmd, env=env, capture_output=True).returncode == 0
+    spec = load_spec(raw)
+    clean = tmp_path / "clean"
+    run_sweep(spec, clean, jobs=1, log=quiet, probe=False)
+    for x, y in zip(collect(spec, out), collect(spec, clean)):
+        assert x["per_seed"] == y["per_seed"] and x["lr_valid"] == y["lr_valid"] and x["complete"]

@@ -57,6 +57,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     command = "seqmem sweep " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
     if not args.report:
         out = _check_out_dir(out)
+        import signal
+
+        def _stop(signum, frame):  # SIGTERM stops the workers like Ctrl-C (finished runs are kept)
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, _stop)
         try:
             res = run_sweep(spec, out, jobs=args.jobs, threads=args.threads, probe=not args.no_probe,
                             dry_run=args.dry_run, limit=args.limit, log=lambda s: print(s, flush=True))

@@ -113,6 +113,20 @@ def run_point(run_spec: dict[str, Any], run_dir: str, threads: int = 1) -> dict[
     return result
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Worker initializer: exit as soon as the sweep's main process is gone (killed, even with SIGKILL), so no
+    orphaned worker keeps training into a run directory that a later invocation will use."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            time.sleep(2.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def _run_point_safe(run_spec: dict[str, Any], run_dir: str, threads: int) -> dict[str, Any]:
     try:
         return run_point(run_spec, run_dir, threads)
@@ -357,7 +371,8 @@ def run_sweep(
         else:
             import multiprocessing as mp
 
-            ex = ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"))
+            ex = ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_exit_with_parent,
+                                     initargs=(os.getpid(),))
             in_flight: dict[Any, Point] = {}
             while True:
                 while len(in_flight) < jobs and (p := next_point()) is not None:
@@ -367,8 +382,10 @@ def run_sweep(
                 done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
                 for f in done:
                     report(in_flight.pop(f), f.result())
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, SIGTERM (below) or an error: stop the workers too
         if ex is not None:
+            for proc in list(getattr(ex, "_processes", {}).values()):
+                proc.terminate()
             ex.shutdown(wait=False, cancel_futures=True)
             ex = None
         raise
