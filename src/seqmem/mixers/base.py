@@ -99,6 +99,93 @@ def check_choice(name: str, value: Any, choices: tuple | list) -> Any:
     return value
 
 
+_DOMAINS: dict[str, tuple[str, Any]] = {
+    ">0": ("> 0", lambda v: v > 0),
+    ">=0": (">= 0", lambda v: v >= 0),
+    "(0,1)": ("in (0, 1)", lambda v: 0 < v < 1),
+    "(0,1]": ("in (0, 1]", lambda v: 0 < v <= 1),
+    "[0,1]": ("in [0, 1]", lambda v: 0 <= v <= 1),
+    "[0,1)": ("in [0, 1)", lambda v: 0 <= v < 1),
+}
+
+
+def check_fields(obj: Any, domains: dict[str, str] | None = None) -> None:
+    """:func:`check_option` for every field of the dataclass ``obj`` (by its annotation, and ``domains``)."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        if f.name in hints:
+            check_option(type(obj).__name__, f.name, getattr(obj, f.name), hints[f.name], (domains or {}).get(f.name))
+
+
+def check_option(owner: str, name: str, value: Any, annotation: Any, domain: str | None = None) -> None:
+    """Check one constructor option against its type annotation and an optional domain; ``ValueError`` if not.
+
+    ``bool``: exactly ``True``/``False`` (not 0/1 or a string); ``int``: an integer, not a bool or a float;
+    ``float``: a finite real number, not a bool (NaN and ±Inf are refused); ``str``: a string; ``X | None``: ``None``
+    or an ``X``; other annotations are not checked.  ``domain`` is a key of ``_DOMAINS`` (e.g. ``">0"``)."""
+    import numbers
+    import types
+    import typing
+
+    args = typing.get_args(annotation)
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    if union and type(None) in args:
+        if value is None:
+            return
+        rest = [a for a in args if a is not type(None)]
+        annotation = rest[0] if len(rest) == 1 else None
+    if annotation is bool:
+        ok, want = isinstance(value, bool), "True or False"
+    elif annotation is int:
+        ok, want = isinstance(value, numbers.Integral) and not isinstance(value, bool), "an integer"
+    elif annotation is float:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+        want = "a finite number"
+    elif annotation is str:
+        ok, want = isinstance(value, str), "a string"
+    else:
+        return
+    if ok and domain is not None:
+        text, test = _DOMAINS[domain]
+        ok, want = bool(test(value)), f"{want} {text}"
+    if not ok:
+        raise ValueError(f"{owner}: {name} must be {want}, got {value!r}")
+
+
+def _checked_init(cls: type, init: Any) -> Any:
+    """``init`` preceded by :func:`check_option` for every annotated parameter (and ``cls.option_domains``)."""
+    import functools
+    import inspect
+    import typing
+
+    sig = inspect.signature(init)
+    hints: dict[str, Any] | None = None
+
+    @functools.wraps(init)
+    def wrapped(self, *args: Any, **kwargs: Any) -> None:
+        nonlocal hints
+        if hints is None:
+            try:
+                hints = typing.get_type_hints(init)
+            except Exception:  # noqa: BLE001 — an annotation that cannot be resolved here: check nothing
+                hints = {}
+        try:
+            bound = sig.bind(self, *args, **kwargs)
+        except TypeError:
+            return init(self, *args, **kwargs)  # let Python report the wrong call
+        domains = getattr(type(self), "option_domains", {})
+        for name, value in list(bound.arguments.items())[1:]:
+            if name in hints:
+                check_option(cls.__name__, name, value, hints[name], domains.get(name))
+        return init(self, *args, **kwargs)
+
+    wrapped._checks_options = True  # type: ignore[attr-defined]
+    return wrapped
+
+
 class Mixer(nn.Module):
     """Base class of every token mixer.
 
@@ -116,6 +203,17 @@ class Mixer(nn.Module):
     length_options: ClassVar[dict[str, str]] = {}
     #: ``name`` is filled in by :func:`seqmem.registry.register`.
     name: ClassVar[str] = "mixer"
+    #: Numeric domains of constructor options, e.g. ``{"eps0": ">0"}`` (keys of ``_DOMAINS``).  Every subclass's
+    #: ``__init__`` is wrapped (:meth:`__init_subclass__`) so each option is checked against its type annotation
+    #: (bool, int, finite float, str, ``X | None``; see :func:`check_option`) and its domain here before the
+    #: mixer is built: one declaration per option instead of a hand-written check.
+    option_domains: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None and not getattr(init, "_checks_options", False):
+            cls.__init__ = _checked_init(cls, init)  # type: ignore[method-assign]
 
     def __init__(self, d_model: int, n_heads: int = 4, impl: str = "fast") -> None:
         super().__init__()

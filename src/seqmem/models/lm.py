@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqmem.mixers.base import State, check_positive_int
+from seqmem.mixers.base import State, check_fields, check_positive_int
 from seqmem.registry import build_mixer
 
 
@@ -32,10 +32,9 @@ class LMConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
+        check_fields(self, {"mlp_ratio": ">=0", "norm_eps": ">0", "init_std": ">0"})  # types, NaN/Inf, domains
         for k in ("vocab_size", "d_model", "n_layers", "n_heads"):
             check_positive_int(k, getattr(self, k))
-        if self.mlp_ratio < 0:
-            raise ValueError(f"mlp_ratio must be >= 0, got {self.mlp_ratio}")
         if isinstance(self.mixer, (list, tuple)):
             if len(self.mixer) != self.n_layers:
                 raise ValueError(f"mixer lists {len(self.mixer)} layers but n_layers={self.n_layers}")

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqmem.mixers.base import NonFiniteError
+from seqmem.mixers.base import NonFiniteError, check_fields, check_option
 from seqmem.train.checkpoint import (
     latest_good_checkpoint,
     list_checkpoints,
@@ -50,6 +50,12 @@ class TrainConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        # types (NaN/Inf refused for floats) and domains, each option checked by itself (a NaN weight decay is
+        # reported as such, not later as a diverged run blamed on the learning rate)
+        check_fields(self, {"lr": ">0", "weight_decay": ">=0", "warmup_frac": "[0,1)", "min_lr_frac": "[0,1]",
+                            "clip": ">=0", "eval_every": ">=0", "checkpoint_every": ">=0"})
+        for b in tuple(self.betas) if isinstance(self.betas, (tuple, list)) and len(self.betas) == 2 else (None,):
+            check_option("TrainConfig", "betas", b, float, "[0,1)")
         for k in ("steps", "batch_size", "eval_examples", "eval_batch_size", "log_every"):
             v = getattr(self, k)
             if not isinstance(v, int) or v <= 0:
