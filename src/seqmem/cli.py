@@ -13,80 +13,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from seqmem.cliargs import (  # noqa: E402  (re-exported: the names older code imports from seqmem.cli)
+    UsageError,
+    _Parser,
+    check_out_dir,
+    out_path,
+    parse_options,
+    positive_float,
+    positive_int,
+)
 from seqmem.clihelp import add_deprecated_alias, finish_parser
 
-
-class UsageError(Exception):
-    """A user mistake the CLI reports in one line (exit code 2)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def _parse_value(s: str) -> Any:
-    try:
-        return json.loads(s)
-    except json.JSONDecodeError:
-        return s
-
-
-def parse_options(pairs: list[str] | None) -> dict[str, Any]:
-    """``["chunk_size=32", "window=null"]`` → ``{"chunk_size": 32, "window": None}`` (values parsed as JSON)."""
-    out: dict[str, Any] = {}
-    for p in pairs or []:
-        if "=" not in p:
-            raise UsageError(f"option {p!r} must look like KEY=VALUE")
-        k, v = p.split("=", 1)
-        out[k.strip()] = _parse_value(v)
-    return out
-
-
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
-
-
-def _positive_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
-    return v
-
-
-def _out_path(s: str) -> Path:
-    """An ``--out`` directory: a non-empty path (``--out ''`` would write into the current directory)."""
-    if not s.strip():
-        raise argparse.ArgumentTypeError("expected a directory, got an empty path (use --out . for this directory)")
-    return Path(s)
+_positive_int, _positive_float, _out_path, _check_out_dir = positive_int, positive_float, out_path, check_out_dir
+__all__ = ["UsageError", "build_run", "main", "make_parser", "parse_options"]
 
 
 def default_checkpoint_every(steps: int) -> int:
     """``--checkpoint-every`` when not given: about ten checkpoints per run, at least every 1,000 steps, so a killed
     run can resume (``max(1, min(steps // 10, 1000))``)."""
     return max(1, min(steps // 10, 1000))
-
-
-def _check_out_dir(path: Path) -> Path:
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".seqmem-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"cannot write to output directory {path}: {e.strerror or e}") from None
-    return path
 
 
 # ----------------------------------------------------------------------------------------------------------- list

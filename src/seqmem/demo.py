@@ -165,7 +165,8 @@ def add_parser(sub) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     import seqmem
-    from seqmem.cli import UsageError, _check_out_dir
+    from seqmem.cliargs import UsageError
+    from seqmem.cliargs import check_out_dir as _check_out_dir
 
     names = seqmem.list_mixers()
     mixers = None if not args.mixers else [m.strip() for m in args.mixers.split(",") if m.strip()]

@@ -123,7 +123,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("plot", help="PNG curves (loss, accuracy, loss by position) of one or more training runs")
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directory (with metrics.jsonl)")
-    from seqmem.cli import _out_path
+    from seqmem.cliargs import out_path as _out_path
 
     p.add_argument("--out", type=_out_path, default=None, help="output directory (default FIRST_RUN/plots)")
     p.set_defaults(func=cmd_plot)

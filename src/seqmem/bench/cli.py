@@ -22,8 +22,8 @@ from seqmem.bench.common import (
     resolve_mixers,
     write_json,
 )
-from seqmem.cli import _positive_float as _pos_float
-from seqmem.cli import _positive_int as _pos_int
+from seqmem.cliargs import positive_float as _pos_float
+from seqmem.cliargs import positive_int as _pos_int
 from seqmem.clihelp import add_deprecated_alias
 
 

@@ -38,7 +38,8 @@ def add_parser(sub) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from seqmem.cli import UsageError, _check_out_dir
+    from seqmem.cliargs import UsageError
+    from seqmem.cliargs import check_out_dir as _check_out_dir
     from seqmem.sweep import SpecError, load_spec, run_sweep, write_report
 
     for k in ("jobs", "threads"):

@@ -1,0 +1,77 @@
+"""Argument types and errors shared by every command-line module (``seqmem.cli``, ``seqmem.demo``,
+``seqmem.sweep.cli``, ``seqmem.bench.cli``, ``seqmem.plotting``), so none of them imports another's parser."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+class UsageError(Exception):
+    """A user mistake the CLI reports in one line (exit code 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _parse_value(s: str) -> Any:
+    try:
+        return json.loads(s)
+    except json.JSONDecodeError:
+        return s
+
+
+def parse_options(pairs: list[str] | None) -> dict[str, Any]:
+    """``["chunk_size=32", "window=null"]`` → ``{"chunk_size": 32, "window": None}`` (values parsed as JSON)."""
+    out: dict[str, Any] = {}
+    for p in pairs or []:
+        if "=" not in p:
+            raise UsageError(f"option {p!r} must look like KEY=VALUE")
+        k, v = p.split("=", 1)
+        out[k.strip()] = _parse_value(v)
+    return out
+
+
+def positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def positive_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
+    return v
+
+
+def out_path(s: str) -> Path:
+    """An ``--out`` directory: a non-empty path (``--out ''`` would write into the current directory)."""
+    if not s.strip():
+        raise argparse.ArgumentTypeError("expected a directory, got an empty path (use --out . for this directory)")
+    return Path(s)
+
+
+def check_out_dir(path: Path) -> Path:
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".seqmem-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write to output directory {path}: {e.strerror or e}") from None
+    return path
