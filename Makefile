@@ -1,13 +1,16 @@
 # Two commands do everything on a fresh machine:  `make demo`  and  `make test`.
 # Each creates .venv on first use (scripts/setup.sh says what it installs and how torch is chosen):
 # `make demo` installs torch and seqmem with its core dependencies only; `make test` adds the dev and hf extras.
-.PHONY: setup setup-demo demo test lint
+.PHONY: setup setup-demo demo compare test lint
 setup:
 	bash scripts/setup.sh test
 setup-demo:
 	bash scripts/setup.sh demo
 demo: setup-demo
 	.venv/bin/seqmem demo --out runs/demo
+# The README's main result: the resumable MQAR comparison (hours on 2 cores; re-run to continue where it stopped).
+compare: setup-demo
+	OMP_NUM_THREADS=1 .venv/bin/seqmem sweep compare --out docs/results/compare/runs --report-dir docs/results/compare --jobs 2
 test: setup
 	.venv/bin/python -m pytest
 lint: setup

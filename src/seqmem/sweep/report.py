@@ -194,7 +194,9 @@ def plot(spec: SweepSpec, rows: list[dict[str, Any]], path: Path) -> None:
             ys = [r["report_mean"] for r in pts]
             es = [0.0 if r["report_std"] != r["report_std"] else r["report_std"] for r in pts]
             dashed = any(r["cannot_reach_first_token"] for r in pts)
-            ax.errorbar(xs, ys, yerr=es, color=cmap[i % len(cmap)], marker=markers[i % len(markers)], ms=5,
+            # the 10 dark tab20 colours first, then the 10 light ones: neighbours in the legend never share a hue
+            color = cmap[(2 * i) % 20 + (i // 10) % 2]
+            ax.errorbar(xs, ys, yerr=es, color=color, marker=markers[i % len(markers)], ms=5,
                         capsize=3, lw=1.2, ls="--" if dashed else "-", label=mixer if ax is axs[0][0] else None,
                         markeredgecolor="black", markeredgewidth=0.3)
         if setting.label in chance and spec.select == "accuracy":
@@ -206,10 +208,11 @@ def plot(spec: SweepSpec, rows: list[dict[str, Any]], path: Path) -> None:
         ax.grid(alpha=0.3)
         if spec.select == "accuracy":
             ax.set_ylim(-0.02, 1.04)
-    fig.legend(loc="center right", fontsize=7, frameon=False)
+    width = fig.get_figwidth()
+    fig.legend(loc="center left", bbox_to_anchor=(1 - 2.3 / width, 0.5), fontsize=7, frameon=False)
     fig.suptitle(f"{spec.name}: {spec.select} vs state (dashed: cannot see the whole sequence by design)",
                  fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1 - 2.2 / fig.get_figwidth(), 1))
+    fig.tight_layout(rect=(0, 0, 1 - 2.4 / width, 1))
     save_figure(fig, path, dpi=120)
     plt.close(fig)
 
