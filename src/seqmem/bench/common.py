@@ -186,15 +186,10 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
 
 
 def check_writable_dir(path: Path) -> Path:
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".seqmem-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ValueError(f"cannot write to directory {path}: {e.strerror or e}") from None
-    return path
+    """``path`` created if needed and writable, else a one-line error (exit 2 on the command line)."""
+    from seqmem.cliargs import check_out_dir
+
+    return check_out_dir(path)
 
 
 def check_writable_file(path: Path) -> Path:

@@ -379,24 +379,8 @@ def tables(records: list[dict[str, Any]]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------------- CLI
-def _pos_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
-
-
-def _pos_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
-    return v
+from seqmem.cliargs import positive_float as _pos_float  # noqa: E402
+from seqmem.cliargs import positive_int as _pos_int  # noqa: E402
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

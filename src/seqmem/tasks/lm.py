@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from seqmem.data import DEFAULT_FRACTIONS, SPLITS, Corpus, load_corpus
-from seqmem.tasks.base import DEFAULT_EVAL_SEED, IGNORE_INDEX, Task, masked_accuracy, register_task
+from seqmem.tasks._windows import SplitWindowsTask
+from seqmem.tasks.base import DEFAULT_EVAL_SEED, IGNORE_INDEX, masked_accuracy, register_task
 
 __all__ = ["LMTask", "bucket_edges"]
 
@@ -39,7 +39,7 @@ def bucket_edges(seq_len: int, n_buckets: int) -> list[tuple[int, int]]:
 
 
 @register_task("lm")
-class LMTask(Task):
+class LMTask(SplitWindowsTask):
     """Next-byte prediction on windows of a local corpus (``code``, ``docs``, a directory or a file).
 
     Args:
@@ -53,7 +53,6 @@ class LMTask(Task):
         eval_seed: seed of the evaluation stream (the test stream uses ``eval_seed + 1``).
     """
 
-    report_split: ClassVar[str] = "test"
 
     name = "lm"
     vocab_size = 256
@@ -112,36 +111,6 @@ class LMTask(Task):
                 f"{self.seq_len + 1}; use a larger corpus (more files / max_files) or a shorter seq_len"
             )
         return arr
-
-    def sample_split(
-        self, split: str, batch_size: int, generator: torch.Generator | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """``batch_size`` random windows of ``split``: ``(bytes[i:i+T], bytes[i+1:i+T+1])`` as int64."""
-        B = self._check_batch(batch_size)
-        arr = self._check_split(split)
-        T = self.seq_len
-        starts = torch.randint(0, arr.shape[0] - T, (B,), generator=generator).numpy()
-        w = np.asarray(arr[starts[:, None] + np.arange(T + 1)], dtype=np.int64)
-        w = torch.from_numpy(w)
-        return w[:, :-1].contiguous(), w[:, 1:].contiguous()
-
-    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        return self.sample_split("train", batch_size, generator)
-
-    def _eval_sample(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        return self.sample_split(self.eval_split, batch_size, generator)
-
-    def valid_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
-        """Hyper-parameters are chosen on the evaluation windows (the ``val`` split); results are reported on
-        :meth:`test_data` (``report_split = "test"``)."""
-        return self.eval_data(n_examples)
-
-    def test_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
-        """``n_examples`` windows of the ``test`` split from a fixed seed (``eval_seed + 1``; cached)."""
-        self._check_split("test")
-        return self._cached_stream(
-            "test", self.eval_seed + 1, n_examples, lambda b, g: self.sample_split("test", b, g)
-        )
 
     def split_data(self, split: str, n_examples: int) -> tuple[Tensor, Tensor]:
         """Fixed-seed windows of any split: ``val``/``test`` as :meth:`eval_data`/:meth:`test_data`."""

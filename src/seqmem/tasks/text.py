@@ -13,15 +13,15 @@ token in ``n_buckets`` position buckets, inclusive bounds) — lower late-bucket
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from seqmem.data import DEFAULT_FRACTIONS, SPLITS
-from seqmem.tasks.base import DEFAULT_EVAL_SEED, IGNORE_INDEX, Task, masked_accuracy, register_task
+from seqmem.tasks._windows import SplitWindowsTask
+from seqmem.tasks.base import DEFAULT_EVAL_SEED, IGNORE_INDEX, masked_accuracy, register_task
 from seqmem.tasks.lm import bucket_edges
 from seqmem.textdata import TextTokenizer, load_documents, load_tokenizer, tokenize_splits
 
@@ -29,7 +29,7 @@ __all__ = ["TextLMTask"]
 
 
 @register_task("text")
-class TextLMTask(Task):
+class TextLMTask(SplitWindowsTask):
     """Next-token prediction on windows of a tokenized dataset.
 
     Args:
@@ -45,7 +45,6 @@ class TextLMTask(Task):
         cache: cache corpora, trained tokenizers and token streams under ``$SEQMEM_CACHE``.
     """
 
-    report_split: ClassVar[str] = "test"
 
     name = "text"
 
@@ -103,31 +102,6 @@ class TextLMTask(Task):
                 "use more documents or a shorter seq_len"
             )
         return arr
-
-    def sample_split(self, split: str, batch_size: int, generator: torch.Generator | None = None):
-        B = self._check_batch(batch_size)
-        arr = self._check_split(split)
-        T = self.seq_len
-        starts = torch.randint(0, arr.shape[0] - T, (B,), generator=generator).numpy()
-        w = torch.from_numpy(np.asarray(arr[starts[:, None] + np.arange(T + 1)], dtype=np.int64))
-        return w[:, :-1].contiguous(), w[:, 1:].contiguous()
-
-    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        return self.sample_split("train", batch_size, generator)
-
-    def _eval_sample(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        return self.sample_split(self.eval_split, batch_size, generator)
-
-    def valid_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
-        """Hyper-parameters are chosen on the evaluation windows (the ``val`` split); results are reported on
-        :meth:`test_data` (``report_split = "test"``)."""
-        return self.eval_data(n_examples)
-
-    def test_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
-        """Fixed-seed windows of the ``test`` split (seed ``eval_seed + 1``) — report once, never tune on it."""
-        self._check_split("test")
-        return self._cached_stream("test", self.eval_seed + 1, n_examples,
-                                   lambda b, g: self.sample_split("test", b, g))
 
     def metrics(self, logits: Tensor, targets: Tensor) -> dict[str, float]:
         if logits.dim() != 3 or logits.shape[:-1] != targets.shape:

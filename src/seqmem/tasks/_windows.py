@@ -1,0 +1,55 @@
+"""Language-modelling tasks as random windows of a token array per split (``train`` / ``val`` / ``test``).
+
+Shared by the byte-level ``lm`` task and the tokenised ``text`` task: subclasses hold the arrays and implement
+``_check_split(split) -> np.ndarray`` (the split's tokens, at least ``seq_len + 1`` of them, else a clear error) and
+set ``eval_split``.  Hyper-parameters are chosen on the evaluation windows (``eval_split``, default ``val``);
+results are reported on ``test`` (``report_split``)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from seqmem.tasks.base import Task
+
+
+class SplitWindowsTask(Task):
+    """Windows ``(tokens[i:i+T], tokens[i+1:i+T+1])`` of a split, starting at uniformly random ``i``."""
+
+    report_split: ClassVar[str] = "test"
+    eval_split: str = "val"
+
+    def _check_split(self, split: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def sample_split(
+        self, split: str, batch_size: int, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``batch_size`` random windows of ``split`` as int64 ``(inputs, targets)``."""
+        B = self._check_batch(batch_size)
+        arr = self._check_split(split)
+        T = self.seq_len
+        starts = torch.randint(0, arr.shape[0] - T, (B,), generator=generator).numpy()
+        w = torch.from_numpy(np.asarray(arr[starts[:, None] + np.arange(T + 1)], dtype=np.int64))
+        return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        return self.sample_split("train", batch_size, generator)
+
+    def _eval_sample(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        return self.sample_split(self.eval_split, batch_size, generator)
+
+    def valid_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
+        """Hyper-parameters are chosen on the evaluation windows (``eval_split``); results are reported on
+        :meth:`test_data`."""
+        return self.eval_data(n_examples)
+
+    def test_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
+        """``n_examples`` windows of the ``test`` split from a fixed seed (``eval_seed + 1``; cached) — report
+        once, never tune on it."""
+        self._check_split("test")
+        return self._cached_stream("test", self.eval_seed + 1, n_examples,
+                                   lambda b, g: self.sample_split("test", b, g))
