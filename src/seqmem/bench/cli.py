@@ -88,6 +88,24 @@ def add_parser(sub: Any) -> None:
     pr.add_argument("--top", type=_pos_int, default=12, help="ops to list per mixer")
     pr.set_defaults(func=cmd_profile)
 
+    tr = bsub.add_parser("train", help="seconds and tokens/s of one training step (fwd+bwd+AdamW) of a small LM "
+                                       "per mixer: experiment budgets")
+    tr.add_argument("--mixers", default=None, help="comma-separated mixer names (default: every registered mixer)")
+    tr.add_argument("--d-model", type=_pos_int, default=128, help="model width")
+    tr.add_argument("--layers", type=_pos_int, default=2, help="layers")
+    tr.add_argument("--heads", type=_pos_int, default=2, help="heads")
+    tr.add_argument("--vocab-size", type=_pos_int, default=32, help="vocabulary")
+    tr.add_argument("--seq-len", type=_pos_int, default=32, help="tokens per sequence")
+    tr.add_argument("--batch-size", type=_pos_int, default=32, help="sequences per step")
+    tr.add_argument("--repeats", type=_pos_int, default=5, help="timed steps (the median counts)")
+    tr.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed steps first")
+    tr.add_argument("--threads", type=_pos_int, default=1, help="torch.set_num_threads")
+    tr.add_argument("--json", type=Path, default=None,
+                    help="write the records to this JSON file (default: not written)")
+    tr.add_argument("--markdown", type=Path, default=None,
+                    help="write the table to this Markdown file (default: printed only)")
+    tr.set_defaults(func=cmd_train)
+
     from seqmem.bench import numerics
 
     nm = bsub.add_parser("numerics", help="low-precision error and state growth of every mixer over a long input")
@@ -238,4 +256,30 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 text += md_table(r["top"], ["op", "calls", "self_ms", "self_%"]) + "\n"
     payload = {"bench": "profile", "command": _command(args), "machine": machine, "results": results}
     _emit(args, text, payload)
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from seqmem.bench.train import markdown, train_step_seconds
+    from seqmem.io import machine_info
+
+    mixers = resolve_mixers(args.mixers)
+    for f in (args.json, args.markdown):
+        if f is not None:
+            check_writable_file(f)
+    torch.set_num_threads(args.threads)
+    rows = []
+    for i, m in enumerate(mixers, 1):
+        r = train_step_seconds(m, args.d_model, args.layers, args.heads, args.vocab_size, args.seq_len,
+                               args.batch_size, args.repeats, args.warmup)
+        _log(f"[{i}/{len(mixers)}] {m}: {r['seconds_per_step'] * 1e3:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s")
+        rows.append(r)
+    machine = machine_info()
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    text = (f"## Training-step cost (fwd + bwd + AdamW)\n\nCommand: `{_command(args)}`\n\nMachine: {machine['cpu']}, "
+            f"{machine['cores']} cores, torch {machine['torch']}, {args.threads} thread(s), {when}; "
+            f"{args.layers} layers, d_model {args.d_model}, {args.heads} heads, vocab {args.vocab_size}, "
+            f"T = {args.seq_len}, batch {args.batch_size}; median of {args.repeats} steps.\n\n" + markdown(rows))
+    _emit(args, text, {"machine": machine, "config": {k: v for k, v in vars(args).items()
+                                                      if k not in ("func",) and not callable(v)}, "rows": rows})
     return 0

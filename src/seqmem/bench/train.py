@@ -1,0 +1,60 @@
+"""``seqmem bench train``: the cost of one training step of a small language model with each mixer.
+
+One step = forward of the whole model, cross-entropy, backward and an AdamW update, at the demo's size by default
+(2 layers, d_model 128, 2 heads, SwiGLU, vocab 32, 32 tokens, batch 32; lengths scaled by the sweep's length rule).
+The median over repeats of wall-clock time, and tokens per second, so that an experiment's budget is
+``steps × seconds/step × runs``.  Measured, never asserted in tests."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+
+def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_heads: int = 2, vocab: int = 32,
+                       seq_len: int = 32, batch: int = 32, repeats: int = 5, warmup: int = 2,
+                       seed: int = 0) -> dict[str, Any]:
+    """Median seconds of one training step of the LM with ``mixer`` in every layer (see the module docstring)."""
+    from seqmem.models import LanguageModel, LMConfig
+    from seqmem.sweep import fair_options
+    from seqmem.sweep.runner import peak_state
+    from seqmem.train.loop import lm_loss
+
+    torch.manual_seed(seed)
+    model = LanguageModel(LMConfig(vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                                   mixer=mixer, mixer_options=fair_options(mixer, seq_len)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, vocab, (batch, seq_len), generator=g)
+    y = torch.randint(0, vocab, (batch, seq_len), generator=g)
+
+    def step() -> None:
+        logits, _ = model(x)
+        loss = lm_loss(logits, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    return {"mixer": mixer, "seconds_per_step": med, "tokens_per_s": batch * seq_len / med,
+            "min_seconds": min(times), "params": model.num_parameters(), "state": peak_state(model, seq_len),
+            "options": fair_options(mixer, seq_len)}
+
+
+def markdown(rows: list[dict[str, Any]], steps: int = 1000) -> str:
+    lines = ["| mixer | ms / step | tokens / s | s per 1,000 steps | params | peak state |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: r["seconds_per_step"]):
+        lines.append(f"| `{r['mixer']}` | {r['seconds_per_step'] * 1e3:.1f} | {r['tokens_per_s']:,.0f} | "
+                     f"{r['seconds_per_step'] * steps:.0f} | {r['params']:,} | {r['state']:,} |")
+    return "\n".join(lines) + "\n"

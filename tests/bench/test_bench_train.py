@@ -1,0 +1,26 @@
+"""`seqmem bench train`: one training step's cost per mixer (measured, not asserted)."""
+
+from __future__ import annotations
+
+import json
+
+from seqmem.bench.train import markdown, train_step_seconds
+from seqmem.cli import main
+
+
+def test_train_step_record_and_table():
+    r = train_step_seconds("swa", d_model=16, n_layers=1, n_heads=2, vocab=8, seq_len=8, batch=2, repeats=1,
+                           warmup=0)
+    assert r["seconds_per_step"] > 0 and r["tokens_per_s"] == 16 / r["seconds_per_step"]
+    assert r["options"] == {"window": 2}  # the sweep's length rule at T = 8
+    assert "| `swa` |" in markdown([r])
+
+
+def test_cli_writes_json(tmp_path, capsys):
+    out = tmp_path / "t.json"
+    assert main(["bench", "train", "--mixers", "attention", "--d-model", "16", "--seq-len", "8", "--batch-size",
+                 "2", "--repeats", "1", "--warmup", "0", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["mixer"] for r in rows] == ["attention"]
+    assert "tokens / s" in capsys.readouterr().out
+    assert main(["bench", "train", "--mixers", "nope"]) == 2
