@@ -388,3 +388,52 @@ def test_configs_refuse_nan_and_wrong_types():
                {"warmup_frac": float("nan")}, {"lr": True}):
         with pytest.raises(ValueError, match=next(iter(kw))):
             TrainConfig(**kw)
+
+
+# ------------------------------------------------------------------------------------------- 7. NaN input
+def _nan_at(t: int = 13) -> torch.Tensor:
+    x = torch.randn(1, 24, 16)
+    x[0, t, 3] = float("nan")
+    return x
+
+
+def test_check_finite_names_the_bad_input():
+    import seqmem
+    from seqmem.mixers.base import NonFiniteError, set_check_finite
+
+    prev = set_check_finite(True)
+    try:
+        for name in ("vla", "vort", "deltanet"):
+            with pytest.raises(NonFiniteError, match="input x contains 1 NaN/Inf value.*batch 0, token 13 \\(nan\\)"):
+                seqmem.build_mixer(name, 16, n_heads=2)(_nan_at())
+    finally:
+        set_check_finite(prev)
+
+
+@pytest.mark.parametrize("name,match", [("vla", "NaN/Inf reached the Sherman-Morrison solve"),
+                                        ("vla_v2", "NaN/Inf reached"), ("vort", "NaN/Inf in the input x")])
+def test_nan_input_without_checks_is_a_clear_error(name, match):
+    """vla raised torch's linear-algebra error and vort 'alpha must be finite' for a NaN input."""
+    import seqmem
+
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match=match):
+        seqmem.build_mixer(name, 16, n_heads=2)(_nan_at())
+
+
+def test_reference_forms_keep_nan_causal():
+    """Documented in docs/reliability.md: a NaN at token t never reaches an earlier token in the reference forms;
+    the fast (chunked/parallel) forms may spread it to earlier tokens of its chunk or block (0·NaN = NaN in a
+    masked matmul), so with the checks off a NaN poisons its whole chunk there."""
+    import seqmem
+
+    for name in seqmem.list_mixers():
+        torch.manual_seed(0)
+        m = seqmem.build_mixer(name, 16, n_heads=2, impl="reference").eval()
+        try:
+            with torch.no_grad():
+                y, _ = m(_nan_at())
+        except ValueError:
+            assert name in ("vla", "vla_v2", "vort"), name  # the clear errors above
+            continue
+        assert torch.isfinite(y[0, :13]).all(), name

@@ -55,6 +55,13 @@ def _nonfinite_count(t: Tensor) -> int:
     return int(t.numel() - torch.isfinite(t).sum()) if t.is_floating_point() else 0
 
 
+def _first_bad(t: Tensor) -> str:
+    """Where the first NaN/Inf of ``t`` (batch, time, ...) is, e.g. ``"batch 0, token 13 (nan)"``."""
+    idx = (~torch.isfinite(t)).nonzero()[0].tolist()
+    where = f"batch {idx[0]}, token {idx[1]}" if len(idx) >= 2 else f"index {idx}"
+    return f"{where} ({float(t[tuple(idx)])})"
+
+
 def count_state(state: State | None) -> int:
     """Numbers held per sequence in ``state``: every tensor's size divided by the batch (its first dimension)."""
     if not state:
@@ -240,7 +247,8 @@ class Mixer(nn.Module):
         bad = _nonfinite_count(x)
         if bad:
             raise NonFiniteError(
-                f"{name}: input x contains {bad} NaN/Inf value(s) of {x.numel()}; clean the input, or, if this "
+                f"{name}: input x contains {bad} NaN/Inf value(s) of {x.numel()}, the first at {_first_bad(x)}; "
+                "clean the input, or, if this "
                 "happens while training, the model diverged: lower the learning rate or train in float32"
             )
         for k, v in (state or {}).items():

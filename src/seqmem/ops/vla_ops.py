@@ -89,6 +89,16 @@ def _state_to(state, dtype: torch.dtype):
     return {n: t.to(dtype) if isinstance(t, Tensor) and t.is_floating_point() else t for n, t in state.items()}
 
 
+def _solve_error(G: Tensor) -> ValueError:
+    """A clear error for a failed Cholesky solve: NaN/Inf reached it (from the input or state), or it lost
+    positive definiteness."""
+    if not bool(torch.isfinite(G).all()):
+        return ValueError("vla: NaN/Inf reached the Sherman-Morrison solve (the input q/k/v or the state holds "
+                          "NaN/Inf); clean the input, or turn on seqmem.mixers.base.set_check_finite(True) to find it")
+    return ValueError("vla: the Sherman-Morrison system lost positive definiteness (inputs too large for this "
+                      "dtype?); compute in float64 or lower the input scale")
+
+
 def _unit(x: Tensor) -> Tensor:
     return x / x.norm(dim=-1, keepdim=True).clamp_min(floor(_TINY, x.dtype))
 
@@ -352,7 +362,9 @@ def _vla_attention(
                         c = j + 1 - a0
                         UA = Uc @ A  # A symmetric
                         G = torch.eye(c, dtype=k.dtype, device=k.device) + UA @ Uc.transpose(-1, -2)
-                        L = torch.linalg.cholesky(G)
+                        L, info = torch.linalg.cholesky_ex(G)
+                        if bool((info > 0).any()):
+                            raise _solve_error(G)
                         Z = torch.linalg.solve_triangular(L, UA, upper=False)  # rows z_i / sqrt(δ_i)
                         kz = (Kc @ Z.transpose(-1, -2)).tril()
                         al = Kc @ A - kz @ Z
