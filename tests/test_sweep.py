@@ -241,7 +241,10 @@ def test_partial_rows_are_marked(tmp_path):
     assert not row["complete"] and row["runs_done"] == 3
     from seqmem.sweep.report import markdown
 
-    assert "PARTIAL" in markdown(spec, [row])
+    md = markdown(spec, [row])
+    assert "PARTIAL" in md
+    # the summary pivot: one cell per setting, mean ± std and the seed count, '*' while the row is incomplete
+    assert "| `attention` | 0.90 (1)* |" in md
 
 
 def test_first_seed_protocol_runs_other_seeds_only_at_the_chosen_lr(tmp_path):

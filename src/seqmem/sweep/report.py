@@ -99,6 +99,46 @@ def chance_level(spec: SweepSpec) -> dict[str, float]:
     return out
 
 
+def summary_table(spec: SweepSpec, rows: list[dict[str, Any]]) -> str:
+    """One line per mixer, one column per (setting, model size): mean ± std over seeds at the chosen lr, with
+    the number of seeds; mixers ordered by their mean over the columns they have."""
+    cols = []
+    for setting in spec.settings:
+        for combo in _axis_combos(spec):
+            cols.append((setting.label, combo))
+    cell: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        cell[(r["mixer"], r["setting"], tuple((a, r.get(a)) for a in spec.model_axes))] = r
+
+    def text(r: dict[str, Any] | None) -> str:
+        if r is None or r.get("report_mean") is None:
+            return "—"
+        sd = "" if r["report_std"] != r["report_std"] else f" ± {r['report_std']:.2f}"
+        mark = "" if r["complete"] else "*"
+        return f"{r['report_mean']:.2f}{sd} ({r['n_seeds']}){mark}"
+
+    def score(m: str) -> float:
+        vals = [cell[k]["report_mean"] for k in cell if k[0] == m and cell[k].get("report_mean") is not None]
+        if not vals:
+            return -math.inf
+        mean = sum(vals) / len(vals)
+        return mean if spec.select == "accuracy" else -mean
+
+    mixers = sorted({r["mixer"] for r in rows}, key=lambda m: -score(m))
+    head = ["mixer"] + [f"{lab}, " + ", ".join(f"{a} {v}" for a, v in combo) if combo else lab for lab, combo in cols]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * len(cols)]
+    for m in mixers:
+        lines.append("| " + " | ".join([f"`{m}`"] + [text(cell.get((m, lab, combo))) for lab, combo in cols]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _axis_combos(spec: SweepSpec) -> list[tuple[tuple[str, Any], ...]]:
+    combos: list[tuple[tuple[str, Any], ...]] = [()]
+    for a in spec.model_axes:
+        combos = [c + ((a, v),) for c in combos for v in spec.model[a]]
+    return combos
+
+
 def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu_seconds: float = 0.0) -> str:
     """The report as Markdown: the protocol, the length rule, one table per setting, CPU-hours and machine."""
     info = machine_info()
@@ -125,6 +165,8 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
         f"**Lengths.** {length_rule_text()}" + ("." if spec.scale_lengths else " — switched OFF in this spec."),
         "",
     ]
+    lines += [f"## Summary: {sel} on the reported examples, mean ± std over seeds (number of seeds; * = row not "
+              "complete yet) at each row's chosen learning rate", "", summary_table(spec, rows)]
     chance = chance_level(spec)
     for setting in spec.settings:
         srows = [r for r in rows if r["setting"] == setting.label]
