@@ -163,6 +163,7 @@ def estimate_costs(points: list[Point], log: Callable[[str], None] | None = None
     torch.set_num_threads(1)
     probe: dict[str, float] = {}
     out: dict[Point, float] = {}
+    keys = {json.dumps({"task": p.run_spec["task"], "model": p.run_spec["model"]}, sort_keys=True) for p in points}
     try:
         for p in points:
             key = json.dumps({"task": p.run_spec["task"], "model": p.run_spec["model"]}, sort_keys=True)
@@ -172,7 +173,9 @@ def estimate_costs(points: list[Point], log: Callable[[str], None] | None = None
                 except Exception:  # noqa: BLE001 — the run itself will report the error
                     probe[key] = float("nan")
                 if log is not None:
-                    log(f"  step time {p.setting} / {p.mixer} / {dict(p.model_axes)}: {probe[key] * 1e3:.0f} ms")
+                    run_s = probe[key] * p.run_spec["train"]["steps"]
+                    log(f"  [{len(probe)}/{len(keys)}] {p.setting} / {p.mixer} / {dict(p.model_axes) or ''}: "
+                        f"{probe[key] * 1e3:.0f} ms/step, ~{_fmt_secs(run_s)} per run")
             out[p] = probe[key] * p.run_spec["train"]["steps"]
     finally:
         torch.set_num_threads(threads)
