@@ -17,7 +17,3 @@ __all__ = [
     "state_to",
 ]
 
-# register model_type "seqmem" with transformers' auto classes when (and only if) they get imported — see seqmem.hf
-from seqmem.hf._hook import install as _install_hf  # noqa: E402
-
-_install_hf()

@@ -317,17 +317,15 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
         from seqmem.hf import from_run
     except ImportError:
         raise UsageError("export-hf needs transformers (pip install seqmem[hf])") from None
+    from seqmem.hf.tokenizer import export_tokenizer
     from seqmem.train.checkpoint import read_run_spec
 
     read_run_spec(Path(args.run))  # a missing or corrupt run.json: one line naming it
     model = from_run(str(args.run))
-    model.save_pretrained(str(_check_out_dir(args.out)))
-    tok = Path(args.run) / "tokenizer"
-    if (tok / "tokenizer.json").is_file() or (tok / "tokenizer_config.json").is_file():
-        import shutil
-
-        for f in tok.iterdir():
-            shutil.copy2(f, Path(args.out) / f.name)
+    out = _check_out_dir(args.out)
+    # the run's tokenizer (byte-level, trained BPE or Hugging Face) with EOS/pad, and eos_token_id in config.json
+    export_tokenizer(args.run, out, model)
+    model.save_pretrained(str(out))
     print(str(args.out))
     return 0
 
@@ -466,7 +464,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="skip the NaN/Inf checks of every layer's input and output (on by default)")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("export-hf", help="save a training run as a Hugging Face model (needs transformers)")
+    p = sub.add_parser("export-hf", help="save a training run as a Hugging Face model (needs transformers)",
+                       description="Save the newest good checkpoint of a training run with save_pretrained "
+                                   "(config.json + model.safetensors) and, for text runs, its tokenizer with "
+                                   "EOS/pad tokens (eos_token_id in config.json).")
     p.add_argument("--run", type=Path, required=True, help="run directory written by seqmem train")
     p.add_argument("--out", type=_out_path, required=True, help="directory for save_pretrained")
     p.set_defaults(func=cmd_export_hf)

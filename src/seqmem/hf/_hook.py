@@ -37,17 +37,19 @@ def _register_model() -> None:
     if "model" in _done:
         return
     _register_config()
-    from transformers.models.auto.modeling_auto import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import AutoModel, AutoModelForCausalLM
 
     from seqmem.hf.configuration_seqmem import SeqmemConfig
-    from seqmem.hf.modeling_seqmem import SeqmemForCausalLM
+    from seqmem.hf.modeling_seqmem import SeqmemForCausalLM, SeqmemModel
 
+    AutoModel.register(SeqmemConfig, SeqmemModel, exist_ok=True)
     AutoModelForCausalLM.register(SeqmemConfig, SeqmemForCausalLM, exist_ok=True)
     _done.add("model")
 
 
 def register() -> None:
-    """Register ``seqmem`` with ``AutoConfig`` and ``AutoModelForCausalLM`` now (imports ``transformers``)."""
+    """Register ``seqmem`` with ``AutoConfig``, ``AutoModel`` and ``AutoModelForCausalLM`` now (imports
+    ``transformers``)."""
     _register_config()
     _register_model()
 

@@ -1,36 +1,100 @@
-"""``SeqmemForCausalLM``: any seqmem model (any registered mixer or per-layer hybrid) as a ``transformers`` causal LM
-with ``generate`` (greedy, sampling, beam search), ``save_pretrained`` / ``from_pretrained`` (safetensors) and a
-:class:`SeqmemCache` that carries every layer's mixer state, so decoding costs one recurrent step per token."""
+"""``SeqmemForCausalLM`` / ``SeqmemModel``: any seqmem model (any registered mixer or per-layer hybrid) as a
+``transformers`` causal LM (and base model) with ``generate`` (greedy, sampling, beam search; batched prompts with
+left padding and an ``attention_mask``), ``save_pretrained`` / ``from_pretrained`` (safetensors), gradient
+checkpointing, ``output_hidden_states``, ``resize_token_embeddings`` and a :class:`SeqmemCache` that carries every
+layer's mixer state, so decoding costs one recurrent step per token.
+
+**Padding.** A position whose ``attention_mask`` is 0 never reaches any mixer: each row of a padded batch is run on
+its own real tokens only (rows with the same number of real tokens together), so its state, logits and hidden
+states are those of the unpadded sequence; outputs at masked positions are zeros.  Afterwards, layer by layer, the
+per-row states are stacked back into one batched state when their shapes agree and their integer tensors (position
+counters) are equal — every fixed-size recurrent state without a position counter — so decoding stays batched; any
+other layer (an attention KV cache, a state with a per-row position) keeps one state per row while the rows'
+lengths differ and runs those rows one at a time.  Exact by construction (up to float rounding
+between batch sizes), for every mixer, with no change to the mixers.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from seqmem.hf.configuration_seqmem import SeqmemConfig
 from seqmem.mixers.base import State
 from seqmem.models.lm import LanguageModel
 
-__all__ = ["SeqmemCache", "SeqmemForCausalLM", "from_run"]
+__all__ = ["SeqmemCache", "SeqmemForCausalLM", "SeqmemModel", "from_run"]
+
+#: A layer's cached state: one batched ``State``, or one batch-1 ``State`` per row when the rows' states cannot be
+#: stacked (e.g. KV caches of different lengths after left padding).
+LayerState = State | list[State]
+
+# transformers >= 5.x names the cache ``cache`` (in forward's arguments and in the outputs), older versions
+# ``past_key_values``; both are accepted and the outputs use the installed version's name
+_CACHE_FIELD = "cache" if "cache" in getattr(CausalLMOutputWithPast, "__dataclass_fields__", {}) else "past_key_values"
+
+
+def _stack_rows(rows: list[State]) -> LayerState:
+    """One batched state from per-row (batch-1) states, else the list itself.
+
+    Rows are stacked when every key has the same shape and dtype in all rows and every integer tensor (position
+    counters, lengths) is equal in all rows: a mixer may assume that the rows of a batch are at the same position
+    (chunk offsets, RoPE), so rows at different positions are never put into one batch."""
+    first = rows[0]
+    for r in rows[1:]:
+        if set(r) != set(first) or any(r[k].shape != first[k].shape or r[k].dtype != first[k].dtype for k in first):
+            return rows
+        if any(not first[k].is_floating_point() and not torch.equal(r[k], first[k]) for k in first):
+            return rows
+    if len(rows) == 1:
+        return first
+    return {k: torch.cat([r[k] for r in rows], 0) for k in first}
+
+
+def _split_rows(st: LayerState, n: int) -> list[State]:
+    if isinstance(st, list):
+        return st
+    return [{k: v[j : j + 1] for k, v in st.items()} for j in range(n)]
+
+
+def _select_rows(st: LayerState, idx: list[int], copy: bool = False) -> LayerState:
+    """Rows ``idx`` (repeats allowed) of a layer's state."""
+    if isinstance(st, list):
+        rows = [st[i] for i in idx]
+        if copy:
+            rows = [{k: v.clone() for k, v in r.items()} for r in rows]
+        return _stack_rows(rows)
+    out = {}
+    for k, v in st.items():
+        out[k] = v.index_select(0, torch.as_tensor(idx, dtype=torch.long, device=v.device))
+    return out
+
+
+def _layer_batch(st: LayerState) -> int:
+    if isinstance(st, list):
+        return len(st)
+    return next(iter(st.values())).shape[0] if st else -1
 
 
 class SeqmemCache(Cache):
-    """Per-layer mixer states of a seqmem model (``states[i]`` is layer ``i``'s ``dict[str, Tensor]``, batch first).
+    """Per-layer mixer states of a seqmem model (``states[i]`` is layer ``i``'s ``dict[str, Tensor]``, batch first;
+    or, after a padded prompt, a list of one state per row for a layer whose rows' states differ in shape).
 
     For recurrent mixers the state has a fixed size, so generation memory does not grow with the length; attention
     layers keep their KV cache inside their state.  Supports beam search (:meth:`reorder_cache`) and batch expansion;
     it cannot be cropped (a recurrent state cannot forget the last tokens), so assisted decoding is unavailable.
     """
 
-    def __init__(self, states: list[State] | None = None, seq_len: int = 0) -> None:
+    def __init__(self, states: list[LayerState] | None = None, seq_len: int = 0) -> None:
         super().__init__(layers=[])
-        self.states: list[State] | None = states
+        self.states: list[LayerState] | None = states
         self.seq_len = int(seq_len)
 
     def __repr__(self) -> str:
@@ -46,19 +110,20 @@ class SeqmemCache(Cache):
     def get_max_length(self, layer_idx: int | None = None) -> int:
         return -1
 
-    def _map(self, fn) -> None:
+    def _select(self, idx: list[int]) -> None:
         if self.states is not None:
-            self.states = [{k: fn(v) for k, v in st.items()} for st in self.states]
+            self.states = [_select_rows(st, idx, copy=True) for st in self.states]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Select batch rows ``beam_idx`` of every state tensor (beam search)."""
-        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+        """Select batch rows ``beam_idx`` of every state (beam search)."""
+        self._select([int(i) for i in beam_idx.tolist()])
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+        self._select([i for i in range(self.batch_size) for _ in range(repeats)])
 
     def batch_select_indices(self, indices: Tensor) -> None:
-        self._map(lambda t: t[indices.to(t.device)])
+        idx = indices.nonzero().flatten() if indices.dtype == torch.bool else indices
+        self._select([int(i) for i in idx.tolist()])
 
     def reset(self) -> None:
         self.states, self.seq_len = None, 0
@@ -70,7 +135,7 @@ class SeqmemCache(Cache):
     def batch_size(self) -> int:
         if not self.states:
             return -1
-        return next(iter(self.states[0].values())).shape[0] if self.states[0] else -1
+        return _layer_batch(self.states[0])
 
     @property
     def is_compileable(self) -> bool:
@@ -94,16 +159,37 @@ class SeqmemCache(Cache):
 
     def numel(self) -> int:
         """Numbers held in the cache (all layers, all batch rows)."""
-        return sum(t.numel() for st in self.states or [] for t in st.values())
+        total = 0
+        for st in self.states or []:
+            for r in st if isinstance(st, list) else [st]:
+                total += sum(t.numel() for t in r.values())
+        return total
+
+
+def _check_ids(input_ids: Tensor, vocab_size: int) -> None:
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be a (batch, time) tensor, got {getattr(input_ids, 'shape', input_ids)}")
+    if input_ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.numel() == 0:
+        raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)})")
+    lo, hi = int(input_ids.min()), int(input_ids.max())
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"token ids must lie in [0, {vocab_size}), got range [{lo}, {hi}]")
 
 
 class SeqmemPreTrainedModel(PreTrainedModel):
     config_class = SeqmemConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True
     _is_stateful = True  # states cannot be rolled back (no assisted decoding)
     _no_split_modules = ["Block"]
+
+    def __init__(self, config: SeqmemConfig) -> None:
+        super().__init__(config)
+        # set by gradient_checkpointing_enable() / activation_checkpointing_enable() (with _gradient_checkpointing_func)
+        self.gradient_checkpointing = False
 
     def _init_weights(self, module: torch.nn.Module) -> None:
         # LanguageModel initialises itself (and each mixer its own parameters) in its constructor
@@ -112,6 +198,160 @@ class SeqmemPreTrainedModel(PreTrainedModel):
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # the model creates its own SeqmemCache on the first forward
+
+    # the backbone (embeddings -> blocks -> final norm), shared by SeqmemModel and SeqmemForCausalLM
+    def _parts(self) -> tuple[nn.Embedding, nn.ModuleList, nn.Module]:
+        raise NotImplementedError
+
+    def _run_block(self, blk: nn.Module, x: Tensor, st: LayerState | None) -> tuple[Tensor, LayerState]:
+        if isinstance(st, list):  # rows whose states differ in shape: one at a time
+            pairs = [self._run_block(blk, x[i : i + 1], s) for i, s in enumerate(st)]
+            return torch.cat([p[0] for p in pairs], 0), _stack_rows([p[1] for p in pairs])
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            return self._gradient_checkpointing_func(blk.__call__, x, st)
+        return blk(x, st)
+
+    def _run(
+        self, ids: Tensor, states: list[LayerState] | None, want_hidden: bool
+    ) -> tuple[Tensor, list[LayerState], list[Tensor] | None]:
+        embed, blocks, norm = self._parts()
+        x = embed(ids.long())
+        hidden = [x] if want_hidden else None
+        new_states = []
+        for i, blk in enumerate(blocks):
+            x, st = self._run_block(blk, x, None if states is None else states[i])
+            new_states.append(st)
+            if hidden is not None and i < len(blocks) - 1:
+                hidden.append(x)
+        h = norm(x)
+        if hidden is not None:
+            hidden.append(h)
+        return h, new_states, hidden
+
+    def _run_masked(
+        self, ids: Tensor, keep: Tensor, states: list[LayerState] | None, want_hidden: bool
+    ) -> tuple[Tensor, list[LayerState], list[Tensor] | None]:
+        """:meth:`_run` on each row's kept positions only (rows with equal counts batched); zeros elsewhere."""
+        B, T = ids.shape
+        counts = keep.sum(1).tolist()
+        if min(counts) == 0:
+            raise ValueError(f"attention_mask row {counts.index(0)} has no 1 among the {T} new positions: "
+                             "every row needs at least one real token")
+        groups: dict[int, list[int]] = {}
+        for i, n in enumerate(counts):
+            groups.setdefault(int(n), []).append(i)
+        positions = [keep[i].nonzero().flatten() for i in range(B)]
+        h_out: Tensor | None = None
+        hid_out: list[Tensor] | None = None
+        row_states: list[list[State | None]] = []
+        for rows in groups.values():
+            gids = torch.stack([ids[i, positions[i]] for i in rows])
+            gst = None if states is None else [_select_rows(st, rows) for st in states]
+            h, new, hid = self._run(gids, gst, want_hidden)
+            if h_out is None:
+                h_out = h.new_zeros((B, T, h.shape[-1]))
+                hid_out = [t.new_zeros((B, T, t.shape[-1])) for t in hid] if hid is not None else None
+                row_states = [[None] * B for _ in new]
+            for j, i in enumerate(rows):
+                h_out[i, positions[i]] = h[j]
+                if hid_out is not None:
+                    for a, b in zip(hid_out, hid):
+                        a[i, positions[i]] = b[j]
+            for layer, st in enumerate(new):
+                for j, r in enumerate(_split_rows(st, len(rows))):
+                    row_states[layer][rows[j]] = r
+        return h_out, [_stack_rows(rs) for rs in row_states], hid_out
+
+    def _backbone(
+        self,
+        input_ids: Tensor | None,
+        attention_mask: Tensor | None,
+        cache: Cache | None,
+        use_cache: bool | None,
+        output_hidden_states: bool | None,
+        inputs_embeds: Tensor | None,
+        past_key_values: Cache | None,
+    ) -> tuple[Tensor, SeqmemCache | None, tuple[Tensor, ...] | None]:
+        if past_key_values is not None:
+            if cache is not None and cache is not past_key_values:
+                raise ValueError("give cache or past_key_values, not both")
+            cache = past_key_values
+        if inputs_embeds is not None:
+            raise ValueError(f"{type(self).__name__} takes input_ids, not inputs_embeds")
+        if input_ids is None:
+            raise ValueError("input_ids is required")
+        embed, _, _ = self._parts()
+        _check_ids(input_ids, embed.num_embeddings)
+        B, T = input_ids.shape
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            use_cache = False  # as in transformers' own models: states are not kept while checkpointing
+        want_hidden = bool(self.config.output_hidden_states if output_hidden_states is None else output_hidden_states)
+        states, seen = None, 0
+        if isinstance(cache, SeqmemCache) and cache.states is not None:
+            states, seen = cache.states, cache.seq_len
+            if cache.batch_size != B:
+                raise ValueError(f"the cache holds {cache.batch_size} rows but input_ids has {B}")
+        elif cache is not None and not isinstance(cache, SeqmemCache) and cache.get_seq_length() != 0:
+            raise ValueError(f"the cache must be a SeqmemCache, got {type(cache).__name__}")
+        keep = None
+        if attention_mask is not None:
+            if attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] < T:
+                raise ValueError(f"attention_mask must be (batch, >= time) = ({B}, >= {T}) zeros and ones, got shape "
+                                 f"{tuple(attention_mask.shape)}")
+            keep = attention_mask[:, -T:].to(input_ids.device) != 0  # the columns of the new tokens
+            if bool(keep.all()):
+                keep = None
+        if keep is None:
+            h, new_states, hidden = self._run(input_ids, states, want_hidden)
+        else:
+            h, new_states, hidden = self._run_masked(input_ids, keep, states, want_hidden)
+        out_cache = None
+        if use_cache:
+            if isinstance(cache, SeqmemCache):
+                out_cache = cache
+                out_cache.states, out_cache.seq_len = new_states, seen + T
+            else:
+                out_cache = SeqmemCache(new_states, seen + T)
+        return h, out_cache, tuple(hidden) if hidden is not None else None
+
+
+class SeqmemModel(SeqmemPreTrainedModel):
+    """The backbone without the LM head (``AutoModel``): embeddings → blocks → final norm; returns
+    ``last_hidden_state`` (after the final norm), the cache and, on request, ``hidden_states``.  Loads the weights
+    of a saved :class:`SeqmemForCausalLM` (the head is left out)."""
+
+    def __init__(self, config: SeqmemConfig) -> None:
+        super().__init__(config)
+        lm = LanguageModel(config.to_lm_config())  # same initialisation as the causal LM
+        self.embed, self.blocks, self.norm = lm.embed, lm.blocks, lm.norm
+        self.post_init()
+
+    def _parts(self) -> tuple[nn.Embedding, nn.ModuleList, nn.Module]:
+        return self.embed, self.blocks, self.norm
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.embed = value
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        cache: Cache | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        inputs_embeds: Tensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs: Any,
+    ) -> BaseModelOutputWithPast | tuple:
+        h, out_cache, hidden = self._backbone(input_ids, attention_mask, cache, use_cache, output_hidden_states,
+                                              inputs_embeds, past_key_values)
+        out = BaseModelOutputWithPast(last_hidden_state=h, hidden_states=hidden, **{_CACHE_FIELD: out_cache})
+        return out if return_dict is not False else out.to_tuple()
 
 
 class SeqmemForCausalLM(SeqmemPreTrainedModel, GenerationMixin):
@@ -131,66 +371,57 @@ class SeqmemForCausalLM(SeqmemPreTrainedModel, GenerationMixin):
         hf.model.load_state_dict(lm.state_dict())
         return hf.to(next(lm.parameters()).device)
 
-    def get_input_embeddings(self) -> torch.nn.Module:
+    def _parts(self) -> tuple[nn.Embedding, nn.ModuleList, nn.Module]:
+        return self.model.embed, self.model.blocks, self.model.norm
+
+    def get_input_embeddings(self) -> nn.Module:
         return self.model.embed
 
-    def set_input_embeddings(self, value: torch.nn.Module) -> None:
+    def set_input_embeddings(self, value: nn.Module) -> None:
         self.model.embed = value
 
-    def get_output_embeddings(self) -> torch.nn.Module:
+    def get_output_embeddings(self) -> nn.Module:
         return self.model.head
 
-    def set_output_embeddings(self, value: torch.nn.Module) -> None:
+    def set_output_embeddings(self, value: nn.Module) -> None:
         self.model.head = value
+
+    def resize_token_embeddings(self, *args: Any, **kwargs: Any) -> nn.Embedding:
+        """``transformers``' resize; the inner :class:`~seqmem.models.LMConfig` follows the new vocabulary."""
+        emb = super().resize_token_embeddings(*args, **kwargs)
+        n = self.model.embed.num_embeddings
+        self.model.cfg = dataclasses.replace(self.model.cfg, vocab_size=n)
+        self.config.vocab_size = n
+        return emb
 
     def forward(
         self,
         input_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         labels: Tensor | None = None,
         use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int | Tensor = 0,
         inputs_embeds: Tensor | None = None,
+        past_key_values: Cache | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast | tuple:
-        """Logits for ``input_ids`` continuing the state in ``past_key_values`` (a :class:`SeqmemCache`).
+        """Logits for ``input_ids`` continuing the state in ``cache`` (a :class:`SeqmemCache`; older
+        ``transformers`` call it ``past_key_values``, also accepted).
 
-        ``labels`` (same shape as ``input_ids``; -100 = ignored) are shifted inside, as in every ``transformers``
-        causal LM.  ``attention_mask`` may only be all ones: padding inside a recurrent state is not supported.
+        ``attention_mask`` (batch, past + new): positions with 0 are skipped by every layer (see the module
+        docstring); their logits are zeros.  ``labels`` (same shape as ``input_ids``; -100 = ignored, so set it at
+        padded positions) are shifted inside, as in every ``transformers`` causal LM.
         """
-        if inputs_embeds is not None:
-            raise ValueError("SeqmemForCausalLM takes input_ids, not inputs_embeds")
-        if input_ids is None:
-            raise ValueError("input_ids is required")
-        if attention_mask is not None and not bool(attention_mask.bool().all()):
-            raise ValueError(
-                "attention_mask has zeros: padded batches are not supported by recurrent seqmem states; "
-                "generate prompts of equal length (or one at a time)"
-            )
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        return_dict = True if return_dict is None else return_dict
-        m = self.model
-        m._check_ids(input_ids)
-        states = None
-        seen = 0
-        if isinstance(past_key_values, SeqmemCache) and past_key_values.states is not None:
-            states, seen = past_key_values.states, past_key_values.seq_len
-        elif past_key_values is not None and not isinstance(past_key_values, SeqmemCache):
-            if past_key_values.get_seq_length() != 0:
-                raise ValueError(f"past_key_values must be a SeqmemCache, got {type(past_key_values).__name__}")
-        x = m.embed(input_ids.long())
-        new_states = []
-        for i, blk in enumerate(m.blocks):
-            x, st = blk(x, None if states is None else states[i])
-            new_states.append(st)
-        h = m.norm(x)
+        h, out_cache, hidden = self._backbone(input_ids, attention_mask, cache, use_cache, output_hidden_states,
+                                              inputs_embeds, past_key_values)
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             h = h[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, Tensor):
             h = h[:, logits_to_keep]
-        logits = m.head(h)
+        logits = self.model.head(h)
         loss = None
         if labels is not None:
             if labels.shape != input_ids.shape:
@@ -200,17 +431,8 @@ class SeqmemForCausalLM(SeqmemPreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(
                 logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100
             )
-        cache = None
-        if use_cache:
-            if isinstance(past_key_values, SeqmemCache):
-                cache = past_key_values
-                cache.states, cache.seq_len = new_states, seen + input_ids.shape[1]
-            else:
-                cache = SeqmemCache(new_states, seen + input_ids.shape[1])
-        if not return_dict:
-            out = (logits, cache) if cache is not None else (logits,)
-            return (loss, *out) if loss is not None else out
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=hidden, **{_CACHE_FIELD: out_cache})
+        return out if return_dict is not False else out.to_tuple()
 
 
 def from_run(run_dir: str, **config_kwargs: Any) -> SeqmemForCausalLM:
