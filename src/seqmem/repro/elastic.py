@@ -39,6 +39,7 @@ from seqmem.ops.hippo import (
     legs_matrices,
 )
 from seqmem.repro.common import atomic_write_text, save_figure, write_results
+from seqmem.tasks.elastic_topic import ElasticTopicTask
 
 SCALES = ["smoke", "small", "paper"]
 
@@ -405,29 +406,13 @@ TOPIC = {
 }
 
 
-class TopicTask:
-    """Synthetic low-frequency memory check (ours, not in the paper).
-
-    Every sequence draws its tokens uniformly from a per-sequence random subset ("topic") of ``topic`` tokens
-    out of ``vocab``.  Knowing the topic gives loss ln(topic); a block-local model must rediscover it in every
-    block, so its loss at the first in-block positions is higher.  A model whose memory carries a bag-of-tokens
-    summary across blocks (exactly what HiPPO's low-order coefficients hold) reaches ln(topic) everywhere.
-    """
-
-    name = "elastic_topic"
+class TopicTask(ElasticTopicTask):
+    """The registered ``elastic_topic`` task (:class:`seqmem.tasks.elastic_topic.ElasticTopicTask`) with this
+    module's original signature and evaluation streams (``eval_data`` / ``test_data`` draw ``n_examples`` at once
+    from ``eval_seed`` / ``eval_seed + 1``), so that ``seqmem repro elastic`` results are unchanged."""
 
     def __init__(self, vocab: int, topic: int, seq_len: int, eval_seed: int = 2_718_281) -> None:
-        if not (1 <= topic <= vocab):
-            raise ValueError(f"need 1 <= topic <= vocab, got topic={topic}, vocab={vocab}")
-        self.vocab_size, self.topic, self.seq_len, self.eval_seed = vocab, topic, seq_len, eval_seed
-
-    def sample(self, batch_size: int, generator: torch.Generator | None = None):
-        subsets = torch.stack(
-            [torch.randperm(self.vocab_size, generator=generator)[: self.topic] for _ in range(batch_size)]
-        )
-        idx = torch.randint(0, self.topic, (batch_size, self.seq_len + 1), generator=generator)
-        tok = torch.gather(subsets, 1, idx)
-        return tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
+        super().__init__(vocab_size=vocab, topic=topic, seq_len=seq_len, block_len=seq_len, eval_seed=eval_seed)
 
     def eval_data(self, n_examples: int):
         return self.sample(n_examples, torch.Generator().manual_seed(self.eval_seed))

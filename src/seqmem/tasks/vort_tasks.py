@@ -16,15 +16,32 @@ mentioned at ``mentions`` positions drawn uniformly without replacement over [0,
 the label, later mentions carry the name (a write without a label) and are queries for the label.
 
 ``sample(batch, generator)`` draws training examples; ``eval_data(n, seed)`` is a fixed-seed stream (use distinct
-seeds for validation and test).  Not registered as LM tasks: they feed :class:`seqmem.repro.vort.RetrievalModel`.
+seeds for validation and test).  These two are not LM tasks: they feed :class:`seqmem.repro.vort.RetrievalModel`
+(the hand-structured retrieval model of ``seqmem repro vort``).
+
+``vort_zipf`` (:class:`VortZipfTask`, registered) is Table 1's task as a token sequence for a *learned* language model
+(``seqmem train`` / ``seqmem sweep``): the same anchor/query placement as :class:`ZipfLagRetrieval`, each of the
+paper's ``n`` positions written as two tokens (so ``seq_len = 2n``)::
+
+    anchor   KEY_k  LABEL_y          query   QUERY  KEY_k   -> target LABEL_y at the KEY_k token
+    filler   FILL   FILL
+
+A query's key appears exactly once before it (at its anchor, ``d`` positions = ``2d`` tokens earlier, ``d`` the
+Zipf lag); the model must copy the token that followed it (an induction/recall step).  Its metrics add the accuracy
+per lag bin (``acc_short`` ≤ 100, ``acc_medium`` ≤ 1000, ``acc_long`` > 1000 positions by default, the paper's bins).
 """
 
 from __future__ import annotations
 
+import hashlib
+from typing import Any
+
 import torch
 from torch import Tensor
 
-__all__ = ["ZipfLagRetrieval", "EntityLabelCopy", "lag_bin"]
+from seqmem.tasks.base import DEFAULT_EVAL_SEED, IGNORE_INDEX, Task, register_task
+
+__all__ = ["ZipfLagRetrieval", "EntityLabelCopy", "VortZipfTask", "lag_bin"]
 
 FIELDS = ("mem_key", "mem_label", "filler", "query_key", "target", "lag")
 
@@ -126,4 +143,144 @@ class EntityLabelCopy(_Base):
             free = torch.ones(n, dtype=torch.bool)
             free[pos.reshape(-1)] = False
             out["filler"][b, free] = torch.randint(0, self.n_filler, (int(free.sum()),), generator=g)
+        return out
+
+
+BIN_NAMES = ("short", "medium", "long")
+
+
+def _row_key(row: Tensor) -> bytes:
+    return hashlib.blake2b(row.detach().to("cpu", torch.int64).contiguous().numpy().tobytes(),
+                           digest_size=16).digest()
+
+
+@register_task("vort_zipf")
+class VortZipfTask(Task):
+    """VORT Table 1 (Zipf-lag label retrieval) as an LM task: ``seq_len = 2 · n_positions`` tokens.
+
+    Args:
+        n_positions: the paper's sequence length n (10,000 in Table 1), in positions of two tokens.
+        beta: Zipf exponent of the lag distribution, ``P(d) ∝ d^{-β}`` truncated to ``[1, t]`` (paper: 1, 1.5, 2).
+        n_queries: queries (= anchors) per sequence.
+        n_keys: key vocabulary (keys are distinct within a sequence).
+        n_labels: C, label classes (paper: 16); chance accuracy is ``1/C``.
+        n_filler: filler vocabulary.
+        lag_edges: ``(short, medium)`` upper bin edges in positions (paper: ≤ 100, 100-1000, > 1000).
+        eval_seed: seed of the evaluation stream.
+
+    Vocabulary: ``QUERY = 0``, labels ``[1, 1 + C)``, keys ``[1 + C, 1 + C + n_keys)``, then filler.
+    :meth:`metrics` adds, for examples drawn by :meth:`eval_data` / :meth:`valid_data` (their lags are remembered
+    by example: the targets alone do not carry the lag), ``acc_<bin>`` (accuracy over the batch's queries in the
+    bin; absent for a batch with none) and the per-example counts ``queries_<bin>`` / ``hits_<bin>``, whose ratio
+    over the whole evaluation is the exact pooled accuracy of the bin (``bin`` = short, medium, long).
+    """
+
+    name = "vort_zipf"
+    QUERY = 0
+
+    def __init__(
+        self,
+        n_positions: int = 1024,
+        beta: float = 1.0,
+        n_queries: int = 64,
+        n_keys: int = 512,
+        n_labels: int = 16,
+        n_filler: int = 64,
+        lag_edges: tuple[float, float] = (100, 1000),
+        eval_seed: int = DEFAULT_EVAL_SEED,
+    ) -> None:
+        super().__init__(eval_seed)
+        for k, v, lo in (("n_positions", n_positions, 4), ("n_queries", n_queries, 1), ("n_keys", n_keys, 1),
+                         ("n_labels", n_labels, 2), ("n_filler", n_filler, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{k} must be an integer >= {lo}, got {v!r}")
+        if isinstance(beta, bool) or not isinstance(beta, int | float) or not beta > 0:
+            raise ValueError(f"beta must be a positive number, got {beta!r}")
+        try:
+            e0, e1 = (float(e) for e in lag_edges)
+        except (TypeError, ValueError):
+            raise ValueError(f"lag_edges must be a (short, medium) pair of numbers, got {lag_edges!r}") from None
+        if not 0 < e0 < e1:
+            raise ValueError(f"lag_edges must satisfy 0 < short < medium, got {lag_edges!r}")
+        self.gen = ZipfLagRetrieval(seq_len=n_positions, beta=beta, n_queries=n_queries, n_keys=n_keys,
+                                    n_labels=n_labels, n_filler=n_filler)
+        self.n_positions, self.beta, self.n_queries = n_positions, float(beta), n_queries
+        self.n_keys, self.n_labels, self.n_filler = n_keys, n_labels, n_filler
+        self.lag_edges = (e0, e1)
+        self.label_range = (1, 1 + n_labels)
+        self.key_offset = 1 + n_labels
+        self.filler_offset = self.key_offset + n_keys
+        self.vocab_size = self.filler_offset + n_filler
+        self.seq_len = 2 * n_positions
+        self._bins: dict[bytes, Tensor] = {}
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "n_positions": self.n_positions, "beta": self.beta, "n_queries": self.n_queries,
+                "n_keys": self.n_keys, "n_labels": self.n_labels, "n_filler": self.n_filler,
+                "lag_edges": list(self.lag_edges), "eval_seed": self.eval_seed}
+
+    def sample_with_lags(self, batch_size: int, generator: torch.Generator | None = None
+                         ) -> tuple[Tensor, Tensor, Tensor]:
+        """``(input_ids, targets, lags)``, all ``(B, 2n)``; ``lags`` (in positions) is −1 where not scored."""
+        B = self._check_batch(batch_size)
+        d = self.gen.sample(B, generator)
+        n = self.n_positions
+        anchor = d["mem_label"] >= 0
+        query = d["query_key"] >= 0
+        filler = d["filler"] >= 0
+        first = torch.zeros(B, n, dtype=torch.long)
+        second = torch.zeros(B, n, dtype=torch.long)
+        first[anchor] = self.key_offset + d["mem_key"][anchor]
+        second[anchor] = self.label_range[0] + d["mem_label"][anchor]
+        first[query] = self.QUERY
+        second[query] = self.key_offset + d["query_key"][query]
+        first[filler] = self.filler_offset + d["filler"][filler]
+        second[filler] = self.filler_offset + torch.randint(0, self.n_filler, (int(filler.sum()),),
+                                                            generator=generator)
+        x = torch.stack([first, second], -1).reshape(B, 2 * n)
+        y = torch.full((B, n, 2), IGNORE_INDEX, dtype=torch.long)
+        y[..., 1][query] = self.label_range[0] + d["target"][query]
+        lags = torch.full((B, n, 2), -1, dtype=torch.long)
+        lags[..., 1][query] = d["lag"][query]
+        return x, y.reshape(B, 2 * n), lags.reshape(B, 2 * n)
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        x, y, _ = self.sample_with_lags(batch_size, generator)
+        return x, y
+
+    def _eval_sample(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        x, y, lags = self.sample_with_lags(batch_size, generator)
+        bins = lag_bin(lags, self.lag_edges)
+        for row_y, row_b in zip(y, bins):
+            self._bins[_row_key(row_y)] = row_b[row_y != IGNORE_INDEX].to(torch.int8)
+        return x, y
+
+    def lag_bins(self, targets: Tensor) -> Tensor | None:
+        """Bin (0 short, 1 medium, 2 long) of every scored position of ``targets`` (row-major order), or ``None``
+        if some row is not an example of :meth:`eval_data` / :meth:`valid_data`."""
+        out = []
+        for row in targets:
+            b = self._bins.get(_row_key(row))
+            if b is None:
+                return None
+            out.append(b)
+        return torch.cat(out) if out else None
+
+    def metrics(self, logits: Tensor, targets: Tensor) -> dict[str, float]:
+        out = super().metrics(logits, targets)
+        bins = self.lag_bins(targets)
+        if bins is None:
+            return out
+        mask = targets != IGNORE_INDEX
+        correct = (logits[mask].argmax(-1) == targets[mask]).cpu()
+        B = targets.shape[0]
+        for i, name in enumerate(BIN_NAMES):
+            sel = bins == i
+            n = int(sel.sum())
+            hits = int(correct[sel].sum())
+            # per-example counts: over all eval batches hits_<bin> / queries_<bin> is the exact pooled accuracy
+            out[f"queries_{name}"] = n / B
+            out[f"hits_{name}"] = hits / B
+            if n:  # left out (not NaN) where this batch has no query in the bin
+                out[f"acc_{name}"] = hits / n
         return out

@@ -1,0 +1,89 @@
+"""Synthetic long-range "topic" task for block-wise memories (ours; not in the Elastic Memory paper).
+
+Every sequence draws its tokens uniformly from a per-sequence random subset (the "topic") of ``topic`` tokens out of
+``vocab_size``.  Knowing the topic gives loss ``ln(topic)`` per token; a model that attends only within a block of
+``block_len`` tokens must rediscover the topic in every block, so its loss at the first in-block positions is higher,
+while a model whose memory carries a bag-of-tokens summary across blocks (what the low-order coefficients of
+Elastic Memory's HiPPO state hold) reaches ``ln(topic)`` from the start of every block after the first.  The
+memory is therefore provably useful, and whether it is used can be read off the per-block losses.
+
+Every position is scored (next-token targets).  :meth:`ElasticTopicTask.metrics` adds, in nats per token,
+``loss_block0_q1`` (the first quarter of block 0, where no model has history), ``loss_later_q1`` (first quarters
+of blocks >= 1), ``loss_later_rest`` (the rest of blocks >= 1), ``memory_gain`` = ``loss_block0_q1 −
+loss_later_q1`` (≈ 0 for a block-local model, > 0 when history is used) and ``excess_loss`` = mean loss −
+ln(topic).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from seqmem.tasks.base import DEFAULT_EVAL_SEED, IGNORE_INDEX, Task, register_task
+
+__all__ = ["ElasticTopicTask"]
+
+
+@register_task("elastic_topic")
+class ElasticTopicTask(Task):
+    """Tokens drawn from a per-sequence topic (see the module docstring).
+
+    Args:
+        vocab_size: V.
+        topic: tokens per topic (``1 <= topic <= V``); the optimum loss is ``ln(topic)``.
+        seq_len: T.
+        block_len: the memory models' block length L (``T`` must be a multiple of it); used by :meth:`metrics` only.
+        eval_seed: seed of the evaluation stream (:meth:`test_data` uses ``eval_seed + 1``).
+    """
+
+    name = "elastic_topic"
+
+    def __init__(self, vocab_size: int = 64, topic: int = 4, seq_len: int = 128, block_len: int = 16,
+                 eval_seed: int = DEFAULT_EVAL_SEED) -> None:
+        super().__init__(eval_seed)
+        for k, v in (("vocab_size", vocab_size), ("topic", topic), ("seq_len", seq_len), ("block_len", block_len)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{k} must be a positive integer, got {v!r}")
+        if topic > vocab_size:
+            raise ValueError(f"need 1 <= topic <= vocab, got topic={topic}, vocab={vocab_size}")
+        if seq_len % block_len:
+            raise ValueError(f"seq_len={seq_len} must be a multiple of block_len={block_len}")
+        self.vocab_size, self.topic, self.seq_len, self.block_len = vocab_size, topic, seq_len, block_len
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "vocab_size": self.vocab_size, "topic": self.topic, "seq_len": self.seq_len,
+                "block_len": self.block_len, "eval_seed": self.eval_seed}
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        B = self._check_batch(batch_size)
+        subsets = torch.stack([torch.randperm(self.vocab_size, generator=generator)[: self.topic] for _ in range(B)])
+        idx = torch.randint(0, self.topic, (B, self.seq_len + 1), generator=generator)
+        tok = torch.gather(subsets, 1, idx)
+        return tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
+
+    def test_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
+        """A held-out stream (seed ``eval_seed + 1``), apart from the eval and validation examples."""
+        return self._cached_stream("test", self.eval_seed + 1, n_examples, self._eval_sample)
+
+    def metrics(self, logits: Tensor, targets: Tensor) -> dict[str, float]:
+        out = super().metrics(logits, targets)
+        B, T = targets.shape
+        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                             ignore_index=IGNORE_INDEX, reduction="none").reshape(B, T)
+        out["excess_loss"] = float(ce.mean()) - math.log(self.topic)
+        L = self.block_len
+        if T != self.seq_len or T % L:
+            return out
+        ce = ce.view(B, T // L, L)
+        q = max(1, L // 4)
+        out["loss_block0_q1"] = float(ce[:, 0, :q].mean())
+        if T // L > 1:
+            out["loss_later_q1"] = float(ce[:, 1:, :q].mean())
+            if q < L:
+                out["loss_later_rest"] = float(ce[:, 1:, q:].mean())
+            out["memory_gain"] = out["loss_block0_q1"] - out["loss_later_q1"]
+        return out

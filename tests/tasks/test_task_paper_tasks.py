@@ -1,0 +1,123 @@
+"""The registered paper tasks used by the headline sweep specs: ``vort_zipf`` (VORT Table 1 as LM tokens) and
+``elastic_topic`` (the long-range topic task of the Elastic reproduction)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from seqmem.tasks import IGNORE_INDEX, build_task, list_tasks
+from seqmem.tasks.elastic_topic import ElasticTopicTask
+from seqmem.tasks.vort_tasks import VortZipfTask, ZipfLagRetrieval
+
+
+def test_registered():
+    assert {"vort_zipf", "elastic_topic"} <= set(list_tasks())
+
+
+# ------------------------------------------------------------------------------------------------------ vort_zipf
+def test_vort_zipf_layout_every_query_key_follows_its_anchor():
+    t = build_task("vort_zipf", n_positions=300, beta=1.0, n_queries=20, n_keys=64, n_labels=16, n_filler=8)
+    assert t.seq_len == 600 and t.vocab_size == 1 + 16 + 64 + 8
+    x, y, lags = t.sample_with_lags(4, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == lags.shape == (4, 600)
+    assert x.min() >= 0 and x.max() < t.vocab_size
+    for b in range(4):
+        pos = (y[b] != IGNORE_INDEX).nonzero().flatten().tolist()
+        assert len(pos) == 20
+        for p in pos:
+            assert p % 2 == 1 and x[b, p - 1] == t.QUERY  # (QUERY, KEY) pair, target at the key token
+            key, label, d = int(x[b, p]), int(y[b, p]), int(lags[b, p])
+            assert t.key_offset <= key < t.filler_offset and 1 <= label < 1 + 16
+            a = p - 1 - 2 * d  # the anchor's first token, d positions earlier
+            assert x[b, a] == key and x[b, a + 1] == label
+            assert (x[b, :p] == key).sum() == 1  # the key appears once before its query (at the anchor)
+        assert (lags[b][y[b] == IGNORE_INDEX] == -1).all()
+
+
+def test_vort_zipf_uses_the_paper_generator_lags():
+    """Same placement as ZipfLagRetrieval (the generator of ``seqmem repro vort``) for the same RNG stream."""
+    t = VortZipfTask(n_positions=400, beta=1.5, n_queries=16, n_keys=32)
+    ref = ZipfLagRetrieval(seq_len=400, beta=1.5, n_queries=16, n_keys=32, n_labels=16, n_filler=64)
+    _, y, lags = t.sample_with_lags(3, torch.Generator().manual_seed(5))
+    d = ref.sample(3, torch.Generator().manual_seed(5))
+    assert torch.equal(lags[:, 1::2], d["lag"])
+    q = d["target"] >= 0
+    assert torch.equal(y[:, 1::2][q], d["target"][q] + 1)
+
+
+def test_vort_zipf_lag_bin_metrics_are_exact_on_eval_examples():
+    t = VortZipfTask(n_positions=1200, beta=1.0, n_queries=40, n_keys=64, lag_edges=(100, 1000))
+    x, y = t.eval_data(8)
+    logits = torch.zeros(*y.shape, t.vocab_size)
+    m = y != IGNORE_INDEX
+    g = torch.Generator().manual_seed(1)
+    right = torch.rand(y.shape, generator=g) < 0.5
+    logits[m & right, y[m & right]] = 1.0  # correct where `right`, else token 0 (never a label)
+    logits[..., 0] += 0.5 * (~right).float()
+    out = t.metrics(logits, y)
+    assert out["accuracy"] == pytest.approx(float(right[m].float().mean()))
+    # bins recomputed independently from the generator's lags: ≤100, 100-1000, >1000 positions
+    full_x, full_y, full_lags = t.sample_with_lags(256, torch.Generator().manual_seed(t.eval_seed))
+    assert torch.equal(full_x[:8], x) and torch.equal(full_y[:8], y)
+    lg = full_lags[:8]
+    for name, sel in (("short", (lg >= 0) & (lg <= 100)), ("medium", (lg > 100) & (lg <= 1000)),
+                      ("long", lg > 1000)):
+        n = int(sel.sum())
+        assert out[f"queries_{name}"] == pytest.approx(n / 8)
+        assert out[f"hits_{name}"] == pytest.approx(int((right & sel).sum()) / 8)
+        if n:
+            assert out[f"acc_{name}"] == pytest.approx(float(right[sel].float().mean()))
+    # training batches are not remembered: only the overall accuracy
+    xt, yt = t.sample(2, torch.Generator().manual_seed(9))
+    assert set(t.metrics(torch.zeros(*yt.shape, t.vocab_size), yt)) == {"accuracy"}
+
+
+def test_vort_zipf_rejects_bad_options():
+    for bad in (dict(n_positions=2), dict(beta=0), dict(n_labels=1), dict(lag_edges=(10, 5)), dict(n_keys=True)):
+        with pytest.raises(ValueError):
+            build_task("vort_zipf", **bad)
+    cfg = VortZipfTask(n_positions=64, n_queries=8, n_keys=16).config()
+    assert build_task(cfg.pop("name"), **cfg).config() == VortZipfTask(n_positions=64, n_queries=8,
+                                                                       n_keys=16).config()
+
+
+# -------------------------------------------------------------------------------------------------- elastic_topic
+def test_elastic_topic_task_and_old_import_path():
+    from seqmem.repro.elastic import TopicTask
+
+    t = build_task("elastic_topic", vocab_size=50, topic=3, seq_len=40, block_len=10)
+    x, y = t.sample(6, torch.Generator().manual_seed(0))
+    old = TopicTask(vocab=50, topic=3, seq_len=40)
+    xo, yo = old.sample(6, torch.Generator().manual_seed(0))
+    assert torch.equal(x, xo) and torch.equal(y, yo)  # the repro class is the registered task
+    assert (x[:, 1:] == y[:, :-1]).all() and all(len(set(r.tolist())) <= 3 for r in x)
+    with pytest.raises(ValueError, match="multiple"):
+        ElasticTopicTask(seq_len=40, block_len=16)
+
+
+def test_elastic_topic_metrics_see_history_use():
+    """An oracle that knows the topic scores ln(topic) everywhere (memory_gain 0 at block 0 level); a block-local
+    oracle that learns the topic within each block has loss_block0_q1 == loss_later_q1 (gain 0); one that
+    carries the topic across blocks has a positive gain."""
+    t = ElasticTopicTask(vocab_size=32, topic=4, seq_len=64, block_len=16)
+    x, y = t.eval_data(64)
+    B, T = y.shape
+    topic_logits = torch.full((B, T, 32), -30.0)
+    for b in range(B):
+        topic_logits[b, :, torch.unique(torch.cat([x[b], y[b]]))] = 0.0
+    uniform = torch.zeros(B, T, 32)
+    # history user: uniform in block 0's first quarter only, then the topic
+    hist = topic_logits.clone()
+    hist[:, :4] = uniform[:, :4]
+    # block-local: uniform in the first quarter of every block
+    local = topic_logits.clone()
+    for blk in range(4):
+        local[:, 16 * blk: 16 * blk + 4] = uniform[:, :4]
+    mo, mh, ml = t.metrics(topic_logits, y), t.metrics(hist, y), t.metrics(local, y)
+    assert mo["excess_loss"] == pytest.approx(0.0, abs=1e-4)
+    assert mh["memory_gain"] == pytest.approx(math.log(32) - math.log(4), rel=1e-5)
+    assert ml["memory_gain"] == pytest.approx(0.0, abs=1e-4)
+    assert ml["loss_later_q1"] == pytest.approx(math.log(32), rel=1e-5)
