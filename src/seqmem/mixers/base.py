@@ -59,7 +59,7 @@ def _first_bad(t: Tensor) -> str:
     """Where the first NaN/Inf of ``t`` (batch, time, ...) is, e.g. ``"batch 0, token 13 (nan)"``."""
     idx = (~torch.isfinite(t)).nonzero()[0].tolist()
     where = f"batch {idx[0]}, token {idx[1]}" if len(idx) >= 2 else f"index {idx}"
-    return f"{where} ({float(t[tuple(idx)])})"
+    return f"{where} ({float(t.detach()[tuple(idx)])})"
 
 
 def count_state(state: State | None) -> int:
