@@ -306,6 +306,8 @@ class Elastic(BlockAttention):
         self.mem_tokens = self.hippo_n if mem_tokens is None else check_positive_int("mem_tokens", mem_tokens)
         self._bank: dict[tuple, tuple[Tensor, Tensor]] = {}
         self._tok: dict[tuple, tuple[Tensor, Tensor]] = {}
+        # decoding: the memory tokens of the current block, reused while the same memory tensor comes back
+        self._ctx_cache: tuple[Tensor, int, int, Ctx] | None = None
         self._R: dict[tuple, Tensor] = {}
         self.set_sampling(sampling, alpha, eps)
 
@@ -359,15 +361,23 @@ class Elastic(BlockAttention):
 
     def _mem_context(self, mem: State, blk: int) -> Ctx:
         C = mem["mem"]
+        cached = self._ctx_cache
+        # The memory changes only at block ends, so token-by-token decoding passes the same tensor back L times:
+        # reuse its memory tokens (Eq. 8) instead of rebuilding them per token.  Exact: same tensor object, same
+        # version counter (not modified in place), same block; never while autograd records (no graph is kept).
+        if cached is not None and cached[0] is C and cached[1] == C._version and cached[2] == blk:
+            return cached[3]
         b = C.shape[0]
         tok = self._recon(C) @ C  # Eq. 8: (b, L_mem, 2 d_model)
         h, dh = self.n_heads, self.head_dim
         M = tok.shape[1]
-        return {
+        ctx = {
             "k": tok[..., : self.d_model].reshape(b, M, h, dh),
             "v": tok[..., self.d_model :].reshape(b, M, h, dh),
             "valid": torch.full((b, M), blk > 0, dtype=torch.bool, device=C.device),
         }
+        self._ctx_cache = None if torch.is_grad_enabled() else (C, C._version, blk, ctx)
+        return ctx
 
     def _mem_update(self, mem: State, k_raw: Tensor, v: Tensor, blk: int, reference: bool) -> State:
         b, L = k_raw.shape[:2]
