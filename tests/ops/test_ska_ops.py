@@ -466,7 +466,7 @@ def test_ska_training_cost_is_linear_in_T_not_sublinear():
     counts = []
     for T in (256, 512, 1024):
         q, k, v = qkv(B=1, H=4, r=24, P=32, T=T)
-        counts.append(_flops(lambda: spectral_koopman_attention(q, k, v, chunk_size=64)))
+        counts.append(_flops(lambda q=q, k=k, v=v: spectral_koopman_attention(q, k, v, chunk_size=64)))
     assert counts[1] / counts[0] == pytest.approx(2.0, rel=0.02)
     assert counts[2] / counts[1] == pytest.approx(2.0, rel=0.02)
 
