@@ -4,7 +4,9 @@ Errata asserted here as what is true (see docs/vort.md):
 * eq. (5): the printed density has an extra e^{-λ}; it integrates to w_{j+1}, not w_j;
 * Theorem 3.1: c_s needs the Jacobian ξ_s; the tails are NOT ≤ ε/4 at practical T/ε (α ≳ 0.5 lower tail);
 * Prop. 4.4: the printed hockey-stick closed form Γ(t+α)/(Γ(α)Γ(t+1)) is w_t, the sum is Γ(t+α)/(Γ(α+1)Γ(t));
-* Prop. 4.2: the −C_f²R term is superfluous, and the bound is vacuous for realistic mixtures.
+* Prop. 4.2: the −C_f²R term is superfluous, and the bound is vacuous for realistic mixtures;
+* Theorem 3.1: eq. (10) gives S = O(log(T/ε)·log(log(T/ε)/ε)), and the integrand is unbounded on the strip;
+* Lemma 4.5: 1 − e^{iω} = −2i sin(ω/2) e^{iω/2} (the proof drops the sign).
 """
 
 from __future__ import annotations
@@ -305,3 +307,55 @@ def test_thm51_on_actual_retrieval_loss_toy():
         (gx,) = torch.autograd.grad(fx, x)
         f_star = float(F(torch.tensor([[a_star]], dtype=torch.float64)))
         assert float(gx) ** 2 >= 0.8 * f2 * (float(fx.detach()) - f_star)
+
+
+# ---- errata A20/A21 (docs/vort.md): Theorem 3.1's S-rate and strip, Lemma 4.5's sign ---------------------
+def test_thm31_S_from_eq10_is_not_O_log_T_over_eps():
+    """Eq. (10), S ≥ (L/π²) log(8 M_g L/ε) with L = log(λ_max/λ_min) = log(4(T/ε) log(2T/ε)), is
+    O(log(T/ε) · log(log(T/ε)/ε)), not the O(log(T/ε)) of eq. (8): at fixed T, S / log(T/ε) keeps growing as
+    ε → 0 (like log(1/ε)), while S / (log(T/ε) log(log(T/ε)/ε)) stays bounded (M_g = 1, T = 1000)."""
+    T = 1000
+
+    def S10(eps):
+        lam_min, lam_max = eps / (2 * T), 2 * math.log(2 * T / eps)
+        L = math.log(lam_max / lam_min)
+        return L / math.pi**2 * math.log(8 * L / eps)
+
+    epss = [1e-3, 1e-6, 1e-12, 1e-24]
+    plain = [S10(e) / math.log(T / e) for e in epss]
+    corrected = [S10(e) / (math.log(T / e) * math.log(math.log(T / e) / e)) for e in epss]
+    assert all(b > a for a, b in zip(plain, plain[1:]))
+    assert plain[-1] / plain[0] > 4  # measured 1.56 → 6.79
+    assert max(corrected) / min(corrected) < 1.5  # measured 0.163 → 0.114
+
+
+def test_thm31_integrand_is_unbounded_on_the_strip_boundary():
+    """Theorem 3.1's proof bounds the integrand g(u) = e^{-λj} ρ_α(λ) λ, λ = λ_min e^{u+iv}, by M_g on the open
+    strip |v| < π/2.  But ρ_α has singularities at λ = 2πik, which lie on the boundary v = π/2 at
+    u_k = log(2πk/λ_min) ∈ [0, L] whenever λ_max > 2πk (T = 1000, ε = 1e-3: λ_max = 29.0, so k = 1..4): |g|
+    grows without bound as v → π/2 there, so M_g = ∞ on that strip (geometric convergence survives on a
+    narrower strip, with a different rate constant)."""
+    T, eps, a = 1000, 1e-3, 0.7
+    lam_min, lam_max = eps / (2 * T), 2 * math.log(2 * T / eps)
+    assert int(lam_max // (2 * math.pi)) == 4
+    norm = math.gamma(a) * math.gamma(1 - a)
+
+    def g_abs(u, v):
+        lam = lam_min * np.exp(u + 1j * v)
+        return abs(np.exp(-a * lam) * (1 - np.exp(-lam)) ** (-a) * lam / norm)
+
+    u1 = math.log(2 * math.pi / lam_min)
+    assert 0 < u1 < math.log(lam_max / lam_min)
+    vals = [g_abs(u1, math.pi / 2 * (1 - d)) for d in (1e-2, 1e-4, 1e-6)]
+    assert vals[1] > 10 * vals[0] and vals[2] > 10 * vals[1]  # ~ δ^{-α}
+    assert g_abs(u1, 0.0) < 0.1  # on the real axis the same u is harmless (0.02)
+
+
+def test_lemma45_sign_of_the_unit_circle_factorisation():
+    """Lemma 4.5's proof writes 1 − e^{iω} = 2i sin(ω/2) e^{iω/2}; the identity is 1 − e^{iω} = −2i sin(ω/2)
+    e^{iω/2} (the modulus, and so the 1/f^α conclusion, is unaffected)."""
+    for om in (0.01, 0.7, 2.5):
+        lhs = 1 - np.exp(1j * om)
+        assert abs(lhs - (-2j * math.sin(om / 2) * np.exp(1j * om / 2))) < 1e-14
+        assert abs(lhs - (2j * math.sin(om / 2) * np.exp(1j * om / 2))) > 1e-3
+        assert abs(lhs) == pytest.approx(abs(2 * math.sin(om / 2)), rel=1e-14)
