@@ -204,3 +204,19 @@ def test_decode_reuses_memory_tokens_within_a_block_and_stays_exact():
     torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-10, atol=1e-12)
     # one rebuild per block (5 blocks), plus at most one after the first state check, not one per token (19)
     assert calls.count(2) <= -(-x.shape[1] // 4) + 1
+
+
+def test_unstated_choices_lmem_default_and_block_local_transformerpp():
+    """The paper never gives L_mem (the number of memory tokens read per block): ours defaults to L_mem = N, the
+    size at which the paper matches MemTrans' queue.  Which context Transformer++ and the non-memory layers see
+    is not stated either: ours is block-local (each block attends only within itself), so changing block 0's
+    input leaves block 1's output of `block_attention` unchanged."""
+    assert make("elastic", hippo_n=12).mem_tokens == 12
+    assert make("elastic", hippo_n=12, mem_tokens=5).mem_tokens == 5
+    t = make("block_attention")
+    x = x_()
+    x2 = x.clone()
+    x2[:, :L] += 1.0
+    y, y2 = t(x)[0], t(x2)[0]
+    assert_rel_close(y[:, L:], y2[:, L:], 1e-12, "block-local")
+    assert (y[:, :L] - y2[:, :L]).abs().max() > 1e-3
