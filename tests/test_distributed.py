@@ -1,5 +1,6 @@
-"""torchrun + DistributedDataParallel (gloo, 2 CPU processes on 127.0.0.1): same loss curve as one process with the
-same global batch; checkpoints written by rank 0 resume exactly in a single process (any world size)."""
+"""torchrun + DistributedDataParallel or FSDP2 (gloo, 2 CPU processes on 127.0.0.1), with and without gradient
+accumulation: same loss curve as one process with the same global batch; checkpoints written by rank 0 resume exactly
+in a single process (any world size)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,42 @@ def test_torchrun_two_processes_match_single_process(tmp_path):
     assert [c.name for c in ckpts] == ["ckpt-00000003", "ckpt-00000006"]
     shutil.rmtree(ckpts[-1])
     assert main([*ARGS, "--out", str(multi), "--resume"]) == 0
+    _close(a, _rows(multi))
+
+
+def _torchrun(args: list[str]) -> subprocess.CompletedProcess:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
+    cmd = [*launcher, "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", "127.0.0.1:0", "-m", "seqmem", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("mode", ["FSDP", "DDP"])
+def test_torchrun_grad_accum_and_fsdp_match_single_process(tmp_path, mode):
+    """FSDP2 (fully_shard, gloo on CPU) or DDP over 2 ranks with 2 micro-batches per rank (batch 7 = 2+2 | 2+1)
+    follows the single-process run with the whole batch; the checkpoints (gathered into the unsharded format under
+    FSDP) resume in one process."""
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    assert main([*ARGS, "--out", str(single)]) == 0
+    p = _torchrun([*ARGS, *(["--fsdp"] if mode == "FSDP" else []), "--grad-accum", "2", "--out", str(multi)])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"2 processes ({mode})" in p.stderr
+    a, b = _rows(single), _rows(multi)
+    _close(a, b)
+    ckpts = list_checkpoints(multi / "checkpoints")
+    assert [c.name for c in ckpts] == ["ckpt-00000003", "ckpt-00000006"]
+    # the checkpoint holds full (unsharded) weights in the single-process format
+    from safetensors.torch import load_file
+
+    single_w = load_file(str(list_checkpoints(single / "checkpoints")[-1] / "model.safetensors"))
+    multi_w = load_file(str(ckpts[-1] / "model.safetensors"))
+    assert single_w.keys() == multi_w.keys()
+    for k in single_w:
+        assert single_w[k].shape == multi_w[k].shape
+    shutil.rmtree(ckpts[-1])
+    assert main([*ARGS, "--grad-accum", "2", "--out", str(multi), "--resume"]) == 0
     _close(a, _rows(multi))
 
 

@@ -77,7 +77,7 @@ def _fill_task_defaults(args: argparse.Namespace) -> None:
 
 def _task_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     _fill_task_defaults(args)
-    opts = parse_options(args.task_option)
+    opts = {**getattr(args, "config_task_options", {}), **parse_options(args.task_option)}
     if args.task != "lm" and (getattr(args, "dataset", None) is not None or getattr(args, "tokenizer", None)
                               not in (None, "byte")):
         raise UsageError("--dataset and --tokenizer apply to --task lm only")
@@ -104,6 +104,70 @@ def _task_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
 
 
 from seqmem.train.run import build_run  # noqa: E402  (re-exported: seqmem.cli.build_run)
+
+#: run.json "model" keys with a flag of their own (the others — tie_embeddings, norm_eps, init_std — are carried)
+_MODEL_FLAGS = {"d_model": "d_model", "n_layers": "layers", "n_heads": "heads", "mlp_ratio": "mlp_ratio"}
+
+
+def config_defaults(path: str | Path) -> dict[str, Any]:
+    """``seqmem train --config RUN.json``: the train sub-command's defaults (argparse dests) that reproduce the run
+    described by a ``run.json`` (written by ``seqmem train`` or ``seqmem sweep``; other sections are ignored)."""
+    from seqmem.train import TrainConfig
+    from seqmem.train.checkpoint import read_run_spec
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "run.json"
+    if not path.is_file():
+        raise UsageError(f"--config {path}: no such file (give a run.json or a run directory)")
+    spec = read_run_spec(path.parent) if path.name == "run.json" else None
+    if spec is None:
+        try:
+            spec = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UsageError(f"--config {path}: not a JSON run specification ({e})") from None
+        if not isinstance(spec, dict) or not all(isinstance(spec.get(k), dict) for k in ("task", "model")):
+            raise UsageError(f"--config {path}: not a run specification with 'task' and 'model' objects")
+    out: dict[str, Any] = {}
+    task = spec["task"]
+    name, opts = task.get("name"), dict(task.get("options") or {})
+    if not isinstance(name, str):
+        raise UsageError(f"--config {path}: task has no name")
+    if name == "text":  # --task lm with --dataset/--tokenizer
+        out["task"] = "lm"
+        out["dataset"] = opts.pop("dataset", None)
+        out["tokenizer"] = opts.pop("tokenizer", "byte")
+    else:
+        out["task"] = name
+    flags = {"seq_len": "seq_len"}  # task options with a flag of their own; the rest stay task options
+    flags.update({"mqar": {"vocab_size": "vocab", "num_pairs": "num_pairs"}, "lm": {"corpus": "corpus"}}.get(name, {}))
+    for key, dest in flags.items():
+        if key in opts:
+            out[dest] = opts.pop(key)
+    out["config_task_options"] = opts
+    model = dict(spec["model"])
+    mixer = model.pop("mixer", None)
+    if mixer is not None:
+        out["mixer"] = ",".join(mixer) if isinstance(mixer, list) else mixer
+    out["config_mixer_options"] = model.pop("mixer_options", {}) or {}
+    for key, dest in _MODEL_FLAGS.items():
+        if key in model:
+            out[dest] = model.pop(key)
+    model.pop("vocab_size", None)  # always the task's
+    out["config_model_extra"] = model
+    fields = set(TrainConfig.__dataclass_fields__)
+    train = dict(spec.get("train") or {})
+    unknown = sorted(set(train) - fields)
+    if unknown:
+        raise UsageError(f"--config {path}: unknown training field(s) {unknown}")
+    out.update(train)
+    return out
+
+
+def _check_train_required(args: argparse.Namespace) -> None:
+    missing = [flag for flag, dest in (("--task", "task"), ("--mixer", "mixer")) if getattr(args, dest) is None]
+    if missing:
+        raise UsageError(f"the following arguments are required: {', '.join(missing)} (or --config RUN.json)")
 
 
 def _init_distributed(device: str) -> tuple[int, int, str]:
@@ -154,6 +218,7 @@ def _check_device(name: str) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    _check_train_required(args)
     _fill_task_defaults(args)  # --steps, --lr, ... left unset take --task's defaults before anything reads them
     _check_device(args.device)
     rank, world, device = _init_distributed(args.device)
@@ -222,23 +287,34 @@ def _train_into(args: argparse.Namespace, rank: int, world: int, device: str, ou
     from seqmem.repro.common import atomic_write_text
     from seqmem.train import TrainConfig, train
     from seqmem.train.checkpoint import remove_run
+    from seqmem.train.loop import with_defaults
     from seqmem.train.tracking import make_loggers
 
     main = rank == 0
     mixers = args.mixer.split(",")
     task_name, task_opts = _task_from_args(args)
+    mixer_options: dict[str, Any] | list[dict[str, Any]] = getattr(args, "config_mixer_options", {})
+    if isinstance(mixer_options, list):  # per-layer options from --config
+        if args.mixer_option:
+            raise UsageError("--mixer-option cannot be combined with the per-layer mixer_options of --config")
+    else:
+        mixer_options = {**mixer_options, **parse_options(args.mixer_option)}
     spec = {
         "task": {"name": task_name, "options": task_opts},
         "model": {
             "d_model": args.d_model, "n_layers": args.layers, "n_heads": args.heads,
             "mixer": mixers if len(mixers) > 1 else mixers[0],
-            "mixer_options": parse_options(args.mixer_option),
+            "mixer_options": mixer_options,
             "mlp_ratio": args.mlp_ratio,
+            **getattr(args, "config_model_extra", {}),
         },
         "train": {
             "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
             "weight_decay": args.weight_decay, "eval_every": args.eval_every, "eval_examples": args.eval_examples,
             "checkpoint_every": args.checkpoint_every, "log_every": args.log_every,
+            "warmup_frac": args.warmup_frac, "min_lr_frac": args.min_lr_frac, "clip": args.clip,
+            "betas": list(args.betas), "eval_batch_size": args.eval_batch_size, "grad_accum": args.grad_accum,
+            "precision": args.precision,
         },
     }
     spec_path = out / "run.json"
@@ -249,7 +325,9 @@ def _train_into(args: argparse.Namespace, rank: int, world: int, device: str, ou
         old = json.loads(spec_path.read_text())
         new = json.loads(json.dumps(spec))
         old_steps = old.get("train", {}).get("steps")
-        if {**old, "train": {**old.get("train", {}), "steps": spec["train"]["steps"]}} != new:
+        # a run.json written before a training field existed ran with that field's default
+        old_train = with_defaults(old.get("train", {}))
+        if {**old, "train": {**old_train, "steps": spec["train"]["steps"]}} != new:
             raise UsageError(f"--resume: arguments differ from the run in {out}; use the same arguments "
                              "(only --steps may grow, to extend the run)")
         extended = old_steps != args.steps  # run.json takes the new --steps once training succeeded
@@ -263,15 +341,20 @@ def _train_into(args: argparse.Namespace, rank: int, world: int, device: str, ou
     if main and hasattr(task, "save_tokenizer"):
         task.save_tokenizer(out / "tokenizer")
     cfg = TrainConfig(**spec["train"])
+    fsdp = getattr(args, "fsdp", False)
+    if fsdp and world == 1:
+        raise UsageError("--fsdp shards the model over the processes of torchrun (WORLD_SIZE > 1); "
+                         "run it as: torchrun --nproc-per-node N -m seqmem train ... --fsdp")
     if main:
-        dist_note = f", {world} processes (DDP), {cfg.batch_size} sequences/step in all" if world > 1 else ""
+        mode = "FSDP" if fsdp else "DDP"
+        dist_note = f", {world} processes ({mode}), {cfg.batch_size} sequences/step in all" if world > 1 else ""
         print(f"model: {model.num_parameters():,} parameters, mixer {spec['model']['mixer']}, "
               f"state {model.state_size(task.seq_len):,} numbers/sequence at T={task.seq_len}{dist_note}",
               file=sys.stderr)
     loggers = make_loggers(args.log, out, spec) if main else []
     try:
         res = train(model, task, cfg, out_dir=out, resume=args.resume, progress=not args.no_progress,
-                    loggers=loggers)
+                    loggers=loggers, fsdp=fsdp)
     finally:
         for lg in loggers:
             lg.close()
@@ -307,7 +390,8 @@ def _eval(args: argparse.Namespace, evaluate: Any, latest_good_checkpoint: Any, 
     if ck is None:
         raise UsageError(f"no valid checkpoint under {run / 'checkpoints'}")
     load_weights(model, ck)
-    res = evaluate(model, task, args.examples, args.batch_size)
+    precision = spec.get("train", {}).get("precision", "fp32")  # as the run was trained
+    res = evaluate(model, task, args.examples, args.batch_size, precision=precision)
     print(json.dumps({"checkpoint": str(ck), **res}))
     return 0
 
@@ -399,8 +483,15 @@ def make_parser() -> argparse.ArgumentParser:
         description="Train a language model whose layers use the given mixer(s) on MQAR or byte-level language "
                     "modelling; writes run.json, metrics.jsonl and checkpoints to --out. The defaults marked "
                     "'mqar' learn MQAR in about a minute on 2 CPU cores (the demo's sizes).")
-    p.add_argument("--task", required=True, choices=["mqar", "lm"], help="mqar (associative recall) or lm")
-    p.add_argument("--mixer", required=True, help="mixer name, or a comma-separated list (one per layer)")
+    p.add_argument("--config", metavar="RUN.json", default=None,
+                   help="the run.json of an earlier run (or its directory): its task, model and training settings "
+                        "become the defaults, so it alone reproduces that run; flags given here override them "
+                        "(default: none)")
+    p.add_argument("--task", default=None, choices=["mqar", "lm"],
+                   help="mqar (associative recall) or lm (required unless --config gives it; default: none)")
+    p.add_argument("--mixer", default=None,
+                   help="mixer name, or a comma-separated list (one per layer; required unless --config gives it; "
+                        "default: none)")
     p.add_argument("--mixer-option", action="append", metavar="KEY=VALUE",
                    help="mixer option (repeatable; default: the mixer's own options)")
     p.add_argument("--task-option", action="append", metavar="KEY=VALUE",
@@ -416,6 +507,19 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=_positive_float, default=None,
                    help=_task_default_help("lr", "peak learning rate (AdamW, 10%% warm-up, cosine decay)"))
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of the matrices")
+    p.add_argument("--warmup-frac", type=float, default=0.1, help="fraction of the steps spent in linear warm-up")
+    p.add_argument("--min-lr-frac", type=float, default=0.0,
+                   help="learning rate at the end of the cosine decay, as a fraction of --lr")
+    p.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping (0: off)")
+    p.add_argument("--betas", type=float, nargs=2, metavar=("B1", "B2"), default=[0.9, 0.98], help="AdamW betas")
+    p.add_argument("--grad-accum", type=_positive_int, default=1,
+                   help="micro-batches per step: --batch-size is split into N forward/backward passes whose "
+                        "gradients are summed (the same step as one pass, in less memory)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: forward passes under torch.autocast with bfloat16 (weights and optimizer stay fp32)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: shard parameters, gradients and optimizer state with FSDP2 instead of "
+                        "replicating the model with DDP")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the training data")
     p.add_argument("--seq-len", type=_positive_int, default=None,
                    help=_task_default_help("seq_len", "tokens per sequence", lm=512))
@@ -437,6 +541,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=int, default=0,
                    help="evaluate every N steps and print the result (0: only at the end)")
     p.add_argument("--eval-examples", type=_positive_int, default=512, help="held-out examples per evaluation")
+    p.add_argument("--eval-batch-size", type=_positive_int, default=64, help="sequences per evaluation forward pass")
     p.add_argument("--checkpoint-every", type=int, default=None,
                    help="write a checkpoint every N steps (0: only at the end; default: steps/10, at most 1000)")
     p.add_argument("--log-every", type=_positive_int, default=10,
@@ -453,7 +558,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="skip the NaN/Inf checks of every layer's input and output (on by default)")
     add_deprecated_alias(p, "--vocab", "--vocab-size")
     add_deprecated_alias(p, "--batch", "--batch-size")
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, config_parser=p)
 
     p = sub.add_parser("eval", help="evaluate the newest checkpoint of a training run")
     p.add_argument("--run", type=Path, required=True, help="run directory written by seqmem train")
@@ -496,6 +601,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.print_help(sys.stderr)
         return 2
     try:
+        if getattr(args, "config", None):  # seqmem train --config: the run's settings as defaults, then the flags
+            args.config_parser.set_defaults(**config_defaults(args.config))
+            args = ap.parse_args(argv)
         return int(args.func(args) or 0)
     except (UsageError, ValueError, FileNotFoundError, FloatingPointError) as e:
         print(f"seqmem: error: {e}".splitlines()[0], file=sys.stderr)

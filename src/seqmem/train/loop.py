@@ -6,13 +6,23 @@ Multi-process (``torchrun``): when ``torch.distributed`` is initialised with wor
 slice of it (``torch.tensor_split`` of the batch into W parts), each rank's loss is its token-sum divided by the
 *global* number of scored tokens (times W, undone by DDP's gradient averaging), so gradients, optimizer steps and the
 logged loss equal a single-process run with the same global batch up to float summation order.  Rank 0 writes
-metrics and checkpoints; checkpoints hold no world size, so a run resumes on any number of processes."""
+metrics and checkpoints; checkpoints hold no world size, so a run resumes on any number of processes.
+
+``fsdp=True`` shards parameters, gradients and optimizer state instead (FSDP2, ``torch.distributed.fsdp.fully_shard``
+on each block and then the whole model) with the same data and loss scheme; checkpoints are gathered into the same
+full, unsharded format, so an FSDP run resumes in one process (or with DDP) and vice versa.
+
+``grad_accum`` = N splits each rank's share of the global batch into N micro-batches whose gradients are summed before
+the optimizer step (the loss of each is its token-sum over the global number of scored tokens), so a run equals the
+same run with N = 1 up to float rounding; ``precision="bf16"`` runs forward passes (training and evaluation) under
+``torch.autocast`` with bfloat16, the weights and optimizer state staying float32."""
 
 from __future__ import annotations
 
 import json
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +58,8 @@ class TrainConfig:
     log_every: int = 10
     checkpoint_every: int = 0  # 0: only at the end (when out_dir is given)
     seed: int = 0
+    grad_accum: int = 1  # micro-batches per optimizer step (of the global batch_size)
+    precision: str = "fp32"  # "fp32" or "bf16" (torch.autocast with bfloat16 for forward passes)
 
     def __post_init__(self) -> None:
         # types (NaN/Inf refused for floats) and domains, each option checked by itself (a NaN weight decay is
@@ -56,7 +68,7 @@ class TrainConfig:
                             "clip": ">=0", "eval_every": ">=0", "checkpoint_every": ">=0"})
         for b in tuple(self.betas) if isinstance(self.betas, (tuple, list)) and len(self.betas) == 2 else (None,):
             check_option("TrainConfig", "betas", b, float, "[0,1)")
-        for k in ("steps", "batch_size", "eval_examples", "eval_batch_size", "log_every"):
+        for k in ("steps", "batch_size", "eval_examples", "eval_batch_size", "log_every", "grad_accum"):
             v = getattr(self, k)
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"TrainConfig.{k} must be a positive integer, got {v!r}")
@@ -69,7 +81,34 @@ class TrainConfig:
             raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
         if self.clip < 0 or self.weight_decay < 0:
             raise ValueError("clip and weight_decay must be >= 0")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"TrainConfig.precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
+        if self.grad_accum > self.batch_size:
+            raise ValueError(f"TrainConfig.grad_accum={self.grad_accum} exceeds batch_size={self.batch_size}: "
+                             "every micro-batch needs at least one sequence")
         self.betas = tuple(self.betas)
+
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """``cfg`` as the JSON-able dict stored in checkpoints and ``run.json`` (``betas`` a list)."""
+    return asdict(cfg) | {"betas": list(cfg.betas)}
+
+
+def with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored training configuration completed with the defaults of fields it lacks: a run written before a
+    field existed ran with its default (every field added later defaults to the earlier behaviour), so
+    ``--resume`` compares it as such."""
+    return {**config_dict(TrainConfig()), **stored}
+
+
+def autocast(device: torch.device | str, precision: str):
+    """The forward-pass context for ``precision``: ``torch.autocast`` with bfloat16 for ``"bf16"``."""
+    if precision == "bf16":
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+    return nullcontext()
 
 
 @dataclass
@@ -95,7 +134,7 @@ def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
 @torch.no_grad()
 def evaluate(
     model: nn.Module, task: Any, n_examples: int = 512, batch_size: int = 64, distributed: bool = False,
-    split: str = "eval",
+    split: str = "eval", precision: str = "fp32", lockstep: bool = False,
 ) -> dict[str, float]:
     """Loss and accuracy over the scored positions of the task's fixed evaluation set (+ task metrics).
 
@@ -104,7 +143,9 @@ def evaluate(
     test split, e.g. language modelling).
 
     ``distributed=True`` (every rank of the process group must call it): rank r evaluates batches r, r+W, …; the
-    per-batch sums are gathered and added in batch order, so the result equals the single-process one exactly."""
+    per-batch sums are gathered and added in batch order, so the result equals the single-process one exactly.
+    ``lockstep`` (FSDP, whose forward passes are collective): every rank runs the same number of forward passes (a
+    rank without a batch in the last round runs a discarded one).  ``precision``: see :func:`autocast`."""
     was_training = model.training
     model.eval()
     getter = {"eval": "eval_data", "valid": "valid_data", "test": "test_data"}.get(split)
@@ -116,12 +157,18 @@ def evaluate(
     device = next(model.parameters()).device
     rank, world = dist_info() if distributed else (0, 1)
     parts: list[tuple[int, float, float, int, int, dict[str, float]]] = []
-    for j, i in enumerate(range(0, inputs.shape[0], batch_size)):
-        if j % world != rank:
+    n_batches = -(-inputs.shape[0] // batch_size)
+    for j in range(rank, -(-n_batches // world) * world, world):
+        if j >= n_batches:
+            if lockstep:
+                with autocast(device, precision):
+                    model(inputs[:1].to(device))
             continue
+        i = j * batch_size
         x, y = inputs[i : i + batch_size].to(device), targets[i : i + batch_size].to(device)
         try:
-            logits, _ = model(x)
+            with autocast(device, precision):
+                logits, _ = model(x)
         except NonFiniteError as e:
             raise NonFiniteError(f"evaluation batch {j}: {e}") from None
         mask = y != -100
@@ -191,21 +238,27 @@ def train(
     progress: bool = False,
     stop_after: int | None = None,
     loggers: list[Any] | None = None,
+    fsdp: bool = False,
 ) -> TrainResult:
     """Train ``model`` on ``task``.  With ``out_dir``: ``metrics.jsonl`` (one object per log step) and checkpoints
     under ``out_dir/checkpoints``; ``resume=True`` continues exactly from the newest good checkpoint.
     ``stop_after`` ends the run early after that many steps (for tests of resumption).  ``loggers``: extra metric
     sinks with ``log(record, step)`` (e.g. :mod:`seqmem.train.tracking`), called on rank 0 only.
 
-    Under ``torchrun`` (an initialised process group of W > 1 ranks) this trains with DistributedDataParallel; see
-    the module docstring.  ``cfg.batch_size`` is the global batch (at least W)."""
+    Under ``torchrun`` (an initialised process group of W > 1 ranks) this trains with DistributedDataParallel, or
+    with FSDP2 when ``fsdp``; see the module docstring.  ``cfg.batch_size`` is the global batch (at least W times
+    ``cfg.grad_accum``)."""
     device = next(model.parameters()).device
     rank, world = dist_info()
     main = rank == 0
     if world > 1 and cfg.batch_size < world:
         raise ValueError(f"batch_size={cfg.batch_size} is smaller than the number of processes ({world})")
-    opt = make_optimizer(model, cfg)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
+    if cfg.batch_size < world * cfg.grad_accum:
+        raise ValueError(f"batch_size={cfg.batch_size} cannot be split into {cfg.grad_accum} micro-batches on each "
+                         f"of {world} processes")
+    if fsdp and world == 1:
+        raise ValueError("fsdp=True needs an initialised process group of more than one rank (torchrun)")
+    opt_state = sched_state = None
     gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     start = 0
@@ -224,13 +277,12 @@ def train(
                 raise ValueError(f"--resume: no valid checkpoint under {ckpt_dir}")
             load_weights(model, ck)
             st = load_trainer_state(ck)
-            old_cfg = dict(st.get("train_config") or {})
-            if {**old_cfg, "steps": cfg.steps} != asdict(cfg) | {"betas": list(cfg.betas)}:
+            old_cfg = with_defaults(dict(st.get("train_config") or {}))
+            if {**old_cfg, "steps": cfg.steps} != config_dict(cfg):
                 raise ValueError(f"--resume: checkpoint {ck} was written with a different training configuration")
             if cfg.steps < st["step"]:
                 raise ValueError(f"--resume: the checkpoint is at step {st['step']}, beyond steps={cfg.steps}")
-            opt.load_state_dict(st["optimizer"])
-            sched.load_state_dict(st["scheduler"])
+            opt_state, sched_state = st["optimizer"], st["scheduler"]
             if old_cfg.get("steps") != cfg.steps and main:
                 # Extension: the warm-up + cosine schedule is laid over the new total, as if the run had been
                 # started with it (LambdaLR's state holds only the step count; the lambda is _lr_lambda(cfg)).
@@ -252,15 +304,32 @@ def train(
                                  "it; to start a new run, use another directory or remove the old run first")
             if main and metrics_path.exists():
                 metrics_path.unlink()
+    saving = ckpt_dir is not None  # every rank takes part in gathering an FSDP checkpoint
     if not main:
         metrics_path = ckpt_dir = None
         loggers = None
     ddp: nn.Module = model
-    if world > 1:
+    keep_names: list[str] = []
+    if fsdp:
+        keep_names = _unique_state_names(model)  # tied weights once, as in an unsharded checkpoint
+        _fully_shard(model)
+    elif world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [device.index] if device.type == "cuda" else None
         ddp = DistributedDataParallel(model, device_ids=ids, static_graph=True)
+    opt = make_optimizer(model, cfg)  # after sharding: FSDP replaces the parameters by sharded ones
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
+    if opt_state is not None:
+        if fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(model, opt, _ids_to_fqns(opt_state, model, opt),
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            opt.load_state_dict(opt_state)
+        sched.load_state_dict(sched_state)
+    simple = world == 1 and cfg.grad_accum == 1  # one forward/backward per step (the original single-process path)
 
     bar = None
     lines = False  # progress as plain lines (stderr is a log file or a pipe: no carriage returns)
@@ -283,12 +352,14 @@ def train(
         tokens += x.numel()
         log_now = step % cfg.log_every == 0 or step == cfg.steps
         try:
-            if world == 1:
+            if simple:
                 x, y = x.to(device), y.to(device)
-                logits, _ = model(x)
+                with autocast(device, cfg.precision):
+                    logits, _ = model(x)
                 loss = report = lm_loss(logits, y)
             else:
-                loss, report, logits, x, y = _ddp_loss(ddp, x, y, rank, world, device)
+                opt.zero_grad(set_to_none=True)
+                report, acc = _micro_steps(ddp, x, y, cfg.grad_accum, cfg.precision, rank, world, device, log_now)
         except NonFiniteError as e:
             raise NonFiniteError(f"training step {step}: {e}") from None
         if not torch.isfinite(report):
@@ -296,25 +367,25 @@ def train(
                 f"training loss became {float(report.detach())} at step {step}; the run diverged: lower the "
                 "learning rate (--lr), keep gradient clipping on, or train in float32"
             )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if simple:
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
         if cfg.clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         opt.step()
         sched.step()
         record: dict[str, Any] | None = None
         if log_now:
-            with torch.no_grad():
-                mask = y != -100
-                if world == 1:
+            if simple:
+                with torch.no_grad():
+                    mask = y != -100
                     acc = float((logits[mask].argmax(-1) == y[mask]).float().mean()) if mask.any() else float("nan")
-                else:
-                    acc = _ddp_accuracy(logits, y, device)
             el = time.perf_counter() - t0
             record = {"step": step, "loss": float(report.detach()), "accuracy": acc, "lr": sched.get_last_lr()[0],
                       "tokens_per_s": tokens / max(el, 1e-9)}
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
-            ev = evaluate(model, task, cfg.eval_examples, cfg.eval_batch_size, distributed=world > 1)
+            ev = evaluate(model, task, cfg.eval_examples, cfg.eval_batch_size, distributed=world > 1,
+                          precision=cfg.precision, lockstep=fsdp)
             record = record or {"step": step, "loss": float(report.detach())}
             record.update({f"eval_{k}": v for k, v in ev.items()})
             if step == cfg.steps:
@@ -336,14 +407,17 @@ def train(
                 _say(_progress_line(record, cfg.steps, start, last_line - t0))
         if bar is not None:
             bar.update(1)
-        if ckpt_dir is not None and (
-            (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == end
-        ):
-            save_checkpoint(ckpt_dir, step, model, {
-                "step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                "data_rng": gen.get_state(), "torch_rng": torch.get_rng_state(),
-                "train_config": asdict(cfg) | {"betas": list(cfg.betas)},
-            })
+        if saving and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == end):
+            if fsdp:  # gathered on every rank (collective), written by rank 0 in the unsharded format
+                weights, opt_sd = _full_state(model, opt, keep_names)
+            else:
+                weights, opt_sd = model, opt.state_dict()
+            if ckpt_dir is not None:
+                save_checkpoint(ckpt_dir, step, weights, {
+                    "step": step, "optimizer": opt_sd, "scheduler": sched.state_dict(),
+                    "data_rng": gen.get_state(), "torch_rng": torch.get_rng_state(),
+                    "train_config": config_dict(cfg),
+                })
         if world > 1 and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == end):
             import torch.distributed as dist
 
@@ -376,34 +450,118 @@ def _eval_line(record: dict[str, Any], total: int) -> str:
     return f"step {record['step']}/{total}  eval: {evals}"
 
 
-def _ddp_loss(
-    ddp: nn.Module, x: Tensor, y: Tensor, rank: int, world: int, device: torch.device
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """This rank's slice of the global batch and its loss scaled so that DDP's gradient average is the gradient of
-    the global token-mean loss; the returned loss value (for logging) is the global mean (all-reduced)."""
-    import torch.distributed as dist
-
+def _micro_steps(
+    net: nn.Module, x: Tensor, y: Tensor, n_micro: int, precision: str, rank: int, world: int, device: torch.device,
+    want_acc: bool,
+) -> tuple[Tensor, float]:
+    """Forward and backward over this rank's slice of the global batch in ``n_micro`` micro-batches (gradients
+    summed), each loss scaled so that the summed — and, across ranks,
+    averaged — gradient is the gradient of the global token-mean loss.  Returns the global mean loss (all-reduced)
+    and, with ``want_acc``, the global accuracy."""
     n_global = int((y != -100).sum())
-    lo_hi = torch.tensor_split(torch.arange(x.shape[0]), world)[rank]
-    xs, ys = x[lo_hi].to(device), y[lo_hi].to(device)
-    logits, _ = ddp(xs)
-    loss_sum = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ys.reshape(-1), ignore_index=-100,
-                               reduction="sum")
-    loss = loss_sum * (world / max(n_global, 1))
-    total = loss_sum.detach().clone()
-    dist.all_reduce(total)
-    report = total / max(n_global, 1) if n_global else total * float("nan")
-    return loss, report, logits, xs, ys
+    rows = torch.tensor_split(torch.arange(x.shape[0]), world)[rank] if world > 1 else torch.arange(x.shape[0])
+    parts = torch.tensor_split(rows, n_micro)
+    total = torch.zeros((), device=device)
+    counts = torch.zeros(2, dtype=torch.float64, device=device)
+    for j, idx in enumerate(parts):
+        last = j == len(parts) - 1
+        xs, ys = x[idx].to(device), y[idx].to(device)
+        if hasattr(net, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter after the last micro-batch only
+            net.set_requires_gradient_sync(last)
+        # (DDP averages every micro-batch's gradients: DDP with static_graph refuses no_sync; the sum of averages
+        # is the average of the sums, at the cost of one all-reduce per micro-batch)
+        with autocast(device, precision):
+            logits, _ = net(xs)
+        loss_sum = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ys.reshape(-1),
+                                   ignore_index=-100, reduction="sum")
+        (loss_sum * (world / max(n_global, 1))).backward()
+        total += loss_sum.detach()
+        if want_acc:
+            with torch.no_grad():
+                mask = ys != -100
+                counts += torch.stack([(logits[mask].argmax(-1) == ys[mask]).sum(), mask.sum()]).double()
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(total)
+        if want_acc:
+            dist.all_reduce(counts)
+    report = total / n_global if n_global else total * float("nan")
+    acc = float(counts[0] / counts[1]) if want_acc and counts[1] > 0 else float("nan")
+    return report, acc
 
 
-def _ddp_accuracy(logits: Tensor, y: Tensor, device: torch.device) -> float:
-    import torch.distributed as dist
+def _unique_state_names(model: nn.Module) -> list[str]:
+    """The state-dict names an unsharded checkpoint stores (a tied weight once, under its first name)."""
+    seen: set[int] = set()
+    names = []
+    for name, t in model.state_dict().items():
+        key = t.data_ptr()
+        if key in seen and t.numel() > 0:
+            continue
+        seen.add(key)
+        names.append(name)
+    return names
 
-    mask = y != -100
-    t = torch.tensor([float((logits[mask].argmax(-1) == y[mask]).sum()), float(mask.sum())], dtype=torch.float64,
-                     device=device)
-    dist.all_reduce(t)
-    return float(t[0] / t[1]) if t[1] > 0 else float("nan")
+
+def _fully_shard(model: nn.Module) -> None:
+    """FSDP2: shard each block of ``model.blocks`` (when it has them), then the model itself (in place)."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch < 2.6
+        try:
+            from torch.distributed._composable.fsdp import fully_shard
+        except ImportError:
+            raise ValueError("FSDP2 (torch.distributed.fsdp.fully_shard) needs a newer torch") from None
+    for blk in getattr(model, "blocks", []):
+        fully_shard(blk)
+    fully_shard(model)
+
+
+class _Weights:
+    """A full (gathered) state dict in the shape :func:`save_checkpoint` expects of a model."""
+
+    def __init__(self, sd: dict[str, Tensor]) -> None:
+        self._sd = sd
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return self._sd
+
+
+def _full_state(model: nn.Module, opt: torch.optim.Optimizer, keep: list[str]) -> tuple[_Weights, dict[str, Any]]:
+    """The unsharded weights and optimizer state of an FSDP model (a collective: every rank calls it; the full
+    tensors land on rank 0, in the format of an unsharded model's ``state_dict`` / ``opt.state_dict()``)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    o = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    msd = get_model_state_dict(model, options=o)
+    osd = get_optimizer_state_dict(model, opt, options=o)
+    if not msd:  # ranks other than 0 receive nothing
+        return _Weights({}), {}
+    return _Weights({k: msd[k] for k in keep}), _fqns_to_ids(osd)
+
+
+def _fqns_to_ids(osd: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state dict keyed by parameter names (``torch.distributed.checkpoint``) → keyed by position,
+    as ``Optimizer.state_dict()`` writes it (parameters numbered through the groups in order)."""
+    index: dict[str, int] = {}
+    for g in osd["param_groups"]:
+        for name in g["params"]:
+            index.setdefault(name, len(index))
+    return {"state": {index[k]: v for k, v in osd["state"].items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]]}
+
+
+def _ids_to_fqns(osd: dict[str, Any], model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """The inverse of :func:`_fqns_to_ids` for ``opt`` over ``model``'s parameters."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for g in opt.param_groups for p in g["params"]]
+    return {"state": {order[int(k)]: v for k, v in osd["state"].items()},
+            "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]} for g in osd["param_groups"]]}
 
 
 def _read_jsonl(path: Path | None) -> list[dict[str, Any]]:
