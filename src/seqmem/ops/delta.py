@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from seqmem.ops import _backends
 from seqmem.ops._common import (
     check_qkv_op,
     compute_dtype,
@@ -133,6 +134,8 @@ def delta_rule(
         ``(o (batch, time, heads, d_v), final_state (batch, heads, d_k, d_v))``.
     """
     *_, scale = _check("delta_rule", q, k, v, beta, None, initial_state, scale, mode, chunk_size)
+    if mode == "chunk" and (be := _backends.select("delta_rule", q, k, v, beta, initial_state)) is not None:
+        return be.fn(q, k, v, beta, scale, initial_state, chunk_size)  # opt-in GPU kernel (seqmem.backends)
     return _delta_core(q, k, v, beta, None, scale, initial_state, mode, chunk_size)
 
 
@@ -160,4 +163,6 @@ def gated_delta_rule(
         ``(o (batch, time, heads, d_v), final_state (batch, heads, d_k, d_v))``.
     """
     *_, scale = _check("gated_delta_rule", q, k, v, beta, g, initial_state, scale, mode, chunk_size)
+    if mode == "chunk" and (be := _backends.select("gated_delta_rule", q, k, v, beta, g, initial_state)) is not None:
+        return be.fn(q, k, v, beta, g, scale, initial_state, chunk_size)  # opt-in GPU kernel (seqmem.backends)
     return _delta_core(q, k, v, beta, g, scale, initial_state, mode, chunk_size)

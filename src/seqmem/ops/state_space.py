@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from seqmem.ops import _backends
 from seqmem.ops._common import (
     check_chunk_size,
     check_mode,
@@ -61,6 +62,8 @@ def ssd(
     if initial_state is not None:
         check_tensor(op, "initial_state", initial_state, (b, h, p, n), "batch, heads, p, n")
     check_same_device(op, x=x, dt=dt, A=A, B=B, C=C, initial_state=initial_state)
+    if mode == "chunk" and (be := _backends.select("ssd", x, dt, A, B, C, initial_state)) is not None:
+        return be.fn(x, dt, A, B, C, initial_state, chunk_size)  # opt-in GPU kernel (seqmem.backends)
     cd = compute_dtype(x, dt, A, B, C, initial_state)
 
     xh = x.to(cd).transpose(1, 2)  # (b, h, t, p)
