@@ -316,3 +316,42 @@ def test_killed_sweep_leaves_no_workers_and_resumes_to_the_same_report(tmp_path)
     run_sweep(spec, clean, jobs=1, log=quiet, probe=False)
     for x, y in zip(collect(spec, out), collect(spec, clean)):
         assert x["per_seed"] == y["per_seed"] and x["lr_valid"] == y["lr_valid"] and x["complete"]
+
+
+def test_lr_grid_is_extended_while_the_best_lr_is_at_an_edge(tmp_path):
+    """With lr_extend, a row whose best first-seed lr is the largest tried also tries lr x factor (at most
+    lr_extend times per side); the other seeds then run at the final choice."""
+    from seqmem.sweep.runner import row_plan
+
+    raw = tiny(lr_selection="first_seed", train__seeds=[0, 1], mixers=["attention"])
+    raw["train"]["lr_extend"] = 2
+    spec = load_spec(raw)
+    lo, hi = spec.lrs  # 3e-3, 1e-2
+    pts = spec.points()
+
+    def fake(lr: float, seed: int, acc: float) -> None:
+        from seqmem.io import atomic_write_text
+
+        p = spec.point_at(pts[0], lr, seed)
+        r = {"status": "finished", "state": 1, "params": 1, "seconds": 1.0, "valid": {"accuracy": acc, "loss": 1.0},
+             "report": {"accuracy": acc, "loss": 1.0}}
+        atomic_write_text(tmp_path / p.rel_dir / "run.json", json.dumps(p.run_spec))
+        atomic_write_text(tmp_path / p.rel_dir / "result.json", json.dumps(r))
+
+    fake(lo, 0, 0.5)
+    fake(hi, 0, 0.6)  # best at the top edge -> try 3e-2
+    s1, s2, decided = row_plan(spec, pts, tmp_path)
+    assert [p.lr for p in s1] == [lo, hi, 0.03] and not decided
+    assert s1[-1].rel_dir.name == "seed0" and s1[-1].rel_dir.parent.name == "lr0.03"
+    fake(0.03, 0, 0.7)  # still the best at the edge -> try 9e-2 (the second and last extension upwards)
+    s1, s2, decided = row_plan(spec, pts, tmp_path)
+    assert [p.lr for p in s1] == [lo, hi, 0.03, 0.09]
+    fake(0.09, 0, 0.65)  # the best is now inside: decided, seed 1 at 0.03
+    s1, s2, decided = row_plan(spec, pts, tmp_path)
+    assert decided and [(p.lr, p.seed) for p in s2] == [(0.03, 1)]
+    fake(0.03, 1, 0.75)
+    (row,) = collect(spec, tmp_path)
+    assert row["best_lr"] == 0.03 and row["per_seed"] == {0: 0.7, 1: 0.75} and row["complete"]
+    assert row["runs_total"] == 5 and row["lr_valid"] == {"0.003": 0.5, "0.01": 0.6, "0.03": 0.7, "0.09": 0.65}
+    with pytest.raises(SpecError, match="first_seed"):
+        load_spec({**tiny(), "train": {**tiny()["train"], "lr_extend": 1}})

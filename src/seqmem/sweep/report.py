@@ -21,6 +21,7 @@ from seqmem.sweep.runner import (
     expected_runs,
     group_points,
     read_result,
+    row_plan,
     selection_lrs,
     valid_value,
 )
@@ -32,11 +33,17 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
     from seqmem.registry import build_mixer
 
     rows = []
-    for (setting, mixer, axes), pts in group_points(spec.points()).items():
+    for (setting, mixer, axes), grid_pts in group_points(spec.points()).items():
+        if spec.lr_selection == "first_seed":  # the row's planned runs (lr extensions included)
+            stage1, stage2, _ = row_plan(spec, grid_pts, out)
+            pts = stage1 + stage2
+            lr_valid = selection_lrs(spec, stage1, out)
+        else:
+            pts = grid_pts
+            lr_valid = selection_lrs(spec, pts, out)
         results = {(p.lr, p.seed): read_result(out / p.rel_dir) for p in pts}
-        n_total = expected_runs(spec, pts)
+        n_total = expected_runs(spec, grid_pts, out)
         n_done = sum(1 for r in results.values() if valid_value(r, spec.select) is not None)
-        lr_valid = selection_lrs(spec, pts, out)
         best_lr = choose_lr(lr_valid, spec.select)
         first = next((r for r in results.values() if r and "state" in r), None)
         row: dict[str, Any] = {

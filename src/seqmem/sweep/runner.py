@@ -226,27 +226,58 @@ def selection_lrs(spec: SweepSpec, pts: list[Point], out: Path) -> dict[float, f
     return {lr: (math.nan if any(math.isnan(v) for v in vs) else sum(vs) / len(vs)) for lr, vs in by_lr.items()}
 
 
+def row_plan(spec: SweepSpec, pts: list[Point], out: Path) -> tuple[list[Point], list[Point], bool]:
+    """``(stage1, stage2, decided)`` of one row under ``first_seed`` selection.
+
+    Stage 1: the first seed at every lr of the grid, and — with ``lr_extend`` — at ``best × factor`` (or
+    ``best / factor``) while the best finished one is the largest (smallest) tried, at most ``lr_extend`` per side.
+    Stage 2: the other seeds at the chosen lr, once stage 1 has finished (``decided``)."""
+    stage1 = [p for p in pts if spec.is_first_stage(p)]
+    up = down = 0
+    while True:
+        if not all(is_finished(out / p.rel_dir) for p in stage1):
+            return stage1, [], False
+        vals = selection_lrs(spec, stage1, out)
+        best = choose_lr(vals, spec.select)
+        if best is None:
+            return stage1, [], False
+        tried = sorted(vals)
+        if spec.lr_extend and len(tried) > 1 and not math.isnan(vals[best]):
+            new = None
+            if best == tried[-1] and up < spec.lr_extend:
+                new, up = float(f"{best * spec.lr_extend_factor:.6g}"), up + 1
+            elif best == tried[0] and down < spec.lr_extend:
+                new, down = float(f"{best / spec.lr_extend_factor:.6g}"), down + 1
+            if new is not None and new not in vals:
+                stage1 = stage1 + [spec.point_at(stage1[0], new, spec.seeds[0])]
+                continue
+        grid = {(p.lr, p.seed): p for p in pts}
+        stage2 = [grid.get((best, s)) or spec.point_at(stage1[0], best, s) for s in spec.seeds[1:]]
+        return stage1, stage2, True
+
+
 def wanted_points(spec: SweepSpec, out: Path, points: list[Point] | None = None) -> list[Point]:
-    """The runs the sweep needs now: every point (``all_seeds``), or the first-seed runs plus, for each row whose
-    first-seed runs have all finished, the other seeds at the chosen lr (``first_seed``)."""
+    """The runs the sweep needs now: every point (``all_seeds``), or per row its stage-1 runs and, once they have
+    finished, the other seeds at the chosen lr (``first_seed``, see :func:`row_plan`)."""
     points = spec.points() if points is None else points
     if spec.lr_selection == "all_seeds":
         return points
     out_pts: list[Point] = []
     for pts in group_points(points).values():
-        stage1 = [p for p in pts if spec.is_first_stage(p)]
-        out_pts += stage1
-        if all(is_finished(out / p.rel_dir) for p in stage1):
-            best = choose_lr(selection_lrs(spec, pts, out), spec.select)
-            out_pts += [p for p in pts if p.lr == best and not spec.is_first_stage(p)]
+        stage1, stage2, _ = row_plan(spec, pts, out)
+        out_pts += stage1 + stage2
     return out_pts
 
 
-def expected_runs(spec: SweepSpec, pts: list[Point]) -> int:
-    """Runs a row needs in all (``pts``: the row's grid points)."""
+def expected_runs(spec: SweepSpec, pts: list[Point], out: Path | None = None) -> int:
+    """Runs a row needs in all as far as known now (``pts``: the row's grid points; extensions of the lr grid
+    appear once the results that ask for them exist)."""
     if spec.lr_selection == "all_seeds":
         return len(pts)
-    return len({p.lr for p in pts}) + len(spec.seeds) - 1
+    n_stage1 = len({p.lr for p in pts})
+    if out is not None:
+        n_stage1 = len(row_plan(spec, pts, out)[0])
+    return n_stage1 + len(spec.seeds) - 1
 
 
 def _fmt_secs(s: float) -> str:
@@ -277,7 +308,7 @@ def run_sweep(
     points = spec.points()
     check_conflicts(points, out)
     groups = group_points(points)
-    n_expected = sum(expected_runs(spec, g) for g in groups.values())
+    n_expected = sum(expected_runs(spec, g, out) for g in groups.values())
     done_before = sum(1 for p in wanted_points(spec, out, points) if is_finished(out / p.rel_dir))
     n_left = n_expected - done_before
     log(f"sweep {spec.name}: {n_expected} runs ({spec.lr_selection} lr selection), {done_before} finished, "
@@ -288,10 +319,10 @@ def run_sweep(
         log("measuring one-thread step times for the ETA ...")
         left_rows = [g for g in groups.values()
                      if sum(1 for p in wanted_points(spec, out, g) if is_finished(out / p.rel_dir))
-                     < expected_runs(spec, g)]
+                     < expected_runs(spec, g, out)]
         c = estimate_costs([g[0] for g in left_rows], log)
         row_cost = {p.group: v for p, v in c.items()}
-        total = sum(v * (expected_runs(spec, g) - sum(1 for p in g if is_finished(out / p.rel_dir)))
+        total = sum(v * (expected_runs(spec, g, out) - sum(1 for p in g if is_finished(out / p.rel_dir)))
                     for g in left_rows for v in [row_cost[g[0].group]] if v == v)
         log(f"estimated {total / 3600:.2f} CPU-hours for the runs left, about {_fmt_secs(total / max(jobs, 1))} "
             f"with {jobs} worker(s)")
@@ -313,7 +344,7 @@ def run_sweep(
 
     t0 = time.perf_counter()
     state = {"finished": 0, "errors": 0, "done_cost": 0.0}
-    cost_left = sum(row_cost.get(g[0].group, 0.0) * (expected_runs(spec, g)
+    cost_left = sum(row_cost.get(g[0].group, 0.0) * (expected_runs(spec, g, out)
                     - sum(1 for p in g if is_finished(out / p.rel_dir))) for g in groups.values())
 
     def report(p: Point, r: dict[str, Any]) -> None:

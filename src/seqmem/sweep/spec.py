@@ -23,6 +23,8 @@ A spec (see ``src/seqmem/experiments/*.toml``)::
     lrs = [1e-3, 3e-3, 1e-2]
     seeds = [0, 1, 2]
     valid_examples = 512                   # validation examples (choose the lr); eval_examples: reported ones
+    lr_extend = 2                          # first_seed only: when the best lr is the largest (smallest) tried,
+                                           # also try it x lr_extend_factor (/ factor), at most this many per side
 
     [[mixers]]                             # a registered name, or a table (or mixers = "all"):
     name = "mamba2+ska"                    #   a label, with
@@ -60,7 +62,7 @@ _TOP_KEYS = {"name", "description", "task", "settings", "model", "train", "mixer
 #: ``"first_seed"``: two stages — every lr with the first seed, then the other seeds only at the lr whose
 #: first-seed run is best on validation (``len(lrs) + len(seeds) - 1`` runs per row instead of their product).
 LR_SELECTIONS = ("all_seeds", "first_seed")
-_TRAIN_GRID_KEYS = {"lrs", "seeds", "valid_examples"}
+_TRAIN_GRID_KEYS = {"lrs", "seeds", "valid_examples", "lr_extend", "lr_extend_factor"}
 
 
 class SpecError(ValueError):
@@ -169,6 +171,8 @@ class SweepSpec:
     scale_lengths: bool = True
     select: str = "accuracy"
     lr_selection: str = "all_seeds"
+    lr_extend: int = 0
+    lr_extend_factor: float = 3.0
     notes: dict[str, str] = field(default_factory=dict)
     source: str = ""
     raw: dict[str, Any] = field(default_factory=dict)
@@ -191,6 +195,12 @@ class SweepSpec:
     def is_first_stage(self, p: Point) -> bool:
         """With ``lr_selection = "first_seed"``: whether ``p`` is one of the lr-selection runs (the first seed)."""
         return p.seed == self.seeds[0]
+
+    def point_at(self, p: Point, lr: float, seed: int) -> Point:
+        """The point of ``p``'s row at another learning rate and seed (equal to the grid's point if it has one)."""
+        run = json.loads(json.dumps(p.run_spec))
+        run["train"]["lr"], run["train"]["seed"] = lr, seed
+        return Point(p.setting, p.mixer, p.family, p.model_axes, lr, seed, run)
 
     def points(self) -> list[Point]:
         """Every grid point, in the order settings → model axes → mixers → lrs → seeds."""
@@ -334,6 +344,11 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
     lrs = train.pop("lrs", None)
     seeds = train.pop("seeds", [0])
     valid_examples = train.pop("valid_examples", 512)
+    lr_extend = train.pop("lr_extend", 0)
+    lr_extend_factor = train.pop("lr_extend_factor", 3.0)
+    _need(isinstance(lr_extend, int) and not isinstance(lr_extend, bool) and lr_extend >= 0, w,
+          "[train] lr_extend must be a non-negative integer (extra lrs per side when the best is at an edge)")
+    _need(_is_num(lr_extend_factor) and lr_extend_factor > 1, w, "[train] lr_extend_factor must be a number > 1")
     _need(isinstance(lrs, list) and lrs and all(_is_num(x) and x > 0 for x in lrs), w,
           "[train] lrs must be a non-empty list of positive numbers")
     _need(len(set(lrs)) == len(lrs), w, "[train] lrs must be distinct")
@@ -410,6 +425,7 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
     select = raw.get("select", "accuracy")
     lr_selection = raw.get("lr_selection", "all_seeds")
     _need(lr_selection in LR_SELECTIONS, w, f"'lr_selection' must be one of {list(LR_SELECTIONS)}")
+    _need(not (lr_extend and lr_selection != "first_seed"), w, "[train] lr_extend needs lr_selection = \"first_seed\"")
     notes = raw.get("notes", {})
     _need(isinstance(notes, dict) and all(isinstance(v, str) for v in notes.values()), w,
           "'notes' must be a table of mixer label = \"text\"")
@@ -420,7 +436,8 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
     spec = SweepSpec(name=name, description=description, task=task["name"], task_options=dict(task_options),
                      settings=settings, model=model, model_axes=axes, train=train, lrs=[float(x) for x in lrs],
                      seeds=list(seeds), valid_examples=valid_examples, mixers=rows, scale_lengths=scale,
-                     select=select, lr_selection=lr_selection, notes=dict(notes), source=source, raw=raw)
+                     select=select, lr_selection=lr_selection, notes=dict(notes), source=source, raw=raw,
+                     lr_extend=lr_extend, lr_extend_factor=float(lr_extend_factor))
     # every mixer must build at every setting and model size (catches bad option values before any training)
     _check_builds(spec)
     return spec
