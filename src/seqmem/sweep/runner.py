@@ -155,8 +155,11 @@ def step_seconds(run_spec: dict[str, Any]) -> float:
     return best
 
 
-def estimate_costs(points: list[Point], log: Callable[[str], None] | None = None) -> dict[Point, float]:
-    """Estimated seconds of each point (one-thread step time × steps), probing each distinct model once."""
+def estimate_costs(points: list[Point], log: Callable[[str], None] | None = None, runs_per_model: float = 1.0,
+                   jobs: int = 1) -> dict[Point, float]:
+    """Estimated seconds of each point (one-thread step time × steps), probing each distinct model once; each
+    logged line carries a projection of the whole sweep's wall time (``runs_per_model`` runs of each model on
+    ``jobs`` workers) from the models probed so far, so the ETA is there from the first seconds."""
     import torch
 
     threads = torch.get_num_threads()
@@ -174,8 +177,12 @@ def estimate_costs(points: list[Point], log: Callable[[str], None] | None = None
                     probe[key] = float("nan")
                 if log is not None:
                     run_s = probe[key] * p.run_spec["train"]["steps"]
-                    log(f"  [{len(probe)}/{len(keys)}] {p.setting} / {p.mixer} / {dict(p.model_axes) or ''}: "
-                        f"{probe[key] * 1e3:.0f} ms/step, ~{_fmt_secs(run_s)} per run")
+                    known = [v * p.run_spec["train"]["steps"] for v in probe.values() if v == v]
+                    proj = sum(known) / max(len(known), 1) * len(keys) * runs_per_model / max(jobs, 1)
+                    label = " / ".join([p.setting, p.mixer] + ([str(dict(p.model_axes))] if p.model_axes else []))
+                    log(f"  [{len(probe)}/{len(keys)}] {label}: "
+                        f"{probe[key] * 1e3:.0f} ms/step, ~{_fmt_secs(run_s)} per run | projected ETA "
+                        f"{_fmt_secs(proj)}")
             out[p] = probe[key] * p.run_spec["train"]["steps"]
     finally:
         torch.set_num_threads(threads)
@@ -320,7 +327,10 @@ def run_sweep(
         left_rows = [g for g in groups.values()
                      if sum(1 for p in wanted_points(spec, out, g) if is_finished(out / p.rel_dir))
                      < expected_runs(spec, g, out)]
-        c = estimate_costs([g[0] for g in left_rows], log)
+        runs_left = sum(expected_runs(spec, g, out) for g in left_rows) - sum(
+            1 for g in left_rows for p in g if is_finished(out / p.rel_dir))
+        c = estimate_costs([g[0] for g in left_rows], log, runs_per_model=runs_left / max(len(left_rows), 1),
+                           jobs=jobs)
         row_cost = {p.group: v for p, v in c.items()}
         total = sum(v * (expected_runs(spec, g, out) - sum(1 for p in g if is_finished(out / p.rel_dir)))
                     for g in left_rows for v in [row_cost[g[0].group]] if v == v)
