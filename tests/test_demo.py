@@ -70,7 +70,7 @@ def test_runner_starts_the_slowest_runs_first_within_a_slice(monkeypatch):
 
     spec = load_spec(demo_spec(DemoConfig(d_model=16, steps=2, batch_size=2), ["attention", "deltanet", "swa"]))
     fake = {"attention": 0.1, "deltanet": 0.3, "swa": 0.2}
-    monkeypatch.setattr(runner, "estimate_costs", lambda pts, log=None: {p: fake[p.mixer] for p in pts})
+    monkeypatch.setattr(runner, "estimate_costs", lambda pts, log=None, **kw: {p: fake[p.mixer] for p in pts})
     lines: list[str] = []
     runner.run_sweep(spec, Path("/nonexistent-dry-run"), dry_run=True, log=lines.append)
     order = [line.split("/")[1] for line in lines if "would run" in line]
