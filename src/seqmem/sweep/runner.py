@@ -237,7 +237,7 @@ def row_plan(spec: SweepSpec, pts: list[Point], out: Path) -> tuple[list[Point],
     """``(stage1, stage2, decided)`` of one row under ``first_seed`` selection.
 
     Stage 1: the first seed at every lr of the grid, and — with ``lr_extend`` — at ``best × factor`` (or
-    ``best / factor``) while the best finished one is the largest (smallest) tried, at most ``lr_extend`` per side.
+    ``best / factor``, rounded to one significant digit: 1e-3 / 3 → 3e-4) while the best finished one is the largest (smallest) tried, at most ``lr_extend`` per side.
     Stage 2: the other seeds at the chosen lr, once stage 1 has finished (``decided``)."""
     stage1 = [p for p in pts if spec.is_first_stage(p)]
     up = down = 0
@@ -252,9 +252,9 @@ def row_plan(spec: SweepSpec, pts: list[Point], out: Path) -> tuple[list[Point],
         if spec.lr_extend and len(tried) > 1 and not math.isnan(vals[best]):
             new = None
             if best == tried[-1] and up < spec.lr_extend:
-                new, up = float(f"{best * spec.lr_extend_factor:.6g}"), up + 1
+                new, up = float(f"{best * spec.lr_extend_factor:.1g}"), up + 1
             elif best == tried[0] and down < spec.lr_extend:
-                new, down = float(f"{best / spec.lr_extend_factor:.6g}"), down + 1
+                new, down = float(f"{best / spec.lr_extend_factor:.1g}"), down + 1
             if new is not None and new not in vals:
                 stage1 = stage1 + [spec.point_at(stage1[0], new, spec.seeds[0])]
                 continue
