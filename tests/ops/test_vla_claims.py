@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import assert_rel_close
-from seqmem.ops.vla_ops import vla_attention, vla_jacobian_norm_closed_form
+from seqmem.ops.vla import vla_attention, vla_jacobian_norm_closed_form
 
 DT = torch.float64
 GOLDEN = (1 + math.sqrt(5)) / 2

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import assert_rel_close
-from seqmem.ops.vla_ops import vla_attention, vla_generalized_delta_chunk, vla_paper_delta_rule
+from seqmem.ops.vla import vla_attention, vla_generalized_delta_chunk, vla_paper_delta_rule
 
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5}
 B, T, H, D = 2, 45, 2, 6

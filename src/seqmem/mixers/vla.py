@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
-from seqmem.ops.vla_ops import NORMALIZERS, vla_attention, vla_paper_delta_rule
+from seqmem.ops.vla.chunk import NORMALIZERS, vla_attention, vla_paper_delta_rule
 from seqmem.registry import register
 
 

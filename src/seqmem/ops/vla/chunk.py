@@ -10,8 +10,8 @@ Per head (Algorithm 1, "VLAv3 Sequential Forward Pass"; eqs. 8-11 of the paper):
     S ← S + (v − S k̂) α̂ᵀ                                     (residual write, eq. 10)
     z ← z + k_feat;   o = S φ(q) / max(φ(q)ᵀ z, ε)           (readout, eq. 11)
 
-``mode="recurrent"`` is that loop.  ``mode="chunk"`` is the exact chunked form (not in the paper;
-derived in docs/vla.md):
+``mode="recurrent"`` is that loop, written out step by step in ``naive.py`` (the reference).
+``mode="chunk"`` is the exact chunked form in this file (not in the paper; derived in docs/vla.md):
 
 * A-part: the A-loop depends only on the keys, so a run of c rank-1 Sherman–Morrison updates is one
   Cholesky step: ``G = I + U A₀ Uᵀ = L Lᵀ``, ``Z = L⁻¹ U A₀`` (row i = z_i/√δ_i),
@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqmem.ops._common import floor
+from seqmem.ops.vla.naive import vla_attention_naive, vla_paper_delta_rule_naive
 
 __all__ = [
     "vla_attention",
@@ -182,11 +183,28 @@ def _check_options(mode: str, chunk_size: int, normalizer: str, eps: float, fn: 
         raise ValueError(f"{fn}: eps must be > 0, got {eps!r}")
 
 
+def _check_state(
+    initial_state, B: int, H: int, D: int, Dv: int, fixed_A: bool, use_z: bool,
+) -> None:
+    """Raise unless ``initial_state`` is None or a dict with exactly the keys and shapes this call needs."""
+    if initial_state is None:
+        return
+    need = {"S", "pos"} | ({"z"} if use_z else set()) | (set() if fixed_A else {"A"})
+    if not isinstance(initial_state, dict) or set(initial_state) != need:
+        got = sorted(initial_state) if isinstance(initial_state, dict) else type(initial_state).__name__
+        raise ValueError(f"vla_attention: initial_state must be a dict with keys {sorted(need)}, got {got}")
+    want = {"S": (B, H, Dv, D), "pos": (B,), "A": (B, H, D, D), "z": (B, H, D)}
+    for name in ("S", "pos", "A", "z"):
+        if name in initial_state and initial_state[name].shape != want[name]:
+            raise ValueError(f"vla_attention: initial_state[{name!r}] has shape {tuple(initial_state[name].shape)}, "
+                             f"expected {want[name]}")
+
+
 def _vla_init_state(
     initial_state: dict[str, Tensor] | None, B: int, H: int, D: int, Dv: int, lam0: float, fixed_A: bool,
     use_z: bool, like: Tensor,
 ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
-    need = {"S", "pos"} | ({"z"} if use_z else set()) | (set() if fixed_A else {"A"})
+    _check_state(initial_state, B, H, D, Dv, fixed_A, use_z)
     if initial_state is None:
         S = like.new_zeros(B, H, Dv, D)
         eye = torch.eye(D, dtype=like.dtype, device=like.device)
@@ -194,22 +212,29 @@ def _vla_init_state(
         z = like.new_zeros(B, H, D) if use_z else None
         pos = torch.zeros(B, dtype=torch.long, device=like.device)
         return S, A, z, pos
-    if not isinstance(initial_state, dict) or set(initial_state) != need:
-        got = sorted(initial_state) if isinstance(initial_state, dict) else type(initial_state).__name__
-        raise ValueError(f"vla_attention: initial_state must be a dict with keys {sorted(need)}, got {got}")
-    S, pos = initial_state["S"], initial_state["pos"]
-    bad = "vla_attention: initial_state[{!r}] has shape {}, expected {}"
-    if S.shape != (B, H, Dv, D):
-        raise ValueError(bad.format("S", tuple(S.shape), (B, H, Dv, D)))
-    if pos.shape != (B,):
-        raise ValueError(bad.format("pos", tuple(pos.shape), (B,)))
     A = None if fixed_A else initial_state["A"]
-    if A is not None and A.shape != (B, H, D, D):
-        raise ValueError(bad.format("A", tuple(A.shape), (B, H, D, D)))
     z = initial_state["z"] if use_z else None
-    if z is not None and z.shape != (B, H, D):
-        raise ValueError(bad.format("z", tuple(z.shape), (B, H, D)))
-    return S, A, z, pos.to(torch.long)
+    return initial_state["S"], A, z, initial_state["pos"].to(torch.long)
+
+
+def _check_vla_args(
+    q: Tensor, k: Tensor, v: Tensor, w_u, *, lam0, refresh_period, eps, normalizer, mode, chunk_size,
+    return_trace, fixed_A, initial_state,
+) -> None:
+    fn = "vla_attention"
+    _check_qkv(q, k, v, fn)
+    _check_options(mode, chunk_size, normalizer, eps, fn)
+    B, T, H, D = k.shape
+    if not isinstance(w_u, Tensor) or w_u.shape != (H, D, D):
+        raise ValueError(f"{fn}: w_u must have shape (heads, dim, dim) = {(H, D, D)}")
+    if not lam0 > 0:
+        raise ValueError(f"{fn}: lam0 must be > 0, got {lam0!r}")
+    if refresh_period is not None and (isinstance(refresh_period, bool) or not isinstance(refresh_period, int)
+                                       or refresh_period < 0):
+        raise ValueError(f"{fn}: refresh_period must be None or an integer >= 0, got {refresh_period!r}")
+    if return_trace and mode != "recurrent":
+        raise ValueError(f"{fn}: return_trace needs mode='recurrent'")
+    _check_state(initial_state, B, H, D, v.shape[-1], fixed_A, normalizer == "paper")
 
 
 def vla_attention(
@@ -245,16 +270,24 @@ def vla_attention(
     float16 / bfloat16 inputs are computed in float32 with autocast off (the state is float32; ``o`` is in
     ``v``'s dtype); float32 and float64 are computed as given.
     """
-    _check_qkv(q, k, v, "vla_attention")
-    cd = _compute_dtype(q, k, v, w_u if isinstance(w_u, Tensor) else None, *_state_tensors(initial_state))
+    _check_vla_args(q, k, v, w_u, lam0=lam0, refresh_period=refresh_period, eps=eps, normalizer=normalizer,
+                    mode=mode, chunk_size=chunk_size, return_trace=return_trace, fixed_A=fixed_A,
+                    initial_state=initial_state)
+    if mode == "recurrent":
+        return vla_attention_naive(
+            q, k, v, w_u, lam0=lam0, u_scale=u_scale, refresh_period=refresh_period, refresh_eta=refresh_eta,
+            eps=eps, normalizer=normalizer, normalize_key=normalize_key, normalize_alpha=normalize_alpha,
+            fixed_A=fixed_A, initial_state=initial_state, return_trace=return_trace,
+        )
+    cd = _compute_dtype(q, k, v, w_u, *_state_tensors(initial_state))
     with _full_precision(q.device):
         res = _vla_attention(
             q.to(cd), k.to(cd), v.to(cd), w_u.to(cd) if isinstance(w_u, Tensor) else w_u,
             lam0=lam0, u_scale=u_scale, refresh_period=refresh_period, refresh_eta=refresh_eta, eps=eps,
             normalizer=normalizer, normalize_key=normalize_key, normalize_alpha=normalize_alpha, fixed_A=fixed_A,
-            initial_state=_state_to(initial_state, cd), mode=mode, chunk_size=chunk_size, return_trace=return_trace,
+            initial_state=_state_to(initial_state, cd), chunk_size=chunk_size,
         )  # fmt: skip
-    return (res[0].to(v.dtype), *res[1:])
+    return res[0].to(v.dtype), res[1]
 
 
 def _vla_attention(
@@ -273,25 +306,11 @@ def _vla_attention(
     normalize_alpha: bool = True,
     fixed_A: bool = False,
     initial_state: dict[str, Tensor] | None = None,
-    mode: str = "chunk",
     chunk_size: int = 20,
-    return_trace: bool = False,
 ):
-    """The body of :func:`vla_attention` (inputs already in the compute dtype)."""
-    fn = "vla_attention"
-    _check_qkv(q, k, v, fn)
-    _check_options(mode, chunk_size, normalizer, eps, fn)
+    """The chunked body of :func:`vla_attention` (inputs checked and already in the compute dtype)."""
     B, T, H, D = k.shape
     Dv = v.shape[-1]
-    if not isinstance(w_u, Tensor) or w_u.shape != (H, D, D):
-        raise ValueError(f"{fn}: w_u must have shape (heads, dim, dim) = {(H, D, D)}")
-    if not lam0 > 0:
-        raise ValueError(f"{fn}: lam0 must be > 0, got {lam0!r}")
-    if refresh_period is not None and (isinstance(refresh_period, bool) or not isinstance(refresh_period, int)
-                                       or refresh_period < 0):
-        raise ValueError(f"{fn}: refresh_period must be None or an integer >= 0, got {refresh_period!r}")
-    if return_trace and mode != "recurrent":
-        raise ValueError(f"{fn}: return_trace needs mode='recurrent'")
     period = refresh_period or 0
     u_scale = 1.0 / math.sqrt(D) if u_scale is None else float(u_scale)
     use_z = normalizer == "paper"
@@ -308,89 +327,55 @@ def _vla_attention(
     refresh = (gpos % period == 0) if (period and not fixed_A) else torch.zeros_like(gpos, dtype=torch.bool)
     eye = torch.eye(D, dtype=k.dtype, device=k.device)
 
-    if mode == "recurrent":
-        outs, trace = [], {n: [] for n in ("S", "A", "alpha_hat", "k_hat", "e", "delta")}
-        for j in range(T):
-            khj = kh[:, :, j]
-            if fixed_A:
-                alpha = khj / lam0
-            else:
-                uj = u[:, :, j]
-                zs = torch.einsum("bhij,bhj->bhi", A, uj)  # line 12
-                delta = torch.clamp(1 + (uj * zs).sum(-1), min=eps)  # line 13
-                A = A - zs[..., :, None] * zs[..., None, :] / delta[..., None, None]  # line 14
-                if period:  # lines 15-16 (after the SM update, before α)
-                    A = A + (refresh_eta * refresh[:, j].to(k.dtype))[:, None, None, None] * eye
-                alpha = torch.einsum("bhij,bhj->bhi", A, khj)  # line 19
-            ah = _unit(alpha) if normalize_alpha else alpha  # line 20
-            e = vv[:, :, j] - torch.einsum("bhij,bhj->bhi", S, khj)  # line 21
-            S = S + e[..., :, None] * ah[..., None, :]  # line 22
-            num = torch.einsum("bhij,bhj->bhi", S, qf[:, :, j])
-            if use_z:
-                z = z + kf[:, :, j]  # line 25
-                num = num / torch.clamp((z * qf[:, :, j]).sum(-1), min=eps)[..., None]  # line 26
-            outs.append(num)
-            if return_trace:
-                trace["S"].append(S)
-                trace["A"].append(A if A is not None else (eye / lam0).expand(B, H, D, D))
-                trace["alpha_hat"].append(ah)
-                trace["k_hat"].append(khj)
-                trace["e"].append(e)
-                trace["delta"].append(delta if not fixed_A else torch.ones_like(khj[..., 0]))
-        o = torch.stack(outs, 1)
-    else:
-        if use_z:
-            zc = z[:, :, None] + torch.cumsum(kf, dim=2)
-            den = torch.clamp((qf * zc).sum(-1), min=eps)  # (B, H, T)
-            z = zc[:, :, -1]
-        any_refresh = refresh.any(0).tolist()
-        pieces = []
-        # split once (slices of the full-length tensors inside the loop would give each chunk a backward that
-        # zero-fills a full-length gradient: O(T^2 / chunk) memory traffic); the Sherman–Morrison runs below
-        # slice within one chunk
-        splits = zip(*(x.split(chunk_size, dim=2) for x in (kh, qf, vv, u)))
-        for s, (K, qc, vc, uc) in zip(range(0, T, chunk_size), splits):
-            e_ = s + K.shape[2]
-            if fixed_A:
-                alpha = K / lam0
-            else:
-                alphas = []
-                a0 = s
-                for j in range(s, e_):
-                    if j == e_ - 1 or any_refresh[j]:  # cut the Sherman–Morrison run after each refresh
-                        Uc, Kc = uc[:, :, a0 - s : j + 1 - s], K[:, :, a0 - s : j + 1 - s]
-                        c = j + 1 - a0
-                        UA = Uc @ A  # A symmetric
-                        G = torch.eye(c, dtype=k.dtype, device=k.device) + UA @ Uc.transpose(-1, -2)
-                        L, info = torch.linalg.cholesky_ex(G)
-                        if bool((info > 0).any()):
-                            raise _solve_error(G)
-                        Z = torch.linalg.solve_triangular(L, UA, upper=False)  # rows z_i / sqrt(δ_i)
-                        kz = (Kc @ Z.transpose(-1, -2)).tril()
-                        al = Kc @ A - kz @ Z
-                        A = A - Z.transpose(-1, -2) @ Z
-                        if any_refresh[j]:
-                            m = (refresh_eta * refresh[:, j].to(k.dtype))[:, None, None]
-                            al = torch.cat([al[:, :, :-1], al[:, :, -1:] + m[..., None] * Kc[:, :, -1:]], 2)
-                            A = A + m[..., None] * eye
-                        alphas.append(al)
-                        a0 = j + 1
-                alpha = torch.cat(alphas, 2)
-            ah = _unit(alpha) if normalize_alpha else alpha
-            oc, S = vla_generalized_delta_chunk(qc, K, ah, vc, S)
-            pieces.append(oc)
-        o = torch.cat(pieces, 2)
-        if use_z:
-            o = o / den[..., None]
-        o = o.transpose(1, 2)
+    if use_z:
+        zc = z[:, :, None] + torch.cumsum(kf, dim=2)
+        den = torch.clamp((qf * zc).sum(-1), min=eps)  # (B, H, T)
+        z = zc[:, :, -1]
+    any_refresh = refresh.any(0).tolist()
+    pieces = []
+    # split once (slices of the full-length tensors inside the loop would give each chunk a backward that
+    # zero-fills a full-length gradient: O(T^2 / chunk) memory traffic); the Sherman–Morrison runs below
+    # slice within one chunk
+    splits = zip(*(x.split(chunk_size, dim=2) for x in (kh, qf, vv, u)))
+    for s, (K, qc, vc, uc) in zip(range(0, T, chunk_size), splits):
+        e_ = s + K.shape[2]
+        if fixed_A:
+            alpha = K / lam0
+        else:
+            alphas = []
+            a0 = s
+            for j in range(s, e_):
+                if j == e_ - 1 or any_refresh[j]:  # cut the Sherman–Morrison run after each refresh
+                    Uc, Kc = uc[:, :, a0 - s : j + 1 - s], K[:, :, a0 - s : j + 1 - s]
+                    c = j + 1 - a0
+                    UA = Uc @ A  # A symmetric
+                    G = torch.eye(c, dtype=k.dtype, device=k.device) + UA @ Uc.transpose(-1, -2)
+                    L, info = torch.linalg.cholesky_ex(G)
+                    if bool((info > 0).any()):
+                        raise _solve_error(G)
+                    Z = torch.linalg.solve_triangular(L, UA, upper=False)  # rows z_i / sqrt(δ_i)
+                    kz = (Kc @ Z.transpose(-1, -2)).tril()
+                    al = Kc @ A - kz @ Z
+                    A = A - Z.transpose(-1, -2) @ Z
+                    if any_refresh[j]:
+                        m = (refresh_eta * refresh[:, j].to(k.dtype))[:, None, None]
+                        al = torch.cat([al[:, :, :-1], al[:, :, -1:] + m[..., None] * Kc[:, :, -1:]], 2)
+                        A = A + m[..., None] * eye
+                    alphas.append(al)
+                    a0 = j + 1
+            alpha = torch.cat(alphas, 2)
+        ah = _unit(alpha) if normalize_alpha else alpha
+        oc, S = vla_generalized_delta_chunk(qc, K, ah, vc, S)
+        pieces.append(oc)
+    o = torch.cat(pieces, 2)
+    if use_z:
+        o = o / den[..., None]
+    o = o.transpose(1, 2)
     state = {"S": S, "pos": pos + T}
     if not fixed_A:
         state["A"] = A.contiguous()
     if use_z:
         state["z"] = z
-    if return_trace:
-        tr = {n: torch.stack(x, 1) for n, x in trace.items()}
-        return o, state, tr
     return o, state
 
 
@@ -417,13 +402,22 @@ def vla_paper_delta_rule(
     State ``{"S": (B,H,Dv,D), "z": (B,H,D)}``; float16 / bfloat16 inputs are computed (and the state kept) in
     float32 with autocast off, ``o`` is in ``v``'s dtype.
     """
-    _check_qkv(q, k, v, "vla_paper_delta_rule")
-    beta_t = beta if isinstance(beta, Tensor) else None
-    cd = _compute_dtype(q, k, v, beta_t, *_state_tensors(initial_state))
+    fn = "vla_paper_delta_rule"
+    _check_qkv(q, k, v, fn)
+    _check_options(mode, chunk_size, normalizer, eps, fn)
+    B, T, H, D = k.shape
+    if not isinstance(beta, Tensor) or beta.shape != (B, T, H):
+        raise ValueError(f"{fn}: beta must have shape (batch, time, heads) = {(B, T, H)}")
+    need = {"S"} | ({"z"} if normalizer == "paper" else set())
+    if initial_state is not None and (not isinstance(initial_state, dict) or set(initial_state) != need):
+        raise ValueError(f"{fn}: initial_state must be a dict with keys {sorted(need)}")
+    if mode == "recurrent":
+        return vla_paper_delta_rule_naive(q, k, v, beta, eps=eps, normalizer=normalizer, initial_state=initial_state)
+    cd = _compute_dtype(q, k, v, beta, *_state_tensors(initial_state))
     with _full_precision(q.device):
         o, state = _vla_paper_delta_rule(
-            q.to(cd), k.to(cd), v.to(cd), beta.to(cd) if beta_t is not None else beta, eps=eps,
-            normalizer=normalizer, initial_state=_state_to(initial_state, cd), mode=mode, chunk_size=chunk_size,
+            q.to(cd), k.to(cd), v.to(cd), beta.to(cd), eps=eps, normalizer=normalizer,
+            initial_state=_state_to(initial_state, cd), chunk_size=chunk_size,
         )
     return o.to(v.dtype), state
 
@@ -437,57 +431,35 @@ def _vla_paper_delta_rule(
     eps: float = 1e-4,
     normalizer: str = "paper",
     initial_state: dict[str, Tensor] | None = None,
-    mode: str = "chunk",
     chunk_size: int = 32,
 ):
-    """The body of :func:`vla_paper_delta_rule` (inputs already in the compute dtype)."""
-    fn = "vla_paper_delta_rule"
-    _check_qkv(q, k, v, fn)
-    _check_options(mode, chunk_size, normalizer, eps, fn)
+    """The chunked body of :func:`vla_paper_delta_rule` (inputs checked and already in the compute dtype)."""
     B, T, H, D = k.shape
     Dv = v.shape[-1]
-    if not isinstance(beta, Tensor) or beta.shape != (B, T, H):
-        raise ValueError(f"{fn}: beta must have shape (batch, time, heads) = {(B, T, H)}")
     use_z = normalizer == "paper"
-    need = {"S"} | ({"z"} if use_z else set())
     if initial_state is None:
         S = k.new_zeros(B, H, Dv, D)
         z = k.new_zeros(B, H, D) if use_z else None
     else:
-        if not isinstance(initial_state, dict) or set(initial_state) != need:
-            raise ValueError(f"{fn}: initial_state must be a dict with keys {sorted(need)}")
         S, z = initial_state["S"], initial_state.get("z")
     kf = _phi(k).transpose(1, 2)
     kh = _unit(kf)
     qf = _phi(q).transpose(1, 2)
     vv = v.transpose(1, 2)
     bt = beta.transpose(1, 2)  # (B, H, T)
-    if mode == "recurrent":
-        outs = []
-        for j in range(T):
-            khj = kh[:, :, j]
-            e = vv[:, :, j] - torch.einsum("bhij,bhj->bhi", S, khj)
-            S = bt[:, :, j, None, None] * S + e[..., :, None] * khj[..., None, :]
-            num = torch.einsum("bhij,bhj->bhi", S, qf[:, :, j])
-            if use_z:
-                z = z + kf[:, :, j]
-                num = num / torch.clamp((z * qf[:, :, j]).sum(-1), min=eps)[..., None]
-            outs.append(num)
-        o = torch.stack(outs, 1)
-    else:
-        log_g = torch.log(bt.clamp_min(torch.finfo(bt.dtype).tiny))
-        if use_z:
-            zc = z[:, :, None] + torch.cumsum(kf, dim=2)
-            den = torch.clamp((qf * zc).sum(-1), min=eps)
-            z = zc[:, :, -1]
-        pieces = []
-        for K, qc, vc, gc in zip(*(x.split(chunk_size, dim=2) for x in (kh, qf, vv, log_g))):  # split once (above)
-            oc, S = vla_generalized_delta_chunk(qc, K, K, vc, S, gc)
-            pieces.append(oc)
-        o = torch.cat(pieces, 2)
-        if use_z:
-            o = o / den[..., None]
-        o = o.transpose(1, 2)
+    log_g = torch.log(bt.clamp_min(torch.finfo(bt.dtype).tiny))
+    if use_z:
+        zc = z[:, :, None] + torch.cumsum(kf, dim=2)
+        den = torch.clamp((qf * zc).sum(-1), min=eps)
+        z = zc[:, :, -1]
+    pieces = []
+    for K, qc, vc, gc in zip(*(x.split(chunk_size, dim=2) for x in (kh, qf, vv, log_g))):  # split once (above)
+        oc, S = vla_generalized_delta_chunk(qc, K, K, vc, S, gc)
+        pieces.append(oc)
+    o = torch.cat(pieces, 2)
+    if use_z:
+        o = o / den[..., None]
+    o = o.transpose(1, 2)
     state = {"S": S}
     if use_z:
         state["z"] = z
