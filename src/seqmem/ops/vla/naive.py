@@ -45,8 +45,8 @@ def vla_attention_naive(
     period = refresh_period or 0
     outs, trace = [], {n: [] for n in ("S", "A", "alpha_hat", "k_hat", "e", "delta")}
     with off:
-        for t in range(T):
-            qt, kt, vt = q[:, t].to(dt), k[:, t].to(dt), v[:, t].to(dt)  # (B, H, ·)
+        # unbind once: slicing inside the loop would make autograd scatter into a full-size zero tensor per step
+        for t, (qt, kt, vt) in enumerate(zip(q.to(dt).unbind(1), k.to(dt).unbind(1), v.to(dt).unbind(1))):
             # 1. φ(k) = ELU(k) + 1, k̂ = φ(k)/‖φ(k)‖                                  (§2.2, line 10)
             kf = F.elu(kt) + 1.0
             kh = kf / kf.norm(dim=-1, keepdim=True).clamp_min(1e-12) if normalize_key else kf
@@ -114,8 +114,7 @@ def vla_paper_delta_rule_naive(
     z = (st["z"].to(dt) if "z" in st else torch.zeros(B, H, D, dtype=dt, device=k.device)) if use_z else None
     outs = []
     with off:
-        for t in range(T):
-            qt, kt, vt, bt = q[:, t].to(dt), k[:, t].to(dt), v[:, t].to(dt), beta[:, t].to(dt)
+        for qt, kt, vt, bt in zip(q.to(dt).unbind(1), k.to(dt).unbind(1), v.to(dt).unbind(1), beta.to(dt).unbind(1)):
             # 1. k̂ = L2norm(ELU(k) + 1)
             kf = F.elu(kt) + 1.0
             kh = kf / kf.norm(dim=-1, keepdim=True).clamp_min(1e-12)

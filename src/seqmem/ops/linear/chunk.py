@@ -1,4 +1,4 @@
-"""Causal linear attention (Katharopoulos et al., 2020), flash-linear-attention conventions.
+"""Causal linear attention (Katharopoulos et al., 2020), the chunkwise form; flash-linear-attention conventions.
 
 ``S_t = S_{t-1} + k_t v_t^T`` (state ``(batch, heads, d_k, d_v)``), ``o_t = S_t^T (scale * q_t)``.
 No feature map and no normaliser inside the op (apply the feature map to ``q``/``k`` before calling; a
@@ -16,6 +16,7 @@ from seqmem.ops._common import (
     from_chunks,
     to_chunks,
 )
+from seqmem.ops.linear.naive import linear_attention_naive
 
 __all__ = ["linear_attention"]
 
@@ -44,21 +45,14 @@ def linear_attention(
     """
     op = "linear_attention"
     b, t, h, dk, dv, scale = check_qkv_op(op, q, k, v, initial_state, scale, mode, chunk_size)
+    if mode == "recurrent":
+        return linear_attention_naive(q, k, v, scale, initial_state)
     cd = compute_dtype(q, k, v, initial_state)
 
     qh = q.to(cd).transpose(1, 2) * scale  # (b, h, t, dk)
     kh = k.to(cd).transpose(1, 2)
     vh = v.to(cd).transpose(1, 2)
     S = q.new_zeros(b, h, dk, dv, dtype=cd) if initial_state is None else initial_state.to(cd)
-
-    if mode == "recurrent":
-        outs = []
-        q_, k_, v_ = qh.unbind(2), kh.unbind(2), vh.unbind(2)  # unbind once (cheap autograd through the loop)
-        for i in range(t):
-            S = S + k_[i][..., :, None] * v_[i][..., None, :]
-            outs.append(torch.einsum("bhk,bhkv->bhv", q_[i], S))
-        o = torch.stack(outs, dim=2) if outs else vh.new_zeros(b, h, 0, dv)
-        return o.transpose(1, 2).to(v.dtype), S
 
     if t == 0:
         return v.new_zeros(b, 0, h, dv), S

@@ -23,6 +23,7 @@ from seqmem.ops._common import (
     segsum,
     to_chunks,
 )
+from seqmem.ops.state_space.naive import ssd_naive
 
 __all__ = ["ssd"]
 
@@ -64,6 +65,8 @@ def ssd(
     check_same_device(op, x=x, dt=dt, A=A, B=B, C=C, initial_state=initial_state)
     if mode == "chunk" and (be := _backends.select("ssd", x, dt, A, B, C, initial_state)) is not None:
         return be.fn(x, dt, A, B, C, initial_state, chunk_size)  # opt-in GPU kernel (seqmem.backends)
+    if mode == "recurrent":
+        return ssd_naive(x, dt, A, B, C, initial_state)
     cd = compute_dtype(x, dt, A, B, C, initial_state)
 
     xh = x.to(cd).transpose(1, 2)  # (b, h, t, p)
@@ -73,15 +76,6 @@ def ssd(
     a = dth * A.to(cd)[None, :, None]  # log decay per step (b, h, t)
     xdt = xh * dth[..., None]
     S = x.new_zeros(b, h, p, n, dtype=cd) if initial_state is None else initial_state.to(cd)
-
-    if mode == "recurrent":
-        ys = []
-        a_, x_, B_, C_ = torch.exp(a)[..., None, None].unbind(2), xdt.unbind(2), Bh.unbind(2), Ch.unbind(2)
-        for i in range(t):
-            S = a_[i] * S + x_[i][..., :, None] * B_[i][..., None, :]
-            ys.append(torch.einsum("bhpn,bhn->bhp", S, C_[i]))
-        y = torch.stack(ys, dim=2) if ys else xh.new_zeros(b, h, 0, p)
-        return y.transpose(1, 2).to(x.dtype), S
 
     if t == 0:
         return x.new_zeros(b, 0, h, p), S

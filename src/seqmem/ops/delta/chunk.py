@@ -32,6 +32,7 @@ from seqmem.ops._common import (
     segsum,
     to_chunks,
 )
+from seqmem.ops.delta.naive import gated_delta_rule_naive
 
 __all__ = ["delta_rule", "gated_delta_rule"]
 
@@ -40,8 +41,8 @@ def _check(op, q, k, v, beta, g, initial_state, scale, mode, chunk_size):
     return check_qkv_op(op, q, k, v, initial_state, scale, mode, chunk_size, beta=beta, g=g)
 
 
-def _delta_core(q, k, v, beta, g, scale, initial_state, mode, chunk_size):
-    """Shared implementation; ``g`` None means no decay (plain delta rule)."""
+def _delta_core(q, k, v, beta, g, scale, initial_state, chunk_size):
+    """The chunkwise form; ``g`` None means no decay (plain delta rule)."""
     b, t, h, dk = q.shape
     dv = v.shape[-1]
     cd = compute_dtype(q, k, v, beta, g, initial_state)
@@ -51,20 +52,6 @@ def _delta_core(q, k, v, beta, g, scale, initial_state, mode, chunk_size):
     bh = beta.to(cd).transpose(1, 2)  # (b, h, t)
     gh = None if g is None else g.to(cd).transpose(1, 2)
     S = q.new_zeros(b, h, dk, dv, dtype=cd) if initial_state is None else initial_state.to(cd)
-
-    if mode == "recurrent":
-        outs = []
-        q_, k_, v_, b_ = (z.unbind(2) for z in (qh, kh, vh, bh[..., None]))
-        a_ = torch.exp(gh)[..., None, None].unbind(2) if gh is not None else None
-        for i in range(t):
-            k_i = k_[i]
-            if a_ is not None:
-                S = a_[i] * S
-            pred = torch.einsum("bhkv,bhk->bhv", S, k_i)  # S^T k
-            S = S + k_i[..., :, None] * (b_[i] * (v_[i] - pred))[..., None, :]
-            outs.append(torch.einsum("bhk,bhkv->bhv", q_[i], S))
-        o = torch.stack(outs, dim=2) if outs else vh.new_zeros(b, h, 0, dv)
-        return o.transpose(1, 2).to(v.dtype), S
 
     if t == 0:
         return v.new_zeros(b, 0, h, dv), S
@@ -136,7 +123,9 @@ def delta_rule(
     *_, scale = _check("delta_rule", q, k, v, beta, None, initial_state, scale, mode, chunk_size)
     if mode == "chunk" and (be := _backends.select("delta_rule", q, k, v, beta, initial_state)) is not None:
         return be.fn(q, k, v, beta, scale, initial_state, chunk_size)  # opt-in GPU kernel (seqmem.backends)
-    return _delta_core(q, k, v, beta, None, scale, initial_state, mode, chunk_size)
+    if mode == "recurrent":
+        return gated_delta_rule_naive(q, k, v, beta, None, scale, initial_state)
+    return _delta_core(q, k, v, beta, None, scale, initial_state, chunk_size)
 
 
 def gated_delta_rule(
@@ -165,4 +154,6 @@ def gated_delta_rule(
     *_, scale = _check("gated_delta_rule", q, k, v, beta, g, initial_state, scale, mode, chunk_size)
     if mode == "chunk" and (be := _backends.select("gated_delta_rule", q, k, v, beta, g, initial_state)) is not None:
         return be.fn(q, k, v, beta, g, scale, initial_state, chunk_size)  # opt-in GPU kernel (seqmem.backends)
-    return _delta_core(q, k, v, beta, g, scale, initial_state, mode, chunk_size)
+    if mode == "recurrent":
+        return gated_delta_rule_naive(q, k, v, beta, g, scale, initial_state)
+    return _delta_core(q, k, v, beta, g, scale, initial_state, chunk_size)
