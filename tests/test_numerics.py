@@ -26,74 +26,27 @@ import pytest
 import torch
 
 import seqmem
-from seqmem.bench.numerics import PROMISES, measure_mixer, state_growth
+from seqmem.bench.numerics import measure_mixer, promise, state_growth
+from seqmem.registry import mixer_facts
 
 PRECS = ("float32", "bf16", "fp16")
 
-#: T = 2,048 (pieces of 512, d_model 32, 2 heads, seed 0): bounds on ‖y − y64‖/‖y64‖ for float32, bf16, fp16.
-#: Measured over seeds 0-2 (2026-11-22, torch 2.13 CPU): see docs/results/numerics/README.md.
-SMOKE_BOUNDS: dict[str, tuple[float | str, float | str, float | str]] = {
-    "attention": (7e-7, 1.5e-2, 2e-3),            # measured ≤ 2.3e-7, 5.0e-3, 6.1e-4
-    "block_attention": (7e-7, 1.5e-2, 2e-3),      # 2.3e-7, 4.8e-3, 5.8e-4
-    "deltanet": (1e-6, 3e-2, 4e-3),               # 3.4e-7, 1.0e-2, 1.2e-3
-    "elastic": (7e-7, 1.5e-2, 2e-3),              # 2.1e-7, 4.8e-3, 5.8e-4
-    "elastic_uni": (7e-7, 1.5e-2, 2e-3),          # 2.1e-7, 4.8e-3, 5.8e-4
-    "exp_decay": (8e-7, 1.5e-2, 2.1e-3),          # 2.6e-7, 4.9e-3, 6.9e-4 (float32 retention since #10 §2)
-    "exp_mixture": (8e-7, 1.5e-2, 2.1e-3),        # 2.6e-7, 5.0e-3, 6.9e-4
-    "gated_deltanet": (9e-7, 3e-2, 4e-3),         # 3.0e-7, 1.0e-2, 1.3e-3
-    "infini": (7e-7, 1.5e-2, 2e-3),               # 2.3e-7, 4.8e-3, 5.8e-4 (float32 memory since #10 §2)
-    "koopman_mlp": (8e-7, 1.5e-2, 2e-3),          # 2.4e-7, 4.6e-3, 6.8e-4
-    "lattice": (1.2e-6, 5e-2, 7e-3),              # 3.8e-7, 1.8e-2, 2.3e-3
-    "lattice_chunked": (1.1e-6, 3.5e-2, 5e-3),    # 3.5e-7, 1.1e-2, 1.7e-3
-    "lattice_enc": (1e-4, 0.7, 0.3),              # 2.2e-5, 0.22, 8.6e-2: ill-conditioned (see README)
-    "lattice_sim": (1e-6, 4.5e-2, 6e-3),          # 3.3e-7, 1.4e-2, 1.9e-3
-    "linear_attention": (4e-7, 1.5e-2, 1.5e-3),   # 1.3e-7, 4.4e-3, 4.2e-4
-    "mamba2": (7e-7, 1.7e-2, 2.4e-3),             # 2.2e-7, 5.7e-3, 7.9e-4
-    "melodi": (7e-7, 1.5e-2, 2e-3),               # 2.2e-7, 4.8e-3, 5.8e-4
-    "memorizing": (7e-7, 1.5e-2, 2e-3),           # 2.3e-7, 4.8e-3, 5.8e-4
-    "ska": (9e-6, 7e-2, 4e-3),                    # 2.8e-6, 2.3e-2, 1.4e-3
-    "swa": (7e-7, 1.5e-2, 2e-3),                  # 2.2e-7, 4.9e-3, 6.2e-4
-    "vla": (8e-7, 1.5e-2, 1.7e-3),                # 2.5e-7, 5.0e-3, 5.5e-4 (float32 solves since #10 §2)
-    "vla_fixed_a": (8e-7, 1.5e-2, 1.7e-3),        # 2.6e-7, 5.0e-3, 5.4e-4
-    "vla_paper_deltanet": (8e-7, 1.5e-2, 1.7e-3),  # 2.4e-7, 4.9e-3, 5.4e-4
-    "vla_v2": ("nonfinite", "nonfinite", "nonfinite"),  # explodes by design (float64 reaches ~1e94 here)
-    "vort": (7e-7, 2e-2, 2.2e-3),                 # 2.2e-7, 5.8e-3, 7.1e-4 (float32 channels since #10 §2)
-    "vort_fixed_alpha": (8e-7, 1.5e-2, 2.2e-3),   # 2.6e-7, 4.9e-3, 7.3e-4
-}  # fmt: skip
-
-#: T = 65,536 (pieces of 4,096): (bound on the error over all tokens, over the last 4,096) per precision, from the
-#: committed run (docs/results/numerics/numerics.md, 2026-11-22; the ten mixers changed by #10 §2 re-measured after
-#: the fix) times 3.  The VLA family's fp16 error in the last 4,096 tokens (~1.5e-2) is the output itself falling
-#: to ~1e-6, float16's subnormal range (bf16 keeps float32's exponent range and stays at 5e-3).
+#: Each mixer's bounds are its facts (``register(..., facts=)`` / ``Mixer.facts``, next to the mechanism):
+#: ``numerics_smoke``, T = 2,048 (pieces of 512, d_model 32, 2 heads, seed 0): bounds on ‖y − y64‖/‖y64‖ for float32,
+#: bf16, fp16, measured over seeds 0-2 (torch 2.13 CPU; docs/results/numerics/README.md) times about 3;
+#: ``numerics_full``, T = 65,536 (pieces of 4,096): (bound over all tokens, over the last 4,096) per precision, from
+#: the committed run (docs/results/numerics/numerics.md) times 3.
 Bound = tuple[float, float] | str
-FULL_BOUNDS: dict[str, tuple[Bound, Bound, Bound]] = {
-    "attention": ((7.7e-07, 1.3e-06), (1.6e-02, 1.6e-02), (1.8e-03, 1.8e-03)),
-    "block_attention": ((6.8e-07, 6.6e-07), (1.4e-02, 1.4e-02), (1.8e-03, 1.8e-03)),
-    "deltanet": ((1.1e-06, 1.1e-06), (3.1e-02, 3.2e-02), (3.5e-03, 3.6e-03)),
-    "elastic": ((8.6e-07, 8.3e-07), (1.6e-02, 1.6e-02), (2.0e-03, 2.0e-03)),
-    "elastic_uni": ((7.9e-07, 7.9e-07), (1.6e-02, 1.6e-02), (2.0e-03, 2.0e-03)),
-    "exp_decay": ((8.3e-07, 8.3e-07), (1.4e-02, 1.4e-02), (2.0e-03, 1.9e-03)),
-    "exp_mixture": ((1.1e-06, 1.1e-06), (1.4e-02, 1.4e-02), (2.2e-03, 2.2e-03)),
-    "gated_deltanet": ((8.9e-07, 8.8e-07), (3.0e-02, 3.0e-02), (3.5e-03, 3.5e-03)),
-    "infini": ((5.6e-07, 5.8e-07), (1.3e-02, 1.4e-02), (1.7e-03, 1.7e-03)),
-    "koopman_mlp": ((7.4e-07, 7.4e-07), (1.4e-02, 1.4e-02), (2.1e-03, 2.1e-03)),
-    "lattice": ((1.1e-06, 1.1e-06), (4.5e-02, 4.5e-02), (5.8e-03, 5.8e-03)),
-    "lattice_chunked": ((9.5e-07, 9.6e-07), (3.2e-02, 3.2e-02), (4.3e-03, 4.3e-03)),
-    "lattice_enc": ((1.9e-02, 9.7e-04), (3.9e-01, 3.7e-01), (1.6e-01, 1.9e-01)),
-    "lattice_sim": ((9.3e-07, 9.4e-07), (3.8e-02, 3.9e-02), (4.9e-03, 4.9e-03)),
-    "linear_attention": ((3.9e-07, 3.9e-07), (9.7e-03, 9.4e-03), (1.1e-03, 1.1e-03)),
-    "mamba2": ((6.5e-07, 6.5e-07), (1.7e-02, 1.7e-02), (2.4e-03, 2.4e-03)),
-    "melodi": ((7.5e-07, 7.5e-07), (1.5e-02, 1.5e-02), (1.9e-03, 1.8e-03)),
-    "memorizing": ((6.4e-07, 6.5e-07), (1.6e-02, 1.6e-02), (1.9e-03, 1.9e-03)),
-    "ska": ((3.9e-06, 2.7e-06), (6.9e-02, 3.9e-02), (3.7e-03, 4.2e-03)),
-    "swa": ((6.6e-07, 6.5e-07), (1.5e-02, 1.5e-02), (1.9e-03, 1.8e-03)),
-    "vla": ((7.3e-07, 6.1e-06), (1.5e-02, 1.6e-02), (1.7e-03, 4.6e-02)),  # fp16 last 4k: output ~1e-6, subnormal
-    "vla_fixed_a": ((6.5e-07, 1.1e-06), (1.5e-02, 1.6e-02), (1.6e-03, 3.9e-02)),
-    "vla_paper_deltanet": ((6.7e-07, 1.4e-06), (1.5e-02, 1.3e-02), (1.6e-03, 4.9e-02)),
-    "vla_v2": ("nonfinite", "nonfinite", "nonfinite"),
-    "vort": ((6.8e-07, 7.1e-07), (1.5e-02, 1.5e-02), (1.9e-03, 1.8e-03)),
-    "vort_fixed_alpha": ((8.5e-07, 9.5e-07), (1.4e-02, 1.4e-02), (1.9e-03, 2.0e-03)),
-}
+
+
+def smoke_bounds(name: str) -> tuple[float | str, float | str, float | str]:
+    return tuple(mixer_facts(name)["numerics_smoke"])
+
+
+def full_bounds(name: str) -> tuple[Bound, Bound, Bound]:
+    return tuple(mixer_facts(name)["numerics_full"])
+
+
 
 
 def _check(name: str, prec: str, run: dict, bound: float | str, what: str, key: str = "rel_err") -> None:
@@ -101,12 +54,12 @@ def _check(name: str, prec: str, run: dict, bound: float | str, what: str, key: 
     if bound == "unsupported":
         assert run.get("error") and "unsupported" in run["error"], (
             f"{where}: expected 'unsupported on CPU', got {run}; if the op now supports this dtype, record the "
-            "measured error as its bound in tests/test_numerics.py")
+            "measured error as its numerics bound (the mixer's facts)")
         return
     assert not run.get("error"), f"{where}: {run['error']}"
     if bound == "nonfinite":
         assert not run["finite"], (f"{where}: known non-finite output is finite now (rel_err {run[key]:.2e}); "
-                                   "record the measured error as its bound in tests/test_numerics.py")
+                                   "record the measured error as its numerics bound (the mixer's facts)")
         return
     if bound == "nonfinite_state":
         assert not run["state_finite"], f"{where}: known state overflow is gone; record the measured error"
@@ -116,21 +69,25 @@ def _check(name: str, prec: str, run: dict, bound: float | str, what: str, key: 
     assert math.isfinite(err) and err <= bound, f"{where}: relative error {err:.3e} > bound {bound:.1e}"
 
 
-def test_bounds_cover_every_mixer():
-    assert set(SMOKE_BOUNDS) == set(seqmem.list_mixers()), (
-        "tests/test_numerics.py: add the new mixer to SMOKE_BOUNDS (run python -m seqmem.bench.numerics "
-        "--length 2048 --piece 512 --tail 512 --mixers NAME and take ~3x the measured errors)")
-    assert set(PROMISES) == set(seqmem.list_mixers()), "seqmem/bench/numerics.py: add the mixer to PROMISES"
+@pytest.mark.parametrize("name", seqmem.list_mixers())
+def test_facts_cover_every_mixer(name):
+    facts = mixer_facts(name)
+    missing = [k for k in ("state_promise", "numerics_smoke", "numerics_full") if k not in facts]
+    assert not missing, (
+        f"{name}: give its register(...) (or the class's facts) {missing}: run python -m seqmem.bench.numerics "
+        "--length 2048 --piece 512 --tail 512 --mixers NAME and take ~3x the measured errors")
+    assert promise(name)[0] in ("bounded", "grows") and promise(name)[1].strip()
+    assert len(facts["numerics_smoke"]) == len(PRECS) == len(facts["numerics_full"])
 
 
-@pytest.mark.parametrize("name", sorted(SMOKE_BOUNDS))
+@pytest.mark.parametrize("name", seqmem.list_mixers())
 def test_low_precision_smoke(name):
     torch.set_num_threads(1)
     rec = measure_mixer(name, length=2048, piece=512, tail=512, d_model=32, n_heads=2, seed=0,
                         precisions=("float64", *PRECS))
     ref = rec["runs"]["float64"]
     assert ref["finite"] and ref["tokens"] == 2048, f"{name}: float64 reference is not finite"
-    for prec, bound in zip(PRECS, SMOKE_BOUNDS[name]):
+    for prec, bound in zip(PRECS, smoke_bounds(name)):
         _check(name, prec, rec["runs"][prec], bound, "T=2048")
 
 
@@ -152,13 +109,12 @@ def test_full_64k_run_matches_committed_bounds():
     the last 4,096 under 3x the committed numbers; state growth as each mechanism promises (bounded: fitted
     exponent ≤ 0.1 for every state tensor; documented growth: some tensor grows)."""
     torch.set_num_threads(1)
-    assert set(FULL_BOUNDS) == set(seqmem.list_mixers())
     failures = []
-    for name in sorted(FULL_BOUNDS):
+    for name in seqmem.list_mixers():
         rec = measure_mixer(name, length=65536, piece=4096, tail=4096, d_model=32, n_heads=2, seed=0)
         try:
             assert rec["runs"]["float64"]["finite"], f"{name}: float64 reference not finite"
-            for prec, bound in zip(PRECS, FULL_BOUNDS[name]):
+            for prec, bound in zip(PRECS, full_bounds(name)):
                 run = rec["runs"][prec]
                 if isinstance(bound, str):
                     _check(name, prec, run, bound, "T=65536")
@@ -167,7 +123,7 @@ def test_full_64k_run_matches_committed_bounds():
                     _check(name, prec, run, bound[1], "T=65536, last 4096", key="rel_err_last")
             growth = state_growth(rec["reference"]["state_trajectory"])
             expo = {k: g["exponent"] for k, g in growth.items() if math.isfinite(g["exponent"])}
-            if PROMISES[name][0] == "bounded":
+            if promise(name)[0] == "bounded":
                 assert all(p <= 0.1 for p in expo.values()), f"{name}: promised bounded, state grows: {expo}"
             else:
                 assert any(p > 0.1 for p in expo.values()), f"{name}: documented to grow, flat: {expo}"
@@ -242,7 +198,7 @@ def test_half_inputs_keep_float32_state_and_stream(name, prec):
 
 
 @pytest.mark.parametrize("impl", ["fast", "reference"])
-@pytest.mark.parametrize("name", sorted(SMOKE_BOUNDS))
+@pytest.mark.parametrize("name", seqmem.list_mixers())
 def test_autocast_fp16_and_bf16(name, impl):
     """float32 weights under ``torch.autocast`` (float16 and bfloat16), streamed in pieces, against float64.
 
@@ -253,8 +209,8 @@ def test_autocast_fp16_and_bf16(name, impl):
     rec = measure_mixer(name, length=512, piece=128, tail=128, d_model=32, n_heads=2, seed=0, impl=impl,
                         precisions=("float64", "bf16", "fp16_autocast"))
     assert rec["runs"]["float64"]["finite"]
-    _check(name, "bf16 autocast", rec["runs"]["bf16"], SMOKE_BOUNDS[name][1], f"T=512, {impl}")
-    _check(name, "fp16 autocast", rec["runs"]["fp16_autocast"], SMOKE_BOUNDS[name][2], f"T=512, {impl}")
+    _check(name, "bf16 autocast", rec["runs"]["bf16"], smoke_bounds(name)[1], f"T=512, {impl}")
+    _check(name, "fp16 autocast", rec["runs"]["fp16_autocast"], smoke_bounds(name)[2], f"T=512, {impl}")
 
 
 @pytest.mark.parametrize("impl", ["fast", "reference"])

@@ -12,7 +12,7 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any
 
-from seqmem.mixers.base import Mixer
+from seqmem.mixers.base import FACT_KEYS, Mixer
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,14 @@ class MixerEntry:
     cls: type[Mixer]
     defaults: dict[str, Any] = field(default_factory=dict)
     description: str = ""
+    #: Per-name facts given to ``register(..., facts=)``, merged over the class's ``Mixer.facts``.
+    own_facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        """What the tests and benchmarks know about this mixer (keys in :attr:`seqmem.mixers.base.Mixer.facts`):
+        the class's ``facts`` with this name's ``register(..., facts=)`` merged over them."""
+        return {**self.cls.facts, **self.own_facts}
 
     def valid_options(self) -> list[str]:
         opts: list[str] = []
@@ -52,17 +60,34 @@ def _summary(doc: str) -> str:
     return " ".join(doc.split("\n\n")[0].split())
 
 
-def register(name: str, description: str = "", **defaults: Any):
-    """Class decorator registering a mixer under ``name`` with default options ``defaults``."""
+def register(name: str, description: str = "", facts: dict[str, Any] | None = None, **defaults: Any):
+    """Class decorator registering a mixer under ``name`` with default options ``defaults``.
+
+    ``facts`` (optional) holds this name's values of the keys documented on :attr:`Mixer.facts` (state-growth
+    promise, numerics bounds, gradcheck cases), merged over the class's own ``facts``: variants registered on one
+    class under several names give their per-name values here."""
 
     def deco(cls: type[Mixer]) -> type[Mixer]:
         if name in _REGISTRY and _REGISTRY[name].cls is not cls:
             raise ValueError(f"mixer name {name!r} registered twice ({_REGISTRY[name].cls} and {cls})")
+        unknown = sorted(set(facts or {}) - set(FACT_KEYS))
+        if unknown:
+            raise ValueError(f"register({name!r}): unknown facts {unknown}; known: {list(FACT_KEYS)}")
         doc = description or _summary(inspect.getdoc(cls) or "")
-        _REGISTRY[name] = MixerEntry(name, cls, dict(defaults), doc)
+        _REGISTRY[name] = MixerEntry(name, cls, dict(defaults), doc, dict(facts or {}))
         return cls
 
     return deco
+
+
+def unregister(name: str) -> None:
+    """Remove ``name`` from the registry (for mechanisms registered for a while only, e.g. in tests)."""
+    _REGISTRY.pop(name, None)
+
+
+def mixer_facts(name: str) -> dict[str, Any]:
+    """The facts of the mixer registered as ``name`` (see :attr:`seqmem.mixers.base.Mixer.facts`)."""
+    return get_entry(name).facts
 
 
 def _load_all() -> None:

@@ -1,6 +1,7 @@
 """``torch.autograd.gradcheck`` (float64, tiny sizes) for every public op in ``seqmem.ops.__all__``, every mode and
 backend; and a guard that fails when an op is added to ``seqmem.ops.__all__`` without being listed here, either in
-:data:`CASES` (gradchecked) or in :data:`EXEMPT` (with the reason it has no gradient to check).
+:data:`CASES` (gradchecked) or in :data:`EXEMPT` (with the reason it has no gradient to check), or declared by the
+mechanism (its ``gradcheck`` fact, :func:`fact_cases`).
 
 Each case builds its inputs from a fixed seed and returns ``(fn, inputs)``; ``fn(*inputs)`` returns a tensor or a
 tuple of tensors (op states that are dicts are flattened to their floating-point tensors)."""
@@ -373,12 +374,12 @@ for _mode in ("recurrent", "chunk"):
 def test_every_public_op_is_gradchecked_or_exempt():
     """A new op in ``seqmem.ops.__all__`` must be added to CASES (gradcheck) or EXEMPT (with a reason)."""
     public = set(ops.__all__)
-    checked = {op for op, _, _ in CASES}
+    checked = {op for op, _, _ in CASES + fact_cases()}
     assert not checked & set(EXEMPT), f"listed both as checked and exempt: {sorted(checked & set(EXEMPT))}"
     missing = public - checked - set(EXEMPT)
     assert not missing, (f"seqmem.ops exports {sorted(missing)} without a gradcheck: add a case to "
                          "tests/ops/test_gradcheck_all.py, or an EXEMPT entry saying why it has no gradient")
-    stale = (checked | set(EXEMPT)) - public
+    stale = ({op for op, _, _ in CASES} | set(EXEMPT)) - public
     assert not stale, f"tests/ops/test_gradcheck_all.py lists names not in seqmem.ops.__all__: {sorted(stale)}"
     assert all(reason.strip() for reason in EXEMPT.values())
 
@@ -403,10 +404,20 @@ def _check(op: str, cid: str, make, fast: bool) -> None:
                                     check_undefined_grad=not fast)
 
 
-IDS = [f"{op}[{cid}]" for op, cid, _ in CASES]
+def fact_cases() -> list[Case]:
+    """The cases mechanisms declare next to their code: ``facts={"gradcheck": {"op/case": make}}`` at ``register``
+    (or on the class's ``facts``), ``make()`` returning ``(fn, float64 inputs)`` like the cases above."""
+    from seqmem.registry import list_mixers, mixer_facts
+
+    return [(key.split("/")[0], f"{name}:{key}", make) for name in list_mixers()
+            for key, make in mixer_facts(name).get("gradcheck", {}).items()]
 
 
-@pytest.mark.parametrize("op,cid,make", CASES, ids=IDS)
+ALL_CASES = CASES + fact_cases()
+IDS = [f"{op}[{cid}]" for op, cid, _ in ALL_CASES]
+
+
+@pytest.mark.parametrize("op,cid,make", ALL_CASES, ids=IDS)
 def test_gradcheck(op, cid, make):
     """Fast mode: the analytical and finite-difference Jacobians agree along random directions ``vᵀ J u``
     (one backward and two forwards per input instead of one per input element; a wrong gradient fails it
@@ -415,7 +426,7 @@ def test_gradcheck(op, cid, make):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("op,cid,make", CASES, ids=IDS)
+@pytest.mark.parametrize("op,cid,make", ALL_CASES, ids=IDS)
 def test_gradcheck_full_jacobian(op, cid, make):
     """The full Jacobian, element by element (minutes on one core)."""
     _check(op, cid, make, fast=False)

@@ -15,7 +15,8 @@ pieces with the returned state, in
 Per mixer and precision it reports NaN/Inf in output and state, the relative error ``‖y − y64‖ / ‖y64‖`` over the
 whole sequence, the first and the last ``--tail`` tokens, the largest state norm over time and the wall time; for
 the float64 run it records every state tensor's norm after each piece, so growth (``‖s_T‖ / ‖s_{T/2}‖``) can be
-compared with what each mechanism promises (:data:`PROMISES`).  Forward only, ``impl="fast"`` unless ``--impl``.
+compared with what each mechanism promises (:func:`promise`, its ``state_promise`` fact).  Forward only,
+``impl="fast"`` unless ``--impl``.
 
 Run: ``python -m seqmem.bench.numerics --json FILE --markdown FILE`` (or ``seqmem bench numerics`` once wired).
 """
@@ -39,37 +40,23 @@ PRECISIONS = ("float64", "float32", "bf16", "fp16")
 #: accepted by ``precisions=`` / ``--precisions`` but not run by default
 EXTRA_PRECISIONS = ("fp16_autocast",)
 
-#: What each mechanism promises about its state norm over a long sequence (and where the promise comes from).
-#: ``bounded``: the update is a contraction / a fixed-size buffer / a normalised memory, so norms stay bounded for
-#: bounded inputs; ``grows``: the state is (partly) an undecayed running sum or a growing cache, by design.
-PROMISES: dict[str, tuple[str, str]] = {
-    "attention": ("grows", "KV cache holds every token (O(T) state by design)"),
-    "swa": ("bounded", "cache of the last `window` keys/values"),
-    "block_attention": ("bounded", "only the current partial block is held"),
-    "linear_attention": ("grows", "undecayed sum S = Σ φ(k) vᵀ (≈√T for zero-mean v, ≈T otherwise)"),
-    "deltanet": ("bounded", "delta rule with unit keys, β ∈ (0,1): ‖I − βkkᵀ‖ ≤ 1"),
-    "gated_deltanet": ("bounded", "delta rule times a decay gate ≤ 1"),
-    "mamba2": ("bounded", "decay exp(Δ·A) < 1 per step"),
-    "elastic": ("bounded", "HiPPO-LegS coefficients of the history under the uniform measure on [0, t]"),
-    "elastic_uni": ("bounded", "HiPPO-LegS coefficients of the history under the uniform measure on [0, t]"),
-    "memorizing": ("bounded", "FIFO queue of n_queue keys/values"),
-    "infini": ("grows", "normaliser z = Σ σ(k) grows O(T) by design; no bound on the delta-rule memory M"),
-    "melodi": ("bounded", "fixed summary memory, gated mix of old memory and new summaries (no proof)"),
-    "exp_decay": ("bounded", "single exponential decay < 1 (geometric sum)"),
-    "exp_mixture": ("bounded", "mixture of exponential decays < 1"),
-    "vort": ("grows", "SOE banks grow O(t^α) (Prop. 4.4); the α = 1 bank and λ = 1 lump grow O(t) (docs/vort.md)"),
-    "vort_fixed_alpha": ("grows", "α = 1 channel is a running sum: grows O(t) (docs/vort.md)"),
-    "lattice": ("bounded", "unit-norm slot columns after every step (eq. 14): ‖S‖_F = √m per head"),
-    "lattice_enc": ("bounded", "unit-norm slot columns (eq. 14)"),
-    "lattice_sim": ("bounded", "unit-norm slot columns (eq. 14)"),
-    "lattice_chunked": ("bounded", "unit-norm slot columns at chunk ends (eq. 14)"),
-    "ska": ("grows", "G, M, C_v are undecayed prefix sums (O(T)); the readout whitens them"),
-    "koopman_mlp": ("bounded", "no recurrent state (position counter only)"),
-    "vla": ("grows", "Prop. 1 claims a plateau of ‖S‖ (a heuristic argument, not a proof); z = Σ k̂ grows O(T)"),
-    "vla_fixed_a": ("grows", "as vla without A; z = Σ k̂ grows O(T)"),
-    "vla_paper_deltanet": ("grows", "S decays by β < 1 (bounded); normaliser z grows O(T)"),
-    "vla_v2": ("grows", "unnormalised write α = A k̂: explodes at λ0 = 0.1 by design (Table 2, docs/vla.md)"),
-}
+
+def promise(name: str) -> tuple[str, str]:
+    """What the mixer registered as ``name`` promises about its state norm over a long sequence, and why: its
+    ``state_promise`` fact (``("bounded" | "grows", why)``; see :attr:`seqmem.mixers.base.Mixer.facts`).
+    ``bounded``: the update is a contraction / a fixed-size buffer / a normalised memory, so norms stay bounded for
+    bounded inputs; ``grows``: the state is (partly) an undecayed running sum or a growing cache, by design."""
+    from seqmem.registry import mixer_facts
+
+    return tuple(mixer_facts(name).get("state_promise", ("unknown", "not classified")))
+
+
+def __getattr__(attr: str):
+    if attr == "PROMISES":  # the former table: every registered mixer's promise, read from the registry
+        from seqmem.registry import list_mixers
+
+        return {n: promise(n) for n in list_mixers()}
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
 # ------------------------------------------------------------------------------------------------- building blocks
@@ -179,8 +166,8 @@ def measure_mixer(name: str, *, length: int = 65536, piece: int = 4096, d_model:
     rec: dict[str, Any] = {
         "mixer": name, "options": effective_options(name, d_model, {"n_heads": n_heads, "impl": impl, **options}),
         "redrawn": redrawn, "length": length, "piece": piece, "d_model": d_model, "seed": seed,
-        "promise": PROMISES.get(name, ("unknown", "not classified"))[0],
-        "promise_why": PROMISES.get(name, ("unknown", "not classified"))[1],
+        "promise": promise(name)[0],
+        "promise_why": promise(name)[1],
         "runs": {},
     }
 

@@ -25,6 +25,8 @@ from torch import Tensor, nn
 
 State = dict[str, Tensor]
 IMPLS = ("reference", "fast")
+#: The keys of :attr:`Mixer.facts` (see there).
+FACT_KEYS = ("state_promise", "numerics_smoke", "numerics_full", "gradcheck")
 
 _CHECK_FINITE = False
 
@@ -202,6 +204,16 @@ class Mixer(nn.Module):
     """
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [{}]
+    #: What the tests and benchmarks know about the mechanism; a name registered with ``register(..., facts=)``
+    #: merges its own values over these (variants on one class differ).  Keys (:data:`FACT_KEYS`):
+    #: ``state_promise``: ``("bounded" | "grows", why)``, what the state norm does over a long sequence
+    #: (``seqmem.bench.numerics`` reports it; the 64k numerics test checks it);
+    #: ``numerics_smoke``: bounds on the relative error vs float64 for float32, bf16 autocast, float16 at T = 2,048
+    #: (``tests/test_numerics.py``; a string records a known failure: "unsupported", "nonfinite", "nonfinite_state");
+    #: ``numerics_full``: the same at T = 65,536 as ``(all tokens, last 4,096)`` pairs (the slow test);
+    #: ``gradcheck``: ``{case_id: make}``, each ``make()`` returning ``(fn, float64 inputs)`` for
+    #: ``torch.autograd.gradcheck`` of the mechanism's op (``tests/ops/test_gradcheck_all.py``).
+    facts: ClassVar[dict[str, Any]] = {}
     #: Options whose value is a length in tokens, by kind: ``"window"`` (a query sees only this many recent
     #: tokens), ``"block"`` (attention within blocks of this length), ``"chunk"`` (a chunk length that limits what a
     #: query can see, e.g. a chunk-causal memory), ``"queue"`` (a memory of this many past tokens) or ``"memory"``

@@ -55,7 +55,14 @@ def _check_head_dims(d_model: int, n_heads: int, head_dim: int | None, n_slots: 
     return head_dim, n_slots
 
 
-@register("lattice", objective="dec")
+@register(
+    "lattice",
+    facts=dict(
+        state_promise=("bounded", "unit-norm slot columns after every step (eq. 14): ‖S‖_F = √m per head"),
+        numerics_smoke=(1.2e-6, 5e-2, 7e-3),  # measured 3.8e-7, 1.8e-2, 2.3e-3
+        numerics_full=((1.1e-06, 1.1e-06), (4.5e-02, 4.5e-02), (5.8e-03, 5.8e-03)),
+    ),
+    objective="dec")
 class LatticeMixer(Mixer):
     """Lattice block: orthogonal slot-memory recurrence (DEC/ENC/SIM), shared q/k projection, GeLU gate."""
 
@@ -180,7 +187,14 @@ class LatticeMixer(Mixer):
         )
 
 
-@register("lattice_enc", objective="enc")
+@register(
+    "lattice_enc",
+    facts=dict(
+        state_promise=("bounded", "unit-norm slot columns (eq. 14)"),
+        numerics_smoke=(1e-4, 0.7, 0.3),  # measured 2.2e-5, 0.22, 8.6e-2: ill-conditioned (see README)
+        numerics_full=((1.9e-02, 9.7e-04), (3.9e-01, 3.7e-01), (1.6e-01, 1.9e-01)),
+    ),
+    objective="enc")
 class LatticeEncMixer(LatticeMixer):
     """Lattice-ENC block: the encoding objective ½‖φ(S)ᵀv − k‖² (eqs. 9-10, 21)."""
 
@@ -190,7 +204,14 @@ class LatticeEncMixer(LatticeMixer):
     ]
 
 
-@register("lattice_sim", objective="sim")
+@register(
+    "lattice_sim",
+    facts=dict(
+        state_promise=("bounded", "unit-norm slot columns (eq. 14)"),
+        numerics_smoke=(1e-6, 4.5e-2, 6e-3),  # measured 3.3e-7, 1.4e-2, 1.9e-3
+        numerics_full=((9.3e-07, 9.4e-07), (3.8e-02, 3.9e-02), (4.9e-03, 4.9e-03)),
+    ),
+    objective="sim")
 class LatticeSimMixer(LatticeMixer):
     """Lattice-SIM block: the similarity objective −⟨φ(S)ᵀv, k⟩ (eqs. 11-12)."""
 
@@ -200,7 +221,14 @@ class LatticeSimMixer(LatticeMixer):
     ]
 
 
-@register("lattice_chunked", objective="dec")
+@register(
+    "lattice_chunked",
+    facts=dict(
+        state_promise=("bounded", "unit-norm slot columns at chunk ends (eq. 14)"),
+        numerics_smoke=(1.1e-6, 3.5e-2, 5e-3),  # measured 3.5e-7, 1.1e-2, 1.7e-3
+        numerics_full=((9.5e-07, 9.6e-07), (3.2e-02, 3.2e-02), (4.3e-03, 4.3e-03)),
+    ),
+    objective="dec")
 class LatticeChunkedMixer(LatticeMixer):
     """Mini-batch Lattice (TTT-style): all gradients of a chunk taken at its start state.
 

@@ -110,7 +110,14 @@ class _LinearFamily(Mixer):
         return f"{super().extra_repr()}, conv_size={self.conv_size}, chunk_size={self.chunk_size}"
 
 
-@register("linear_attention", description="causal linear attention (identity/elu+1, opt. normaliser)")
+@register(
+    "linear_attention",
+    facts=dict(
+        state_promise=("grows", "undecayed sum S = Σ φ(k) vᵀ (≈√T for zero-mean v, ≈T otherwise)"),
+        numerics_smoke=(4e-7, 1.5e-2, 1.5e-3),  # measured 1.3e-7, 4.4e-3, 4.2e-4
+        numerics_full=((3.9e-07, 3.9e-07), (9.7e-03, 9.4e-03), (1.1e-03, 1.1e-03)),
+    ),
+    description="causal linear attention (identity/elu+1, opt. normaliser)")
 class LinearAttention(_LinearFamily):
     """Causal linear attention (Katharopoulos et al., 2020) with an optional short convolution."""
 
@@ -179,7 +186,14 @@ class LinearAttention(_LinearFamily):
         return f"{super().extra_repr()}, feature_map={self.feature_map!r}, normalize={self.normalize}"
 
 
-@register("deltanet", description="DeltaNet: delta rule with L2-normalised q/k, sigmoid beta, short conv")
+@register(
+    "deltanet",
+    facts=dict(
+        state_promise=("bounded", "delta rule with unit keys, β ∈ (0,1): ‖I − βkkᵀ‖ ≤ 1"),
+        numerics_smoke=(1e-6, 3e-2, 4e-3),  # measured 3.4e-7, 1.0e-2, 1.2e-3
+        numerics_full=((1.1e-06, 1.1e-06), (3.1e-02, 3.2e-02), (3.5e-03, 3.6e-03)),
+    ),
+    description="DeltaNet: delta rule with L2-normalised q/k, sigmoid beta, short conv")
 class DeltaNet(_LinearFamily):
     """DeltaNet (Schlag et al. 2021; Yang et al. 2024).
 
@@ -221,7 +235,14 @@ class DeltaNet(_LinearFamily):
         return self.out(self.o_norm(o).reshape(b, t, self.d_model)), new
 
 
-@register("gated_deltanet", description="Gated DeltaNet: gated delta rule, Mamba-2 style decay, output gate")
+@register(
+    "gated_deltanet",
+    facts=dict(
+        state_promise=("bounded", "delta rule times a decay gate ≤ 1"),
+        numerics_smoke=(9e-7, 3e-2, 4e-3),  # measured 3.0e-7, 1.0e-2, 1.3e-3
+        numerics_full=((8.9e-07, 8.8e-07), (3.0e-02, 3.0e-02), (3.5e-03, 3.5e-03)),
+    ),
+    description="Gated DeltaNet: gated delta rule, Mamba-2 style decay, output gate")
 class GatedDeltaNet(DeltaNet):
     """Gated DeltaNet (Yang et al., 2025): ``S_t = exp(g_t) (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T``."""
 

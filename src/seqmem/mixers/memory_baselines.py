@@ -58,7 +58,13 @@ def _elu1(x: Tensor) -> Tensor:
 
 
 @register(
-    "memorizing", description="Memorizing Transformer: FIFO memory of past K/V, dense read, per-head gate"
+    "memorizing",
+    facts=dict(
+        state_promise=("bounded", "FIFO queue of n_queue keys/values"),
+        numerics_smoke=(7e-7, 1.5e-2, 2e-3),  # measured 2.3e-7, 4.8e-3, 5.8e-4
+        numerics_full=((6.4e-07, 6.5e-07), (1.6e-02, 1.6e-02), (1.9e-03, 1.9e-03)),
+    ),
+    description="Memorizing Transformer: FIFO memory of past K/V, dense read, per-head gate",
 )
 class Memorizing(BlockAttention):
     """Memorizing Transformer (dense-read variant; an Elastic Memory paper baseline): block attention + gated
@@ -149,7 +155,13 @@ class Memorizing(BlockAttention):
 
 
 @register(
-    "infini", description="Infini-Transformer: compressive delta-rule memory (linear-attention read) + gate"
+    "infini",
+    facts=dict(
+        state_promise=("grows", "normaliser z = Σ σ(k) grows O(T) by design; no bound on the delta-rule memory M"),
+        numerics_smoke=(7e-7, 1.5e-2, 2e-3),  # measured 2.3e-7, 4.8e-3, 5.8e-4 (float32 memory since #10 §2)
+        numerics_full=((5.6e-07, 5.8e-07), (1.3e-02, 1.4e-02), (1.7e-03, 1.7e-03)),
+    ),
+    description="Infini-Transformer: compressive delta-rule memory (linear-attention read) + gate",
 )
 class Infini(BlockAttention):
     """Infini-attention (delta-rule memory; an Elastic Memory paper baseline) on block-local attention."""
@@ -241,6 +253,11 @@ class Infini(BlockAttention):
 
 @register(
     "melodi",
+    facts=dict(
+        state_promise=("bounded", "fixed summary memory, gated mix of old memory and new summaries (no proof)"),
+        numerics_smoke=(7e-7, 1.5e-2, 2e-3),  # measured 2.2e-7, 4.8e-3, 5.8e-4
+        numerics_full=((7.5e-07, 7.5e-07), (1.5e-02, 1.5e-02), (1.9e-03, 1.8e-03)),
+    ),
     description="Melodi short-term memory: learned summary tokens, self-attn + linear mix, read by attention",
 )
 class Melodi(BlockAttention):

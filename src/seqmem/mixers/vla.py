@@ -60,7 +60,16 @@ class _HeadProjections(Mixer):
         return "recurrent" if self.impl == "reference" else "chunk"
 
 
-@register("vla", description="Variational Linear Attention (Algorithm 1; exact chunked fast form)")
+@register(
+    "vla",
+    facts=dict(
+        state_promise=("grows", "Prop. 1 claims a plateau of ‖S‖ (a heuristic argument, not a proof); "
+                                "z = Σ k̂ grows O(T)"),
+        numerics_smoke=(8e-7, 1.5e-2, 1.7e-3),  # measured 2.5e-7, 5.0e-3, 5.5e-4 (float32 solves since #10 §2)
+        # fp16 last 4k: the output is ~1e-6 there, float16's subnormal range
+        numerics_full=((7.3e-07, 6.1e-06), (1.5e-02, 1.6e-02), (1.7e-03, 4.6e-02)),
+    ),
+    description="Variational Linear Attention (Algorithm 1; exact chunked fast form)")
 class VLA(_HeadProjections):
     """Variational Linear Attention, Algorithm 1 of Pandey & Singh (2026), with options for its ablations."""
 
@@ -148,7 +157,14 @@ class VLA(_HeadProjections):
         )
 
 
-@register("vla_v2", normalize_alpha=False, description="VLAv2-style ablation: unnormalised write α = A k̂")
+@register(
+    "vla_v2",
+    facts=dict(
+        state_promise=("grows", "unnormalised write α = A k̂: explodes at λ0 = 0.1 by design (Table 2, docs/vla.md)"),
+        numerics_smoke=("nonfinite", "nonfinite", "nonfinite"),  # explodes by design (float64 reaches ~1e94 here)
+        numerics_full=("nonfinite", "nonfinite", "nonfinite"),
+    ),
+    normalize_alpha=False, description="VLAv2-style ablation: unnormalised write α = A k̂")
 class VLAv2(VLA):
     """VLA with the unnormalised write direction α_t = A_t k̂_t (the paper's VLAv2 is never defined; this
     is our reading).  With λ0 = 0.1 the first writes are ≈ 10·k̂ and the state explodes — the paper's
@@ -157,7 +173,14 @@ class VLAv2(VLA):
     contract_configs: ClassVar[list[dict]] = [{"chunk_size": 8, "lam0": 1.0}]
 
 
-@register("vla_fixed_a", fixed_A=True, description="VLA ablation, A_t = I/λ0 fixed (β=1 delta rule)")
+@register(
+    "vla_fixed_a",
+    facts=dict(
+        state_promise=("grows", "as vla without A; z = Σ k̂ grows O(T)"),
+        numerics_smoke=(8e-7, 1.5e-2, 1.7e-3),  # measured 2.6e-7, 5.0e-3, 5.4e-4
+        numerics_full=((6.5e-07, 1.1e-06), (1.5e-02, 1.6e-02), (1.6e-03, 3.9e-02)),
+    ),
+    fixed_A=True, description="VLA ablation, A_t = I/λ0 fixed (β=1 delta rule)")
 class VLAFixedA(VLA):
     """The "A_t = 10 I fixed" ablation (Table 4): no Sherman–Morrison update, α̂ = k̂, i.e. a β = 1 delta
     rule with unit ELU+1 keys and the linear-attention readout normaliser."""
@@ -165,7 +188,14 @@ class VLAFixedA(VLA):
     contract_configs: ClassVar[list[dict]] = [{"chunk_size": 8}]
 
 
-@register("vla_paper_deltanet", description="the VLA paper's DeltaNet, eq. (4): S = βS + (v − S k̂)k̂ᵀ")
+@register(
+    "vla_paper_deltanet",
+    facts=dict(
+        state_promise=("grows", "S decays by β < 1 (bounded); normaliser z grows O(T)"),
+        numerics_smoke=(8e-7, 1.5e-2, 1.7e-3),  # measured 2.4e-7, 4.9e-3, 5.4e-4
+        numerics_full=((6.7e-07, 1.4e-06), (1.5e-02, 1.3e-02), (1.6e-03, 4.9e-02)),
+    ),
+    description="the VLA paper's DeltaNet, eq. (4): S = βS + (v − S k̂)k̂ᵀ")
 class VLAPaperDeltaNet(_HeadProjections):
     """The VLA paper's "DeltaNet" baseline exactly as its eq. (4) defines it (decay gate on S, write rate 1).
 

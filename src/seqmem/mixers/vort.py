@@ -112,7 +112,15 @@ def fit_exp_mixture(alpha: float, n_exp: int, horizon: int, iters: int = 300) ->
     return log_rate.detach()[order].exp().numpy(), log_pi.detach()[order].exp().numpy()
 
 
-@register("vort", description="VORT: adaptive power-law (SOE) retention + local attention (VORT paper)")
+@register(
+    "vort",
+    facts=dict(
+        state_promise=("grows", "SOE banks grow O(t^α) (Prop. 4.4); the α = 1 bank and λ = 1 lump grow O(t) "
+                                "(docs/vort.md)"),
+        numerics_smoke=(7e-7, 2e-2, 2.2e-3),  # measured 2.2e-7, 5.8e-3, 7.1e-4 (float32 channels since #10 §2)
+        numerics_full=((6.8e-07, 7.1e-07), (1.5e-02, 1.5e-02), (1.9e-03, 1.8e-03)),
+    ),
+    description="VORT: adaptive power-law (SOE) retention + local attention (VORT paper)")
 class VORT(Mixer):
     """Keyed linear-attention retrieval with power-law (SOE) or exponential decay kernels (VORT
     eqs. 11–17)."""
@@ -522,6 +530,11 @@ class VORT(Mixer):
 
 @register(
     "vort_fixed_alpha",
+    facts=dict(
+        state_promise=("grows", "α = 1 channel is a running sum: grows O(t) (docs/vort.md)"),
+        numerics_smoke=(8e-7, 1.5e-2, 2.2e-3),  # measured 2.6e-7, 4.9e-3, 7.3e-4
+        numerics_full=((8.5e-07, 9.5e-07), (1.4e-02, 1.4e-02), (1.9e-03, 2.0e-03)),
+    ),
     description="power-law (GL) keyed retention via SOE, one global α = 0.7 (VORT Tables 1–2)",
 )
 class VORTFixedAlpha(VORT):
@@ -548,7 +561,13 @@ class VORTFixedAlpha(VORT):
 
 
 @register(
-    "exp_decay", description="keyed retention with one fixed exponential decay e^{-λj} (VORT 'Exponential')"
+    "exp_decay",
+    facts=dict(
+        state_promise=("bounded", "single exponential decay < 1 (geometric sum)"),
+        numerics_smoke=(8e-7, 1.5e-2, 2.1e-3),  # measured 2.6e-7, 4.9e-3, 6.9e-4 (float32 retention since #10 §2)
+        numerics_full=((8.3e-07, 8.3e-07), (1.4e-02, 1.4e-02), (2.0e-03, 1.9e-03)),
+    ),
+    description="keyed retention with one fixed exponential decay e^{-λj} (VORT 'Exponential')",
 )
 class ExpDecay(VORT):
     """The paper's 'Exponential' baseline: the same retrieval with one fixed decay rate λ = decay_rate."""
@@ -574,7 +593,13 @@ class ExpDecay(VORT):
 
 
 @register(
-    "exp_mixture", description="keyed retention with a learned mixture of exponentials (VORT 'Mixture-5')"
+    "exp_mixture",
+    facts=dict(
+        state_promise=("bounded", "mixture of exponential decays < 1"),
+        numerics_smoke=(8e-7, 1.5e-2, 2.1e-3),  # measured 2.6e-7, 5.0e-3, 6.9e-4
+        numerics_full=((1.1e-06, 1.1e-06), (1.4e-02, 1.4e-02), (2.2e-03, 2.2e-03)),
+    ),
+    description="keyed retention with a learned mixture of exponentials (VORT 'Mixture-5')",
 )
 class ExpMixture(VORT):
     """The paper's 'Mixture-5' baseline: Σ_m π_m e^{−λ_m j}, π_m = softplus(θ_m), λ_m = exp(η_m), learned."""
