@@ -52,6 +52,8 @@ def did_you_mean(word: str, choices: Any) -> str:
 
 
 _REGISTRY: dict[str, MixerEntry] = {}
+#: Deprecated names -> current names (still built, with a DeprecationWarning, so older run.json files load).
+ALIASES: dict[str, str] = {}
 _LOADED = False
 
 
@@ -78,6 +80,22 @@ def register(name: str, description: str = "", facts: dict[str, Any] | None = No
         return cls
 
     return deco
+
+
+def deprecated_alias(old: str, new: str) -> None:
+    """Keep ``old`` building the mixer now registered as ``new`` (with a DeprecationWarning); ``old`` is not listed
+    by :func:`list_mixers`."""
+    ALIASES[old] = new
+
+
+def resolve_name(name: str) -> str:
+    """``name``, or the current name of a deprecated alias (warning once per call site)."""
+    if name in ALIASES:
+        import warnings
+
+        warnings.warn(f"mixer name {name!r} is deprecated; use {ALIASES[name]!r}", DeprecationWarning, stacklevel=3)
+        return ALIASES[name]
+    return name
 
 
 def unregister(name: str) -> None:
@@ -110,6 +128,7 @@ def list_mixers() -> list[str]:
 
 def get_entry(name: str) -> MixerEntry:
     _load_all()
+    name = resolve_name(name)
     if name not in _REGISTRY:
         raise ValueError(f"unknown mixer {name!r}{did_you_mean(name, _REGISTRY)}; registered mixers: "
                          f"{', '.join(sorted(_REGISTRY))}")
@@ -126,5 +145,5 @@ def build_mixer(name: str, d_model: int, **options: Any) -> Mixer:
         raise ValueError(f"mixer {name!r} got unknown option(s) {unknown}{hints}; valid options: {valid}")
     kwargs = {**entry.defaults, **options}
     mixer = entry.cls(d_model, **kwargs)
-    mixer.registered_name = name
+    mixer.registered_name = entry.name
     return mixer

@@ -11,7 +11,7 @@ from seqmem.mixers.lattice import LADDER, TTT_OPTIONS
 
 
 def test_registered_names():
-    for name in ("lattice", "lattice_enc", "lattice_sim", "lattice_chunked"):
+    for name in ("lattice", "lattice_enc", "lattice_sim", "lattice_minibatch"):
         assert name in list_mixers()
     assert build_mixer("lattice_enc", 16, n_heads=2).objective == "enc"
     assert build_mixer("lattice_sim", 16, n_heads=2).objective == "sim"
@@ -27,13 +27,13 @@ def test_block_structure_shared_qk_projection():
     assert_rel_close(S0.transpose(-1, -2) @ S0, eye, 1e-5, "orthonormal initial slots")
 
 
-@pytest.mark.parametrize("name", ["lattice", "lattice_enc", "lattice_sim", "lattice_chunked"])
+@pytest.mark.parametrize("name", ["lattice", "lattice_enc", "lattice_sim", "lattice_minibatch"])
 def test_slots_stay_on_the_sphere(name):
     torch.manual_seed(0)
     m = build_mixer(name, 16, n_heads=2, chunk_size=8).double()
     x = torch.randn(2, 50, 16, dtype=torch.float64)
     y, st = m(x)
-    norms = st["S"].norm(dim=-2)  # lattice_chunked: the chunk-start slots
+    norms = st["S"].norm(dim=-2)  # lattice_minibatch: the chunk-start slots
     assert (norms - 1).abs().max() < 1e-12
     assert y.abs().max() > 1e-4
 
@@ -71,6 +71,15 @@ def test_bad_options_raise():
     with pytest.raises(ValueError, match="divisible"):
         build_mixer("lattice", 15, n_heads=2)
     with pytest.raises(ValueError):
-        build_mixer("lattice_chunked", 16, n_heads=2, objective="ttt")
+        build_mixer("lattice_minibatch", 16, n_heads=2, objective="ttt")
     with pytest.raises(ValueError):
         build_mixer("lattice", 16, n_heads=2, normalize="yes")
+
+
+def test_lattice_chunked_is_a_deprecated_alias_of_lattice_minibatch():
+    """The former name still builds the mini-batch model (older run.json files load), with a DeprecationWarning;
+    it is not listed."""
+    with pytest.warns(DeprecationWarning, match="lattice_minibatch"):
+        m = build_mixer("lattice_chunked", 16, n_heads=2)
+    assert type(m).__name__ == "LatticeMinibatchMixer" and m.registered_name == "lattice_minibatch"
+    assert "lattice_chunked" not in list_mixers() and "lattice_minibatch" in list_mixers()

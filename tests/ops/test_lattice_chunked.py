@@ -34,7 +34,7 @@ def _run(form, ins, A, objective, C, offset, weights):
     q, k, v, gam, S0 = xs = [x.detach().clone().requires_grad_(True) for x in ins]
     A = None if A is None else A.detach().clone().requires_grad_(True)
     if form == "reference":  # the mixer's per-token loop (impl="reference")
-        mix = build_mixer("lattice_chunked", 8, n_heads=2, objective=objective, chunk_size=C, impl="reference")
+        mix = build_mixer("lattice_minibatch", 8, n_heads=2, objective=objective, chunk_size=C, impl="reference")
         A_in = torch.zeros_like(S0) if A is None else A
         y, Sc, Au = mix._reference(q, k, v, gam, S0, A_in, offset)
     else:

@@ -55,7 +55,9 @@ def resolve_mixers(spec: str | None) -> list[str]:
     names = [s.strip() for s in spec.split(",") if s.strip()]
     if not names:
         raise ValueError("--mixers: no mixer names given")
-    bad = [n for n in names if n not in known]
+    from seqmem.registry import ALIASES
+
+    bad = [n for n in names if n not in known and n not in ALIASES]
     if bad:
         raise ValueError(f"--mixers: unknown mixer(s) {bad}; registered: {', '.join(known)}")
     return list(dict.fromkeys(names))

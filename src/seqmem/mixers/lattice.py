@@ -15,8 +15,8 @@ Registered: ``lattice`` (DEC), ``lattice_enc``, ``lattice_sim``.  The rows of th
 baseline are options of the same block (see ``LADDER`` below): DeltaNet update (``objective="delta",
 normalize=False``, eq. 20), orthogonal update without the sphere projection (``normalize=False``, eq. 7/13),
 + sphere projection (the default, eq. 14), + forget gate (``forget_gate=True``, eq. 16), and the paper's model
-of TTT (``objective="ttt", normalize=False``, eq. 19).  ``lattice_chunked`` (the TTT-style mini-batch
-approximation, docs/lattice.md) is a DIFFERENT model, registered separately.
+of TTT (``objective="ttt", normalize=False``, eq. 19).  ``lattice_minibatch`` (the TTT-style mini-batch
+approximation, docs/lattice.md; formerly ``lattice_chunked``) is a DIFFERENT model, registered separately.
 
 ``impl="reference"`` runs the per-token loop under autograd; ``impl="fast"`` runs the same recurrence with the
 fused C++ scan (or the PyTorch hand-VJP scan) and a chunk-recompute backward.
@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from seqmem.mixers._conv import ShortConv
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
 from seqmem.ops.lattice_ops import LATTICE_OBJECTIVES, lattice_chunked, lattice_scan, orthonormal_slots
-from seqmem.registry import register
+from seqmem.registry import deprecated_alias, register
 
 #: mixer options of the Table 4 ablation ladder and of the TTT baseline, all in the Lattice block
 LADDER: dict[str, dict[str, Any]] = {
@@ -222,18 +222,20 @@ class LatticeSimMixer(LatticeMixer):
 
 
 @register(
-    "lattice_chunked",
+    "lattice_minibatch",
     facts=dict(
         state_promise=("bounded", "unit-norm slot columns at chunk ends (eq. 14)"),
         numerics_smoke=(1.1e-6, 3.5e-2, 5e-3),  # measured 3.5e-7, 1.1e-2, 1.7e-3
         numerics_full=((9.5e-07, 9.6e-07), (3.2e-02, 3.2e-02), (4.3e-03, 4.3e-03)),
     ),
     objective="dec")
-class LatticeChunkedMixer(LatticeMixer):
+class LatticeMinibatchMixer(LatticeMixer):
     """Mini-batch Lattice (TTT-style): all gradients of a chunk taken at its start state.
 
-    A DIFFERENT model from ``lattice`` (equal only for ``chunk_size=1``); chunks are counted from the sequence
-    start, so the state also holds the chunk-start slots, the partial-chunk update and a position counter.
+    Registered as ``lattice_minibatch`` (``lattice_chunked``, its former name, still builds it with a
+    DeprecationWarning).  A DIFFERENT model from ``lattice`` (equal only for ``chunk_size=1``); chunks are counted
+    from the sequence start, so the state also holds the chunk-start slots, the partial-chunk update and a position
+    counter.
     ``impl="reference"``: a per-token loop with the same mini-batch semantics; ``impl="fast"``: the op's
     causal-product form (:func:`seqmem.ops.lattice_chunked`; never forms the per-token states).
     """
@@ -249,9 +251,9 @@ class LatticeChunkedMixer(LatticeMixer):
                  chunk_size: int = 16, seed: int = 0, normalize: bool = True, forget_gate: bool = False,
                  l1: float = 0.0, v_norm: bool = False) -> None:  # fmt: skip
         if normalize is not True or forget_gate is not False or l1 != 0.0:
-            raise ValueError("lattice_chunked supports only normalize=True, forget_gate=False, l1=0")
+            raise ValueError("lattice_minibatch supports only normalize=True, forget_gate=False, l1=0")
         if objective not in ("dec", "enc", "sim"):
-            raise ValueError(f"lattice_chunked: objective must be 'dec', 'enc' or 'sim', got {objective!r}")
+            raise ValueError(f"lattice_minibatch: objective must be 'dec', 'enc' or 'sim', got {objective!r}")
         super().__init__(
             d_model, n_heads, impl, objective=objective, normalize=True, head_dim=head_dim, n_slots=n_slots,
             conv_size=conv_size, qk_norm=qk_norm, gamma_per_slot=gamma_per_slot, learn_s0=learn_s0,
@@ -277,7 +279,7 @@ class LatticeChunkedMixer(LatticeMixer):
             state = self.initial_state(B, x.dtype, x.device)
         pos = state["pos"]
         if not bool((pos == pos[0]).all()):
-            raise ValueError("lattice_chunked: all sequences of a batch must be at the same position")
+            raise ValueError("lattice_minibatch: all sequences of a batch must be at the same position")
         offset = int(pos[0]) % self.chunk_size
         q, k, v, gamma, _, cq, ck = self._features(x, state)
         S0, A = state["S"], state["A"]
@@ -316,3 +318,7 @@ class LatticeChunkedMixer(LatticeMixer):
             if pos == self.chunk_size:
                 S0, A, pos = St, torch.zeros_like(A), 0
         return torch.stack(ys, 1), S0, A
+
+
+deprecated_alias("lattice_chunked", "lattice_minibatch")
+LatticeChunkedMixer = LatticeMinibatchMixer  # the class's former name

@@ -152,6 +152,8 @@ class SKAMixer(Mixer):
         numerics_smoke=(8e-7, 1.5e-2, 2e-3),  # measured 2.4e-7, 4.6e-3, 6.8e-4
         numerics_full=((7.4e-07, 7.4e-07), (1.4e-02, 1.4e-02), (2.1e-03, 2.1e-03)),
     ),
+    description="channel MLP, not a token mixer: the Echo Spectral Koopman MLP (§3.3, eq. 14), token-wise and "
+                "stateless; registered so it can be a layer of a hybrid (use it with mlp_ratio=0)",
 )
 class KoopmanMLP(Mixer):
     """Spectral Koopman MLP (Echo §3.3, eq. 14) as a token-wise, stateless layer.
@@ -160,7 +162,7 @@ class KoopmanMLP(Mixer):
     ``λ_i = γ_i + iω_i`` with ``|λ_i|`` clamped to ≤ 1 (rescaling ``(γ_i, ω_i)``); ``out = W_readout z``.
     Parameters ``2·d·d_k + d_k`` with ``d_k = ⌈d·8/3 / 64⌉·64`` by default.  In the LM backbone use it as its own
     layer after each sequence layer with ``mlp_ratio=0`` (pre-norm + residual come from the backbone), which gives
-    the Echo block ``[Mamba-2; Koopman MLP]``.  Note (notes §2.11): ``W_readout·R`` is one linear map, so this is a
+    the Echo block ``[Mamba-2; Koopman MLP]``.  Note: ``W_readout·R`` is one linear map, so this is a
     re-parametrised 2-matrix SiLU MLP; with the ≤ 1 clamp ``R`` may contract (not orthogonal, App. J.4).
     """
 

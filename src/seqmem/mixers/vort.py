@@ -5,7 +5,7 @@ exact exp(q·k/√d) of eq. 13); keyed retrieval o_t = Σ_i s_ti ŵ_{t−i} v_i 
 where the kernel ŵ is
 
 * ``kernel="soe"`` — the corrected SOE of the GL power-law kernel (seqmem.ops.fractional) in the merged form
-  (notes §2.7): S(+1) decay channels shared by all tokens with per-token weights c_s(α_t) (exactly the K-bank
+  (docs/vort.md): S(+1) decay channels shared by all tokens with per-token weights c_s(α_t) (exactly the K-bank
   sum of eqs. 14–16, K times cheaper); the λ = 0 tail lump acts on the current token only;
 * ``kernel="gl"`` — exact GL weights w_{t−i}^(α_i) (the paper's "exact fractional convolution"; KV-cache state);
 * ``kernel="exp"`` — one fixed exponential e^{−λj} (the Exponential baseline);
@@ -220,7 +220,7 @@ class VORT(Mixer):
                 "omega", orthogonal_gaussian(n_heads, self.n_features, self.head_dim, feature_seed).float()
             )
         if self.alpha_mode != "fixed":
-            # eq. (11): α = δ + (1-δ) σ(W_α [x; H; e] + b_α); init (notes §2.10) w_x ~ 0, w_H = -1, w_e = +2
+            # eq. (11): α = δ + (1-δ) σ(W_α [x; H; e] + b_α); init w_x ~ 0, w_H = -1, w_e = +2
             self.alpha_x = nn.Linear(d_model, 1)
             nn.init.normal_(self.alpha_x.weight, std=0.02)
             p0 = (self.alpha - self.min_alpha) / (1 - self.min_alpha)

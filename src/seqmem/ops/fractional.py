@@ -11,7 +11,7 @@
 
 Constructions (``construction=``):
 
-* ``"corrected"`` (default; docs/vort.md, notes §2.4): Gauss–Legendre in the log decay rate
+* ``"corrected"`` (default; docs/vort.md): Gauss–Legendre in the log decay rate
   u = log(λ/λ_min) on Theorem 3.1's interval [λ_min, λ_max] = [ε/2T, 2 log(2T/ε)], the corrected density
   ρ_α(λ) = e^{-αλ}(1-e^{-λ})^{-α} / (Γ(α)Γ(1-α)) (no extra e^{-λ}), the Jacobian ξ_s in
   c_s = ω_s ξ_s ρ_α(ξ_s), and two closed-form tail lumps: c_lo = λ_min^{1-α}/(Γ(α)Γ(2-α)) on a non-decaying

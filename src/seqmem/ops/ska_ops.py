@@ -31,7 +31,7 @@ Key normalisation ``norm``:
 
 * ``"prefix_max"`` (default, causal, ours): chunk ``c`` divides keys/queries by ``m_c = max_{t < first(c)}
 ‖z_t‖``.
-  By the adaptive-ridge identity (notes §2.3) this equals raw statistics with ridge ``ε m_c²``, so we store
+  By the adaptive-ridge identity (docs/echo.md) this equals raw statistics with ridge ``ε m_c²``, so we store
   RAW
   statistics and normalise when reading; this is the paper's footnote rescale rule, done exactly.
 * ``"seqmax"`` (paper eq. 3, NON-CAUSAL): one ``m = max_t ‖z_t‖`` over the whole input of the first call (it
@@ -72,7 +72,7 @@ def ska_spectral_scale(A: Tensor, iters: int = 6) -> Tensor:
     """``1 / max(σ_max(A), 1)`` by ``iters`` detached power iterations from ``v₀ = 1/√r`` (eq. 12, App. D.2).
 
     ``A``: (..., r, r).  Returns (..., 1, 1), a constant for autograd ("straight-through").  Six iterations
-    underestimate σ_max (notes §2.6), so Prop. D.2's bound holds only approximately; ``iters`` is exposed.
+    underestimate σ_max, so Prop. D.2's bound holds only approximately; ``iters`` is exposed.
     """
     with torch.no_grad():
         A = A.detach()

@@ -1,6 +1,6 @@
 """VORT retrieval ops (VORT paper, arXiv:2605.08966, eqs. 13–17, 24): decayed keyed linear attention over SOE channels.
 
-``soe_retention`` — the merged form of eqs. (14)–(16) (notes §2.7): S' decay channels with rates ξ_s shared by
+``soe_retention`` — the merged form of eqs. (14)–(16) (docs/vort.md): S' decay channels with rates ξ_s shared by
 all tokens and a per-token input weight c_s(α_t),
 
     G_t^(s) = e^{-ξ_s} G_{t-1}^(s) + c_s(α_t) φ(k_t) v_t^T,    b_t^(s) = e^{-ξ_s} b_{t-1}^(s) + c_s(α_t) φ(k_t)

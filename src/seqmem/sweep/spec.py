@@ -286,6 +286,7 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
     """Validate a parsed spec and fill in defaults; every error names the key."""
     from seqmem import get_entry, list_mixers
     from seqmem.models import LMConfig
+    from seqmem.registry import ALIASES
     from seqmem.tasks import build_task
     from seqmem.train import TrainConfig
 
@@ -393,7 +394,7 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
                   f"'layers' must list one mixer per layer ({model['n_layers']})")
         names = layers or [m["name"]]
         for n in names:
-            if n not in registered:
+            if n not in registered and n not in ALIASES:  # a deprecated name still builds (with a warning)
                 from difflib import get_close_matches
 
                 hint = get_close_matches(n, sorted(registered), n=1)
