@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqmem.mixers._norm import RMSNorm
 from seqmem.mixers.base import State, check_fields, check_positive_int
 from seqmem.registry import build_mixer
 
@@ -65,16 +66,6 @@ class LMConfig:
         if unknown:
             raise ValueError(f"LMConfig got unknown field(s) {sorted(unknown)}; valid: {sorted(known)}")
         return cls(**d)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
 class SwiGLU(nn.Module):

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from seqmem.ops._common import compute_dtype as _compute_dtype
 from seqmem.ops._common import floor
 from seqmem.ops.vla.naive import vla_attention_naive, vla_paper_delta_rule_naive
 
@@ -62,11 +63,6 @@ _TINY = 1e-12
 def _phi(x: Tensor) -> Tensor:
     """ELU+1 feature map (the paper's φ, §2.2)."""
     return F.elu(x) + 1.0
-
-
-def _compute_dtype(*tensors: Tensor | None) -> torch.dtype:
-    """float64 if any input is float64, else float32 (float16 / bfloat16 inputs are computed in float32)."""
-    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def _full_precision(device: torch.device):
