@@ -237,7 +237,8 @@ def row_plan(spec: SweepSpec, pts: list[Point], out: Path) -> tuple[list[Point],
     """``(stage1, stage2, decided)`` of one row under ``first_seed`` selection.
 
     Stage 1: the first seed at every lr of the grid, and — with ``lr_extend`` — at ``best × factor`` (or
-    ``best / factor``, rounded to one significant digit: 1e-3 / 3 → 3e-4) while the best finished one is the largest (smallest) tried, at most ``lr_extend`` per side.
+    ``best / factor``, rounded to one significant digit: 1e-3 / 3 → 3e-4) while the best finished one is the
+    largest (smallest) tried, at most ``lr_extend`` per side.
     Stage 2: the other seeds at the chosen lr, once stage 1 has finished (``decided``)."""
     stage1 = [p for p in pts if spec.is_first_stage(p)]
     up = down = 0
