@@ -18,7 +18,6 @@ from typing import Any
 from seqmem.io import atomic_write_text, machine_info, mean_std, save_figure
 from seqmem.sweep.runner import (
     choose_lr,
-    expected_runs,
     group_points,
     read_result,
     row_plan,
@@ -38,11 +37,12 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
             stage1, stage2, _ = row_plan(spec, grid_pts, out)
             pts = stage1 + stage2
             lr_valid = selection_lrs(spec, stage1, out)
+            n_total = len(stage1) + len(spec.seeds) - 1  # what expected_runs gives, without planning the row again
         else:
             pts = grid_pts
             lr_valid = selection_lrs(spec, pts, out)
+            n_total = len(grid_pts)
         results = {(p.lr, p.seed): read_result(out / p.rel_dir) for p in pts}
-        n_total = expected_runs(spec, grid_pts, out)
         n_done = sum(1 for r in results.values() if valid_value(r, spec.select) is not None)
         best_lr = choose_lr(lr_valid, spec.select)
         first = next((r for r in results.values() if r and "state" in r), None)
