@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import seqmem.ops as ops
-from seqmem.ops import _lattice_cpp
+from seqmem.ops.lattice import _cpp as _lattice_cpp
 
 D64 = torch.float64
 

@@ -8,7 +8,8 @@ import torch
 
 from conftest import assert_rel_close, rel_err
 from seqmem import build_mixer
-from seqmem.ops import lattice_ops as L
+from seqmem.ops import lattice as L
+from seqmem.ops.lattice.minibatch import _lattice_chunked
 
 D64 = torch.float64
 
@@ -38,7 +39,7 @@ def _run(form, ins, A, objective, C, offset, weights):
         A_in = torch.zeros_like(S0) if A is None else A
         y, Sc, Au = mix._reference(q, k, v, gam, S0, A_in, offset)
     else:
-        y, (Sc, Au) = L._lattice_chunked(
+        y, (Sc, Au) = _lattice_chunked(
             q, k, v, gam, S0, objective=objective, chunk_size=C, initial_update=A, offset=offset,
             dense=form == "dense",
         )  # fmt: skip
@@ -118,7 +119,7 @@ def test_never_saves_per_token_states():
     for form in ("new", "dense"):
         sizes.clear()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            L._lattice_chunked(*xs, chunk_size=C, dense=form == "dense")
+            _lattice_chunked(*xs, chunk_size=C, dense=form == "dense")
         if form == "new":
             assert max(sizes) < C * B * H * d * m, max(sizes)
             assert max(sizes) <= B * T * H * max(d, m), max(sizes)  # inputs-sized at most

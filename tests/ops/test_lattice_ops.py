@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from conftest import assert_rel_close
-from seqmem.ops import _lattice_cpp
-from seqmem.ops.lattice_ops import (
+from seqmem.ops.lattice import _cpp as _lattice_cpp
+from seqmem.ops.lattice import (
     lattice_chunked,
     lattice_scan,
     lattice_step,

@@ -155,8 +155,8 @@ def _time(fn, reps: int) -> float:
 
 def bench_scan(T: int, B: int, H: int, d: int, reps: int = 2, seed: int = 0) -> list[dict[str, Any]]:
     """Training throughput (fwd + bwd, tokens/s) of ``lattice_scan`` DEC per mode/backend, float32, 1 thread."""
-    from seqmem.ops import _lattice_cpp
-    from seqmem.ops.lattice_ops import lattice_scan
+    from seqmem.ops.lattice import _cpp as _lattice_cpp
+    from seqmem.ops.lattice import lattice_scan
 
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, H, d, generator=g).requires_grad_()
@@ -218,7 +218,7 @@ def bench_block(T: int, B: int, d_model: int, H: int, reps: int = 2) -> list[dic
 
 def saved_bytes(T: int, B: int = 1, H: int = 4, d: int = 64, mode: str = "scan") -> int:
     """Bytes autograd keeps for the backward of ``lattice_scan`` (float32), measured with saved-tensor hooks."""
-    from seqmem.ops.lattice_ops import lattice_scan
+    from seqmem.ops.lattice import lattice_scan
 
     g = torch.Generator().manual_seed(0)
     ins = [torch.randn(B, T, H, d, generator=g).requires_grad_() for _ in range(3)]

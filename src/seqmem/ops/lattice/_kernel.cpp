@@ -1,12 +1,12 @@
-// Fused CPU kernel for the exact Lattice / OSR scan (seqmem.ops.lattice_ops, mode="scan").
-// Plain C++ (no torch headers), built on first use by seqmem.ops._lattice_cpp and called through ctypes.
+// Fused CPU kernel for the exact Lattice / OSR scan (seqmem.ops.lattice.scan, mode="scan").
+// Plain C++ (no torch headers), built on first use by seqmem.ops.lattice._cpp and called through ctypes.
 //
 // Layout (contiguous): S0 (N,d,m) row-major with slots = columns; q,k,g (N,T,m); v (N,T,d); mu (N,T) or null;
 // y (N,T,d); bounds (N,nc,d,m) = the state at the start of every chunk of `chunk` tokens.
 // obj: 0 = dec, 1 = enc, 2 = sim  (with the unit-sphere projection, eq. 14);  3 = delta (eq. 20, no projection);
 //      4 = ttt (eq. 19, no projection);  5, 6, 7 = dec, enc, sim WITHOUT the projection (plain OSR, eq. 13:
 //      phi divides by the actual column norms).
-// The math is the hand-derived VJP documented in lattice_ops.py (_fwd_chunk / _bwd_chunk), one head at a time.
+// The math is the hand-derived VJP documented in scan.py (_fwd_chunk / _bwd_chunk), one head at a time.
 #include <cmath>
 #include <cstdint>
 #include <vector>
