@@ -145,7 +145,7 @@ def test_resume_does_not_unpickle_a_planted_trainer_state(tmp_path, capsys):
 
 
 def _fresh_lattice_lib(monkeypatch, cache: Path):
-    import seqmem.ops.lattice._cpp as lc
+    import seqmem.ops._lattice_cpp as lc
 
     monkeypatch.setenv("SEQMEM_CACHE", str(cache))
     monkeypatch.delenv("SEQMEM_LATTICE_BACKEND", raising=False)
@@ -366,6 +366,79 @@ def test_every_typed_option_of_every_mixer_refuses_nan_inf_bool_str():
         except Exception as e:  # noqa: BLE001
             wrong.append((name, opt, v, repr(e)))
     assert not accepted and not wrong, (accepted[:10], wrong[:10])
+
+
+# values just outside / just inside each kind of domain (keys of seqmem.mixers.base._DOMAINS), for int and float
+_EDGES = {
+    ">0": {int: ([0, -1], [1]), float: ([0.0, -1e-12], [1e-12])},
+    ">=0": {int: ([-1], [0]), float: ([-1e-12], [0.0])},
+    ">1": {int: ([1, 0], [2]), float: ([1.0], [1.0 + 1e-9])},
+    "even>0": {int: ([0, 1, 3, -2], [2])},
+    "(0,1)": {float: ([0.0, 1.0], [1e-9, 1 - 1e-9])},
+    "(0,1]": {float: ([0.0, 1.0 + 1e-9], [1e-9, 1.0])},
+    "[0,1]": {float: ([-1e-12, 1.0 + 1e-9], [0.0, 1.0])},
+    "[0,1)": {float: ([-1e-12, 1.0], [0.0, 1 - 1e-9])},
+    "[1,1.5)": {float: ([1 - 1e-9, 1.5], [1.0, 1.5 - 1e-9])},
+}
+
+
+def _domain_cases():
+    """(mixer, option, domain, value, inside?) for every declared ``option_domains`` entry of every registered
+    mixer that is one of its options (registered variants included)."""
+    import seqmem
+
+    for name in seqmem.list_mixers():
+        types = _option_types(name)
+        for opt, dom in seqmem.get_entry(name).cls.option_domains.items():
+            if opt not in types:
+                continue
+            outside, inside = _EDGES[dom][_base_type(types[opt])]
+            yield from ((name, opt, dom, v, False) for v in outside)
+            yield from ((name, opt, dom, v, True) for v in inside)
+
+
+def test_option_domains_are_real_options_with_known_edges():
+    """Every declared domain names an annotated int/float parameter of the class (a typo would check nothing)
+    and is a domain this test knows edges for."""
+    import typing
+
+    import seqmem
+    from seqmem.mixers.base import _DOMAINS, Mixer
+
+    assert set(_EDGES) == set(_DOMAINS)
+    for name in seqmem.list_mixers():
+        cls = seqmem.get_entry(name).cls
+        hints = {}
+        for klass in cls.__mro__:
+            if isinstance(klass, type) and issubclass(klass, Mixer):
+                hints = {**typing.get_type_hints(klass.__init__), **hints}
+        for opt, dom in cls.option_domains.items():
+            assert opt in hints, f"{cls.__name__}.option_domains: {opt} is not an option"
+            assert _base_type(hints[opt]) in _EDGES[dom], f"{cls.__name__}: {opt} {hints[opt]} vs {dom}"
+
+
+def test_every_declared_option_domain_refuses_just_outside_and_accepts_just_inside():
+    """From the declarations (``Mixer.option_domains``, merged over the class hierarchy): a value just outside
+    each domain is a one-line ValueError naming the option and the domain; a value just inside builds."""
+    import seqmem
+    from seqmem.mixers.base import _DOMAINS
+
+    cases = list(_domain_cases())
+    assert len({(n, o) for n, o, *_ in cases}) > 100
+    wrong = []
+    for name, opt, dom, v, inside in cases:
+        kw = {opt: v} if opt == "n_heads" else {"n_heads": 2, opt: v}
+        try:
+            seqmem.build_mixer(name, 16, **kw)
+            if not inside:
+                wrong.append((name, opt, v, "accepted"))
+        except ValueError as e:
+            msg = str(e)
+            if inside or opt not in msg or _DOMAINS[dom][0] not in msg or "\n" in msg:
+                wrong.append((name, opt, v, msg))
+        except Exception as e:  # noqa: BLE001
+            wrong.append((name, opt, v, repr(e)))
+    assert not wrong, wrong[:10]
 
 
 @pytest.mark.parametrize("flag,value,match", [

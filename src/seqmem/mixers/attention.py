@@ -60,6 +60,9 @@ class Attention(Mixer):
 
     contract_configs: ClassVar[list[dict]] = [{}, {"window": 8}]
     length_options: ClassVar[dict[str, str]] = {"window": "window"}
+    # window None = full causal attention; rope_base ≤ 1 gives inverse frequencies ≥ 1 (base 1: every pair turns
+    # by the same angle t, positions only mod 2π)
+    option_domains: ClassVar[dict[str, str]] = {"window": ">0", "rope_base": ">1"}
 
     def long_range_reason(self, seq_len: int) -> str | None:
         if self.window is not None and self.window < seq_len:

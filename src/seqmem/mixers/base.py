@@ -110,11 +110,14 @@ def check_choice(name: str, value: Any, choices: tuple | list) -> Any:
 
 _DOMAINS: dict[str, tuple[str, Any]] = {
     ">0": ("> 0", lambda v: v > 0),
+    ">1": ("> 1", lambda v: v > 1),
+    "even>0": ("> 0 and even", lambda v: v > 0 and v % 2 == 0),
     ">=0": (">= 0", lambda v: v >= 0),
     "(0,1)": ("in (0, 1)", lambda v: 0 < v < 1),
     "(0,1]": ("in (0, 1]", lambda v: 0 < v <= 1),
     "[0,1]": ("in [0, 1]", lambda v: 0 <= v <= 1),
     "[0,1)": ("in [0, 1)", lambda v: 0 <= v < 1),
+    "[1,1.5)": ("in [1, 1.5)", lambda v: 1 <= v < 1.5),
 }
 
 
@@ -222,14 +225,24 @@ class Mixer(nn.Module):
     length_options: ClassVar[dict[str, str]] = {}
     #: ``name`` is filled in by :func:`seqmem.registry.register`.
     name: ClassVar[str] = "mixer"
-    #: Numeric domains of constructor options, e.g. ``{"eps0": ">0"}`` (keys of ``_DOMAINS``).  Every subclass's
+    #: Numeric domains of constructor options, e.g. ``{"eps": ">0"}`` (keys of ``_DOMAINS``).  Every subclass's
     #: ``__init__`` is wrapped (:meth:`__init_subclass__`) so each option is checked against its type annotation
     #: (bool, int, finite float, str, ``X | None``; see :func:`check_option`) and its domain here before the
-    #: mixer is built: one declaration per option instead of a hand-written check.
-    option_domains: ClassVar[dict[str, str]] = {}
+    #: mixer is built: one declaration per option instead of a hand-written check.  A subclass's declaration adds
+    #: to (and may override) its parents' (merged in :meth:`__init_subclass__`); ``None`` is always accepted for
+    #: an ``X | None`` option, so a domain constrains only the numbers.
+    option_domains: ClassVar[dict[str, str]] = {"d_model": ">0", "n_heads": ">0"}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        merged: dict[str, str] = {}
+        for base in reversed(cls.__mro__[1:]):
+            merged.update(getattr(base, "option_domains", None) or {})
+        merged.update(cls.__dict__.get("option_domains", {}))
+        unknown = {k: v for k, v in merged.items() if v not in _DOMAINS}
+        if unknown:
+            raise TypeError(f"{cls.__name__}.option_domains: unknown domain(s) {unknown}; known: {list(_DOMAINS)}")
+        cls.option_domains = merged
         init = cls.__dict__.get("__init__")
         if init is not None and not getattr(init, "_checks_options", False):
             cls.__init__ = _checked_init(cls, init)  # type: ignore[method-assign]

@@ -79,6 +79,7 @@ class BlockAttention(Mixer):
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [{"block_len": 8}]
     length_options: ClassVar[dict[str, str]] = {"block_len": "block"}
+    option_domains: ClassVar[dict[str, str]] = {"block_len": ">0", "rope_base": ">1"}
 
     def long_range_reason(self, seq_len: int) -> str | None:
         # the memory mixers override this; plain block attention sees only its own block
@@ -305,6 +306,8 @@ class Elastic(BlockAttention):
         {"block_len": 5, "hippo_n": 4, "mem_tokens": 7, "sampling": "midpoint", "n_heads": 1},
     ]
     length_options: ClassVar[dict[str, str]] = {"block_len": "block", "hippo_n": "memory"}
+    # alpha None = eps^{1/(L_mem−1)}; alpha and eps are fractions of the history (see set_sampling)
+    option_domains: ClassVar[dict[str, str]] = {"hippo_n": ">0", "mem_tokens": ">0", "alpha": "(0,1)", "eps": "(0,1)"}
 
     def __init__(
         self,

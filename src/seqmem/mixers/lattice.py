@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from seqmem.mixers._conv import ShortConv
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
-from seqmem.ops.lattice import LATTICE_OBJECTIVES, lattice_chunked, lattice_scan, orthonormal_slots
+from seqmem.ops.lattice_ops import LATTICE_OBJECTIVES, lattice_chunked, lattice_scan, orthonormal_slots
 from seqmem.registry import deprecated_alias, register
 
 #: mixer options of the Table 4 ablation ladder and of the TTT baseline, all in the Lattice block
@@ -73,6 +73,10 @@ class LatticeMixer(Mixer):
         {"chunk_size": 8, "objective": "delta", "normalize": False, "forget_gate": True},
         {"chunk_size": 8, "normalize": False, "l1": 0.01},
     ]
+    # head_dim / n_slots None = d_model / n_heads; l1 = 0: no L1 term; seed: any integer (torch.Generator)
+    option_domains: ClassVar[dict[str, str]] = {
+        "head_dim": ">0", "n_slots": ">0", "conv_size": ">0", "l1": ">=0", "chunk_size": ">0",
+    }
 
     def __init__(
         self,

@@ -50,6 +50,7 @@ class _LinearFamily(Mixer):
     """Shared plumbing: fused q/k/v projection, optional short conv with cached inputs, output projection."""
 
     contract_configs: ClassVar[list[dict]] = [{"chunk_size": 8}, {"chunk_size": 8, "conv_size": None}]
+    option_domains: ClassVar[dict[str, str]] = {"conv_size": ">0", "chunk_size": ">0"}  # conv_size None: no conv
 
     def __init__(
         self,
@@ -127,6 +128,8 @@ class LinearAttention(_LinearFamily):
         {"chunk_size": 8, "feature_map": "elu1", "normalize": True},
         {"chunk_size": 8, "conv_size": None, "feature_map": "elu1", "normalize": True},
     ]
+    # eps = 0 is the exact normaliser of the paper (elu1 features are positive, so φ(q)·z > 0)
+    option_domains: ClassVar[dict[str, str]] = {"eps": ">=0"}
 
     def __init__(
         self,
@@ -200,6 +203,10 @@ class DeltaNet(_LinearFamily):
     ``S_t = (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T``, ``o_t = S_t^T q_t / sqrt(d_k)``.
     """
 
+    # norm_eps > 0: the per-head RMSNorm divides o by its RMS, and a head's o that is exactly zero is 0/0 = NaN
+    # with eps = 0 (inputs of scale 1e4 do it: SiLU saturates to exact zeros)
+    option_domains: ClassVar[dict[str, str]] = {"norm_eps": ">0"}
+
     def __init__(
         self,
         d_model: int,
@@ -211,7 +218,7 @@ class DeltaNet(_LinearFamily):
     ) -> None:
         super().__init__(d_model, n_heads, impl, conv_size, chunk_size)
         self.b_proj = nn.Linear(d_model, n_heads, bias=True)
-        self.o_norm = self._make_norm(check_positive_float("norm_eps", norm_eps, allow_zero=True))
+        self.o_norm = self._make_norm(check_positive_float("norm_eps", norm_eps))
 
     def _make_norm(self, eps: float) -> nn.Module:
         return RMSNorm(self.head_dim, eps)

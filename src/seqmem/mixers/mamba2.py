@@ -41,6 +41,11 @@ class Mamba2(Mixer):
         {"d_state": 8, "chunk_size": 8},
         {"d_state": 4, "chunk_size": 8, "headdim": 8, "d_conv": 2, "expand": 1},
     ]
+    # norm_eps > 0: the gated RMSNorm divides y·silu(z) by its RMS, and a row that is exactly zero is 0/0 = NaN
+    # with eps = 0 (an all-zero input does it)
+    option_domains: ClassVar[dict[str, str]] = {
+        "d_state": ">0", "expand": ">0", "headdim": ">0", "d_conv": ">0", "chunk_size": ">0", "norm_eps": ">0",
+    }
 
     def __init__(
         self,
@@ -77,7 +82,7 @@ class Mamba2(Mixer):
         self.A_log = nn.Parameter(torch.log(torch.empty(h).uniform_(1.0, 16.0)))
         self.D = nn.Parameter(torch.ones(h))
         self.norm = GatedRMSNorm(
-            self.d_inner, check_positive_float("norm_eps", norm_eps, allow_zero=True), norm_before_gate=False
+            self.d_inner, check_positive_float("norm_eps", norm_eps), norm_before_gate=False
         )
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
 

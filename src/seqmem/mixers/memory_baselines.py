@@ -75,6 +75,7 @@ class Memorizing(BlockAttention):
         {"block_len": 6, "n_queue": 4},
     ]
     length_options: ClassVar[dict[str, str]] = {"block_len": "block", "n_queue": "queue"}
+    option_domains: ClassVar[dict[str, str]] = {"n_queue": ">0"}
 
     def long_range_reason(self, seq_len: int) -> str | None:
         # the last token's block starts at b; the queue then holds the n_queue tokens before b
@@ -170,6 +171,7 @@ class Infini(BlockAttention):
         {"block_len": 8},
         {"block_len": 5, "update": "linear"},
     ]
+    option_domains: ClassVar[dict[str, str]] = {"norm_eps": ">0"}  # the read's denominator and the RMS norm
 
     def __init__(
         self,
@@ -265,6 +267,7 @@ class Melodi(BlockAttention):
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [{"block_len": 8, "n_summary": 3}]
     length_options: ClassVar[dict[str, str]] = {"block_len": "block", "n_summary": "memory"}
+    option_domains: ClassVar[dict[str, str]] = {"n_summary": ">0"}
 
     def __init__(
         self,

@@ -53,6 +53,14 @@ class SKAMixer(Mixer):
         {"rank": 4, "chunk_size": 8, "norm": "none", "power": 1, "operator_form": "unwhitened"},
     ]
 
+    # power K = 0 is the paper's ablation (no Koopman power); eps is the ridge term of the whitening; the output
+    # scale η multiplies a zero-initialised projection, so η = 0 is a saddle with no gradient to either and η < 0
+    # flips the readout; γ = 1 + 0.5·sigmoid(ρ) only reaches [1, 1.5)
+    option_domains: ClassVar[dict[str, str]] = {
+        "rank": ">0", "chunk_size": ">0", "power": ">=0", "eps": ">0", "eta_init": ">0", "gamma_init": "[1,1.5)",
+        "spec_iters": ">0",
+    }
+
     def __init__(
         self,
         d_model: int,
@@ -167,6 +175,7 @@ class KoopmanMLP(Mixer):
     """
 
     contract_configs: ClassVar[list[dict]] = [{"d_k": 32}]
+    option_domains: ClassVar[dict[str, str]] = {"d_k": "even>0"}  # pairs of features; None = ⌈8d/3 / 64⌉·64
 
     def long_range_reason(self, seq_len: int) -> str | None:
         return "a token-wise layer with no sequence memory (a control)"

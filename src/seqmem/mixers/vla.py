@@ -39,6 +39,8 @@ def _check_pos_float(name: str, value: float) -> float:
 class _HeadProjections(Mixer):
     """q/k/v/o projections shared by the VLA family."""
 
+    option_domains: ClassVar[dict[str, str]] = {"chunk_size": ">0"}
+
     def __init__(self, d_model: int, n_heads: int, impl: str, chunk_size: int, bias: bool) -> None:
         super().__init__(d_model, n_heads, impl)
         if d_model % n_heads:
@@ -78,6 +80,11 @@ class VLA(_HeadProjections):
         {"chunk_size": 5, "refresh_period": 7, "refresh_eta": 0.05},
         {"chunk_size": 16, "u_scale": 1.0, "normalizer": "none", "refresh_period": 3},
     ]
+    # λ0 > 0 (A₀ = I/λ0); u_scale None = 1/√d_h; refresh_period 0 or None = no refresh; refresh_eta = 0 refreshes
+    # by nothing; eps > 0 is the readout's floor max(φ(q)ᵀz, ε)
+    option_domains: ClassVar[dict[str, str]] = {
+        "lam0": ">0", "u_scale": ">0", "refresh_period": ">=0", "refresh_eta": ">=0", "eps": ">0",
+    }
 
     def __init__(
         self,
@@ -205,6 +212,7 @@ class VLAPaperDeltaNet(_HeadProjections):
     """
 
     contract_configs: ClassVar[list[dict]] = [{"chunk_size": 8}, {"chunk_size": 5, "normalizer": "none"}]
+    option_domains: ClassVar[dict[str, str]] = {"eps": ">0"}
 
     def __init__(
         self,
