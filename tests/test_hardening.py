@@ -145,7 +145,7 @@ def test_resume_does_not_unpickle_a_planted_trainer_state(tmp_path, capsys):
 
 
 def _fresh_lattice_lib(monkeypatch, cache: Path):
-    import seqmem.ops._lattice_cpp as lc
+    import seqmem.ops.lattice._cpp as lc
 
     monkeypatch.setenv("SEQMEM_CACHE", str(cache))
     monkeypatch.delenv("SEQMEM_LATTICE_BACKEND", raising=False)

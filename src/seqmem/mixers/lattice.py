@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from seqmem.mixers._conv import ShortConv
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
-from seqmem.ops.lattice_ops import LATTICE_OBJECTIVES, lattice_chunked, lattice_scan, orthonormal_slots
+from seqmem.ops.lattice import LATTICE_OBJECTIVES, lattice_chunked, lattice_scan, orthonormal_slots
 from seqmem.registry import deprecated_alias, register
 
 #: mixer options of the Table 4 ablation ladder and of the TTT baseline, all in the Lattice block
