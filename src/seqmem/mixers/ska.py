@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
 from seqmem.ops._common import floor
-from seqmem.ops.ska_ops import NORMS, OPERATOR_FORMS, STATE_KEYS, spectral_koopman_attention
+from seqmem.ops.ska.chunk import NORMS, OPERATOR_FORMS, STATE_KEYS, spectral_koopman_attention
 from seqmem.registry import register
 
 

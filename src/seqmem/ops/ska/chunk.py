@@ -1,0 +1,334 @@
+"""Spectral Koopman Attention (SKA), the chunked (parallel) form and the operator core on fixed statistics.
+
+``mode="chunk"`` of :func:`spectral_koopman_attention` is :func:`_ska_chunk` here: per-chunk sums, exclusive
+prefix sums over chunks (eqs. 8–10) and one operator per (batch, chunk, head), read by every query of the chunk
+through the collapse :func:`ska_readout`.  ``mode="recurrent"`` runs the per-token reference in ``naive.py``.
+The model, the collapse identity and the key normalisations are described in :mod:`seqmem.ops.ska`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from seqmem.ops._common import floor
+from seqmem.ops.ska.naive import ska_naive
+
+__all__ = [
+    "ska_spectral_scale",
+    "ska_readout",
+    "ska_ridge_readout",
+    "ska_statistics",
+    "spectral_koopman_attention",
+    "ska_init_state",
+]
+
+NORMS = ("prefix_max", "seqmax", "none")
+OPERATOR_FORMS = ("whitened", "unwhitened")
+MODES = ("chunk", "recurrent")
+STATE_KEYS = ("G", "M", "Cv", "z_prev", "m", "G_pend", "M_pend", "Cv_pend", "m_pend", "pos")
+
+
+# ----------------------------------------------------------------------------------------------------
+# operator core on fixed statistics
+# ----------------------------------------------------------------------------------------------------
+def ska_spectral_scale(A: Tensor, iters: int = 6) -> Tensor:
+    """``1 / max(σ_max(A), 1)`` by ``iters`` detached power iterations from ``v₀ = 1/√r`` (eq. 12, App. D.2).
+
+    ``A``: (..., r, r).  Returns (..., 1, 1), a constant for autograd ("straight-through").  Six iterations
+    underestimate σ_max, so Prop. D.2's bound holds only approximately; ``iters`` is exposed.
+    """
+    with torch.no_grad():
+        A = A.detach()
+        r = A.shape[-1]
+        v = torch.full(A.shape[:-1] + (1,), 1.0 / math.sqrt(r), dtype=A.dtype, device=A.device)
+        for _ in range(iters):
+            u = A @ v
+            u = u / u.norm(dim=-2, keepdim=True).clamp_min(floor(1e-30, u.dtype))
+            v = A.mT @ u
+            v = v / v.norm(dim=-2, keepdim=True).clamp_min(floor(1e-30, v.dtype))
+        sigma = (A @ v).norm(dim=-2, keepdim=True)
+        return 1.0 / sigma.clamp_min(1.0)
+
+
+def _cholesky(Gt: Tensor) -> Tensor:
+    """Cholesky of the symmetrised ``G̃`` with the paper's jittered fallback ``G̃ + 1e-4 I`` where it
+    fails."""
+    Gt = 0.5 * (Gt + Gt.mT)
+    L, info = torch.linalg.cholesky_ex(Gt)
+    if bool((info > 0).any()):
+        eye = torch.eye(Gt.shape[-1], dtype=Gt.dtype, device=Gt.device)
+        Lj, _ = torch.linalg.cholesky_ex(Gt + 1e-4 * eye)
+        L = torch.where((info > 0)[..., None, None], Lj, L)
+    return L
+
+
+def _solve_lower(L: Tensor, B: Tensor) -> Tensor:
+    return torch.linalg.solve_triangular(L, B, upper=False)
+
+
+def _solve_upper_t(L: Tensor, B: Tensor) -> Tensor:
+    """``L⁻ᵀ B``."""
+    return torch.linalg.solve_triangular(L.mT, B, upper=True)
+
+
+def _whitened_operator(L: Tensor, M: Tensor) -> Tensor:
+    """``A_w = L⁻¹ M L⁻ᵀ`` (eq. 22 / 62)."""
+    Y = _solve_lower(L, M)
+    return _solve_lower(L, Y.mT).mT
+
+
+def ska_readout(
+    Gt: Tensor,
+    M: Tensor,
+    Cv: Tensor,
+    q: Tensor,
+    power: int = 2,
+    gamma: Tensor | float = 1.0,
+    eta: Tensor | float = 1.0,
+    spec_iters: int = 6,
+    operator_form: str = "whitened",
+) -> Tensor:
+    """SKA readout on fixed statistics via the collapse ``ŷ = η cᴷ C_v (G̃⁻¹M)ᴷ G̃⁻¹ q`` (fast form).
+
+    ``Gt`` = ``G + εI`` (..., r, r), ``M`` (..., r, r), ``Cv`` (..., P, r), ``q`` (..., r, n) (n queries).
+    Returns (..., P, n).  ``operator_form="unwhitened"`` normalises ``M G̃⁻¹`` (eq. 11 reading) instead of
+    ``L⁻¹ M L⁻ᵀ``: same eigenvalues, different σ_max, so only the scalar ``c`` changes.
+    """
+    L = _cholesky(Gt)
+    Aw = _whitened_operator(L, M)
+    if power > 0:
+        if operator_form == "whitened":
+            c = ska_spectral_scale(Aw, spec_iters) * gamma
+        else:
+            Ae = torch.cholesky_solve(M.mT, L).mT  # M G̃⁻¹
+            c = ska_spectral_scale(Ae, spec_iters) * gamma
+        u = _solve_lower(L, q)
+        for _ in range(power):
+            u = c * (Aw @ u)
+        x = _solve_upper_t(L, u)
+    else:
+        x = torch.cholesky_solve(q, L)
+    return eta * (Cv @ x)
+
+
+def ska_ridge_readout(Gt: Tensor, Cv: Tensor, q: Tensor) -> Tensor:
+    """Ridge-regression retrieval ``C_v G̃⁻¹ q`` = ``B* q`` with ``B* = argmin Σ‖v−Bk‖² + ε‖B‖²`` (Prop.
+    I.2)."""
+    return Cv @ torch.linalg.solve(Gt, q)
+
+
+def ska_statistics(
+    k: Tensor, v: Tensor, mask: Tensor | None = None, eps: float = 1e-3
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Prefix / masked statistics, eqs. (4)–(6) and (53): ``(G̃, M, C_v)`` over all (masked) tokens.
+
+    ``k`` (B, T, H, r), ``v`` (B, T, H, P), ``mask`` (B, T) in {0, 1} (None: all ones).  Keys are used as
+    given
+    (normalise them first if wanted).  Returns ``G̃`` (B, H, r, r), ``M`` (B, H, r, r), ``C_v`` (B, H, P, r).
+    """
+    if k.dim() != 4 or v.dim() != 4 or k.shape[:3] != v.shape[:3]:
+        raise ValueError(
+            f"ska_statistics: k (B,T,H,r) and v (B,T,H,P) must agree, got {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    w = torch.ones(k.shape[:2], dtype=k.dtype, device=k.device) if mask is None else mask.to(k.dtype)
+    if w.shape != k.shape[:2]:
+        raise ValueError(f"ska_statistics: mask must have shape {tuple(k.shape[:2])}, got {tuple(w.shape)}")
+    r = k.shape[-1]
+    G = torch.einsum("bt,bthr,bths->bhrs", w, k, k) + eps * torch.eye(r, dtype=k.dtype, device=k.device)
+    M = torch.einsum("bt,bthr,bths->bhrs", w[:, 1:] * w[:, :-1], k[:, 1:], k[:, :-1])
+    Cv = torch.einsum("bt,bthp,bthr->bhpr", w, v, k)
+    return G, M, Cv
+
+
+# ----------------------------------------------------------------------------------------------------
+# chunk-causal SKA over a sequence, with a streaming state
+# ----------------------------------------------------------------------------------------------------
+def ska_init_state(
+    batch: int, heads: int, rank: int, head_dim: int, dtype=torch.float32, device=None
+) -> dict:
+    """Empty SKA state: committed raw statistics, pending sums of the partial chunk, previous key, norms,
+    position."""
+    z = dict(dtype=dtype, device=device)
+    return {
+        "G": torch.zeros(batch, heads, rank, rank, **z),
+        "M": torch.zeros(batch, heads, rank, rank, **z),
+        "Cv": torch.zeros(batch, heads, head_dim, rank, **z),
+        "z_prev": torch.zeros(batch, heads, rank, **z),
+        "m": torch.zeros(batch, heads, **z),
+        "G_pend": torch.zeros(batch, heads, rank, rank, **z),
+        "M_pend": torch.zeros(batch, heads, rank, rank, **z),
+        "Cv_pend": torch.zeros(batch, heads, head_dim, rank, **z),
+        "m_pend": torch.zeros(batch, heads, **z),
+        "pos": torch.zeros(batch, dtype=torch.long, device=device),
+    }
+
+
+def _norm_scale(m: Tensor, norm: str) -> Tensor:
+    """The divisor used for keys/queries: ``m`` clamped at 1e-6 (eq. 3); 1 where no key has been seen yet."""
+    if norm == "none":
+        return torch.ones_like(m)
+    return torch.where(m > 0, m.clamp_min(1e-6), torch.ones_like(m))
+
+
+def _validate(q, k, v, chunk_size, power, eps, norm, spec_iters, operator_form, mode):
+    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)):
+        raise ValueError("spectral_koopman_attention: q, k, v must be tensors")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("spectral_koopman_attention: q, k (B,T,H,r) and v (B,T,H,P) must be 4-D")
+    if q.shape != k.shape or k.shape[:3] != v.shape[:3]:
+        raise ValueError(
+            f"spectral_koopman_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, "
+            f"v {tuple(v.shape)} disagree"
+        )
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    if isinstance(power, bool) or not isinstance(power, int) or power < 0:
+        raise ValueError(f"power (K) must be a non-negative integer, got {power!r}")
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps!r}")
+    if isinstance(spec_iters, bool) or not isinstance(spec_iters, int) or spec_iters < 1:
+        raise ValueError(f"spec_iters must be a positive integer, got {spec_iters!r}")
+    if norm not in NORMS:
+        raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+    if operator_form not in OPERATOR_FORMS:
+        raise ValueError(f"operator_form must be one of {OPERATOR_FORMS}, got {operator_form!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+
+def spectral_koopman_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    chunk_size: int = 64,
+    power: int = 2,
+    eps: float = 1e-3,
+    gamma: Tensor | float = 1.0,
+    eta: Tensor | float = 1.0,
+    norm: str = "prefix_max",
+    spec_iters: int = 6,
+    operator_form: str = "whitened",
+    initial_state: dict | None = None,
+    mode: str = "chunk",
+) -> tuple[Tensor, dict]:
+    """Chunk-causal SKA (eqs. 7–10 + App. F), ``q, k`` (B, T, H, r), ``v`` (B, T, H, P) → ``(o (B,T,H,P), state)``.
+
+    Token ``t`` (global position ``pos``) reads the statistics of all tokens in chunks before
+    ``pos // chunk_size``.  Statistics are accumulated in at least float32.  ``mode="recurrent"`` is the
+    per-token loop (App. F steps per token, commits at chunk boundaries; ``naive.py``); ``mode="chunk"`` the
+    parallel form (exclusive prefix sums + collapse).
+    """
+    _validate(q, k, v, chunk_size, power, eps, norm, spec_iters, operator_form, mode)
+    if initial_state is not None:
+        if set(initial_state) != set(STATE_KEYS):
+            raise ValueError(f"initial_state must have keys {sorted(STATE_KEYS)}, got {sorted(initial_state)}")
+        p = initial_state["pos"]
+        if p.numel() and bool((p != p.reshape(-1)[0]).any()):
+            raise ValueError("spectral_koopman_attention: all sequences in a batch must be at the same position")
+    kw = dict(power=power, gamma=gamma, eta=eta, spec_iters=spec_iters, operator_form=operator_form)
+    if mode == "recurrent":
+        return ska_naive(q, k, v, initial_state, chunk_size=chunk_size, eps=eps, norm=norm, **kw)
+    B, T, H, r = k.shape
+    P = v.shape[-1]
+    out_dtype = v.dtype
+    cdt = torch.promote_types(v.dtype, torch.float32)
+    q, k, v = q.to(cdt), k.to(cdt), v.to(cdt)
+    st = initial_state if initial_state is not None else ska_init_state(B, H, r, P, cdt, k.device)
+    st = {key: (val.to(cdt) if val.is_floating_point() else val) for key, val in st.items()}
+    pos0 = int(st["pos"][0]) if st["pos"].numel() else 0
+    if norm == "seqmax":
+        # paper eq. (3): one max over the whole (first) input, frozen afterwards (§3.5); non-causal.
+        m_fixed = k.norm(dim=-1).amax(dim=1) if pos0 == 0 else st["m"]
+    else:
+        m_fixed = None
+    o, st = _ska_chunk(q, k, v, st, pos0, chunk_size, eps, norm, m_fixed, kw)
+    return o.to(out_dtype), st
+
+
+def _normalised_stats(G, M, Cv, m, eps, norm):
+    """Raw statistics and norm ``m`` → (G̃, M̂, Ĉ_v, divisor) of the normalised keys (the adaptive-ridge identity,
+    docs/echo.md)."""
+    s = _norm_scale(m, norm)
+    s2 = (s * s)[..., None, None]
+    eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
+    return G / s2 + eps * eye, M / s2, Cv / s[..., None, None], s
+
+
+def _ska_chunk(q, k, v, st, pos0, S, eps, norm, m_fixed, kw):
+    """Parallel chunk-causal form: per-chunk sums, exclusive prefix sums over chunks (eqs. 8–10), one
+    operator per
+    (batch, chunk, head) read by all queries of that chunk with the collapse :func:`ska_readout`."""
+    B, T, H, r = k.shape
+    P = v.shape[-1]
+    off = pos0 % S
+    n_ch = (off + T + S - 1) // S
+    pad_r = n_ch * S - off - T
+    zp = torch.cat([st["z_prev"][:, None], k[:, :-1]], 1)  # previous key of every token (0 at global t = 0)
+
+    def chunks(x: Tensor) -> Tensor:
+        x = torch.nn.functional.pad(x, (0,) * (2 * (x.dim() - 2)) + (off, pad_r))
+        return x.reshape(B, n_ch, S, *x.shape[2:])
+
+    kc, zpc, vc, qc = chunks(k), chunks(zp), chunks(v), chunks(q)
+    Gc = torch.einsum("bcthr,bcths->bchrs", kc, kc)
+    Mc = torch.einsum("bcthr,bcths->bchrs", kc, zpc)
+    Cc = torch.einsum("bcthp,bcthr->bchpr", vc, kc)
+    Gc = torch.cat([Gc[:, :1] + st["G_pend"][:, None], Gc[:, 1:]], 1)
+    Mc = torch.cat([Mc[:, :1] + st["M_pend"][:, None], Mc[:, 1:]], 1)
+    Cc = torch.cat([Cc[:, :1] + st["Cv_pend"][:, None], Cc[:, 1:]], 1)
+    incl_G, incl_M, incl_C = Gc.cumsum(1), Mc.cumsum(1), Cc.cumsum(1)
+    G_read = st["G"][:, None] + incl_G - Gc  # exclusive prefix sums (8)–(10)
+    M_read = st["M"][:, None] + incl_M - Mc
+    C_read = st["Cv"][:, None] + incl_C - Cc
+    if norm == "prefix_max":
+        nc = kc.norm(dim=-1).amax(dim=2)  # (B, C, H) chunk maxima
+        nc = torch.cat([torch.maximum(nc[:, :1], st["m_pend"][:, None]), nc[:, 1:]], 1)
+        run = torch.cat([st["m"][:, None], nc], 1).cummax(dim=1).values  # (B, C+1, H)
+        m_read = run[:, :-1]
+    elif norm == "seqmax":
+        m_read = m_fixed[:, None].expand(B, n_ch, H)
+    else:
+        m_read = torch.ones(B, n_ch, H, dtype=k.dtype, device=k.device)
+    Gt, Mn, Cn, s = _normalised_stats(G_read, M_read, C_read, m_read, eps, norm)
+    Q = qc.permute(0, 1, 3, 4, 2) / s[..., None, None]  # (B, C, H, r, S)
+    Y = ska_readout(Gt, Mn, Cn, Q, **kw)  # (B, C, H, P, S)
+    o = Y.permute(0, 1, 4, 2, 3).reshape(B, n_ch * S, H, P)[:, off : off + T]
+    # final state: chunks with index < n_full are complete (committed); chunk n_full (if any) is pending
+    n_full = (off + T) // S
+    zero_rr = torch.zeros(B, H, r, r, dtype=k.dtype, device=k.device)
+    if n_full > 0:
+        G, M, Cv = (
+            st["G"] + incl_G[:, n_full - 1],
+            st["M"] + incl_M[:, n_full - 1],
+            st["Cv"] + incl_C[:, n_full - 1],
+        )
+    else:
+        G, M, Cv = st["G"], st["M"], st["Cv"]
+    if n_full < n_ch:
+        Gp, Mp, Cp = Gc[:, n_full], Mc[:, n_full], Cc[:, n_full]
+    else:
+        Gp, Mp, Cp = zero_rr, zero_rr.clone(), torch.zeros(B, H, P, r, dtype=k.dtype, device=k.device)
+    if norm == "prefix_max":
+        m = run[:, n_full]
+        mp = nc[:, n_full] if n_full < n_ch else torch.zeros_like(st["m_pend"])
+    elif norm == "seqmax":
+        m, mp = m_fixed, st["m_pend"]
+    else:
+        m, mp = st["m"], st["m_pend"]
+    new = {
+        "G": G,
+        "M": M,
+        "Cv": Cv,
+        "z_prev": k[:, -1],
+        "m": m,
+        "G_pend": Gp,
+        "M_pend": Mp,
+        "Cv_pend": Cp,
+        "m_pend": mp,
+        "pos": st["pos"] + T,
+    }
+    return o, new

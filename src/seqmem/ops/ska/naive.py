@@ -1,0 +1,117 @@
+"""Spectral Koopman Attention (SKA), the recurrent reference: one token at a time, App. F's readout step by step.
+
+``ska_naive`` is ``mode="recurrent"`` of :func:`seqmem.ops.spectral_koopman_attention`; :func:`ska_readout_appf`
+is App. F (steps 4–10) on fixed statistics.  Neither shares a casting, state-reading, factorisation or
+power-iteration helper with the chunked form in ``chunk.py``, so the test that compares the two can catch a bug
+in either.  Inputs are assumed valid (the public op checks them first).
+
+Tensors are ``q, k: (B, T, H, r)``, ``v: (B, T, H, P)``; the state is the dict of raw statistics
+``{"G", "M", "Cv"}`` committed by complete chunks, the pending sums ``{"G_pend", "M_pend", "Cv_pend"}`` of the
+current partial chunk, the previous key ``"z_prev"``, the key norms ``"m"`` / ``"m_pend"`` and ``"pos"``.
+Equation numbers are those of the Echo paper (see :mod:`seqmem.ops.ska`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["ska_readout_appf"]
+
+
+def ska_readout_appf(
+    Gt: Tensor, M: Tensor, Cv: Tensor, q: Tensor, power: int = 2, gamma: Tensor | float = 1.0,
+    eta: Tensor | float = 1.0, spec_iters: int = 6, operator_form: str = "whitened",
+) -> Tensor:
+    """SKA readout exactly as the steps of App. F (4–10): ``B_v = C_v G̃⁻¹``, ``w_q = L⁻¹q``, ``w_f = Âᴷ w_q``,
+    ``ŷ = η B_v L w_f``.
+
+    ``Gt`` = ``G + εI`` (..., r, r), ``M`` (..., r, r), ``Cv`` (..., P, r), ``q`` (..., r, n) (n queries);
+    returns (..., P, n).  Same signature and result as :func:`seqmem.ops.ska_readout` (the collapsed form)."""
+    r = Gt.shape[-1]
+    eye = torch.eye(r, dtype=Gt.dtype, device=Gt.device)
+    # 4. G̃ = L Lᵀ (symmetrised); where the factorisation fails, that of G̃ + 1e-4 I                       (App. F)
+    Gs = 0.5 * (Gt + Gt.mT)
+    L, info = torch.linalg.cholesky_ex(Gs)
+    if bool((info > 0).any()):
+        L = torch.where((info > 0)[..., None, None], torch.linalg.cholesky_ex(Gs + 1e-4 * eye)[0], L)
+    # 5. A_w = L⁻¹ M L⁻ᵀ                                                                                  (eq. 22)
+    Aw = torch.linalg.solve_triangular(L.mT, torch.linalg.solve_triangular(L, M, upper=False), upper=True, left=False)
+    # 6. Â = γ A_w / max(σ_max, 1): σ_max of A_w (or of M G̃⁻¹, "unwhitened") by detached power iterations  (eq. 12)
+    N = Aw if operator_form == "whitened" else M @ torch.cholesky_inverse(L)
+    with torch.no_grad():
+        N = N.detach()
+
+        def unit(y):  # y / ‖y‖, 0 stays 0 (the clamp is positive in y's dtype: float16 under autocast)
+            return y / y.norm(dim=-2, keepdim=True).clamp_min(max(1e-30, float(torch.finfo(y.dtype).tiny)))
+
+        x = torch.full((*N.shape[:-1], 1), 1.0 / math.sqrt(r), dtype=N.dtype, device=N.device)
+        for _ in range(spec_iters):
+            x = unit(N.mT @ unit(N @ x))
+        inv_sigma = 1.0 / (N @ x).norm(dim=-2, keepdim=True).clamp_min(1.0)
+    A_hat = Aw * inv_sigma * gamma
+    # 7. B_v = C_v G̃⁻¹ = C_v L⁻ᵀ L⁻¹                                                                      (App. F)
+    Bv = torch.linalg.solve_triangular(L, torch.linalg.solve_triangular(L.mT, Cv, upper=True, left=False),
+                                       upper=False, left=False)  # fmt: skip
+    # 8. w = L⁻¹ q                                                                                        (App. F)
+    w = torch.linalg.solve_triangular(L, q, upper=False)
+    # 9. w ← Â w, K = power times                                                                         (eq. 13)
+    for _ in range(power):
+        w = A_hat @ w
+    # 10. ŷ = η B_v L w                                                                                   (eq. 13)
+    return eta * (Bv @ (L @ w))
+
+
+def ska_naive(
+    q: Tensor, k: Tensor, v: Tensor, initial_state: dict | None = None, *, chunk_size: int = 64, eps: float = 1e-3,
+    norm: str = "prefix_max", power: int = 2, gamma: Tensor | float = 1.0, eta: Tensor | float = 1.0,
+    spec_iters: int = 6, operator_form: str = "whitened",
+) -> tuple[Tensor, dict]:
+    """Chunk-causal SKA token by token: read the statistics committed by earlier chunks, then add the token to the
+    pending sums and commit them at the end of its chunk.  Returns ``(o (B, T, H, P), state)``."""
+    B, T, H, r = k.shape
+    P = v.shape[-1]
+    out_dtype, dt = v.dtype, torch.promote_types(v.dtype, torch.float32)  # statistics in at least float32
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    eye = torch.eye(r, dtype=dt, device=k.device)
+    st = {} if initial_state is None else initial_state
+
+    def read(key, *shape):
+        return st[key].to(dt) if key in st else torch.zeros(*shape, dtype=dt, device=k.device)
+
+    G, M, Cv = read("G", B, H, r, r), read("M", B, H, r, r), read("Cv", B, H, P, r)
+    G_pend, M_pend, Cv_pend = read("G_pend", B, H, r, r), read("M_pend", B, H, r, r), read("Cv_pend", B, H, P, r)
+    z_prev, m, m_pend = read("z_prev", B, H, r), read("m", B, H), read("m_pend", B, H)
+    pos = int(st["pos"].reshape(-1)[0]) if "pos" in st and st["pos"].numel() else 0
+    if norm == "seqmax":  # one max over the whole first input, frozen afterwards (non-causal)   (eq. 3, §3.5)
+        m = k.norm(dim=-1).amax(dim=1) if pos == 0 else m
+    outs = []
+    for t in range(T):
+        z, zq, vt = k[:, t], q[:, t], v[:, t]  # (B,H,r), (B,H,r), (B,H,P)
+        # 1. the key divisor s = max(m, 1e-6), 1 before any key (and always for norm="none")                 (eq. 3)
+        s = torch.where(m > 0, m.clamp_min(1e-6), torch.ones_like(m)) if norm != "none" else torch.ones_like(m)
+        s1, s2 = s[..., None, None], (s * s)[..., None, None]
+        # 2. the statistics of the normalised keys: G/s² + εI, M/s², C_v/s (adaptive ridge, docs/echo.md)   (eqs. 4–6)
+        # 3. ŷ_t = App. F readout of the query z^q_t / s                                                   (eq. 13)
+        outs.append(ska_readout_appf(G / s2 + eps * eye, M / s2, Cv / s1, (zq / s[..., None])[..., None],
+                                     power, gamma, eta, spec_iters, operator_form)[..., 0])  # fmt: skip
+        # 4. pending sums: G += z zᵀ, M += z z_prevᵀ, C_v += v zᵀ                                      (eqs. 4–6)
+        G_pend = G_pend + z[..., :, None] * z[..., None, :]
+        M_pend = M_pend + z[..., :, None] * z_prev[..., None, :]
+        Cv_pend = Cv_pend + vt[..., :, None] * z[..., None, :]
+        # 5. prefix max of the key norms over the pending chunk                                   (norm="prefix_max")
+        if norm == "prefix_max":
+            m_pend = torch.maximum(m_pend, z.norm(dim=-1))
+        z_prev = z
+        pos += 1
+        # 6. at the end of a chunk, commit: the next chunk reads G + G_pend, ...                       (eqs. 8–10)
+        if pos % chunk_size == 0:
+            G, M, Cv = G + G_pend, M + M_pend, Cv + Cv_pend
+            G_pend, M_pend, Cv_pend = torch.zeros_like(G_pend), torch.zeros_like(M_pend), torch.zeros_like(Cv_pend)
+            if norm == "prefix_max":
+                m, m_pend = torch.maximum(m, m_pend), torch.zeros_like(m_pend)
+    state = {"G": G, "M": M, "Cv": Cv, "z_prev": z_prev, "m": m, "G_pend": G_pend, "M_pend": M_pend,
+             "Cv_pend": Cv_pend, "m_pend": m_pend, "pos": torch.full((B,), pos, dtype=torch.long, device=k.device)}
+    return torch.stack(outs, 1).to(out_dtype), state
