@@ -1,30 +1,6 @@
-"""HiPPO-LegS compression of 1-D signals (Elastic Memory: *Towards Compressive and Scalable
-Recurrent Memory*, Song et al., Section 2 and Appendix E).
-
-Every channel of a signal ``f`` (one value per token, held constant on the token's cell ``[s, s+1)``) is
-summarised after ``t`` tokens by ``N`` Legendre coefficients
-
-c_n(t) = (1/t) ∫_0^t f(x) g_n^(t)(x) dx,      g_n^(t)(x) = √(2n+1) P_n(2x/t − 1)          (Eqs. 1–2, 12)
-
-— the L2 projection of the step-function history onto polynomials of degree < N under the uniform measure on
-``[0, t]``.  The coefficients obey ``dc/dt = −A c / t + B f / t`` (Eq. 3) with the LegS matrices of Eq. 19;
-the ZOH discretisation with one time unit per token (Eqs. 4, 22, 25) is exact for step input, so the ZOH state
-after ``t`` tokens *is* that projection.  The block update ``C_i = P_i C_{i−1} + K̄_i F_i`` (Eq. 6) uses
-
-* ``P_i = (iL / (i+1)L)^A = (i/(i+1))^A`` (telescoping product of the ZOH transitions), computed by
-  Gauss–Legendre quadrature of the basis-change integral (``legs_transition``);
-* ``K̄_i[n, j] = (Q_n(z_{s+1}) − Q_n(z_s)) / (2√(2n+1))`` with ``s = iL + j``, ``z_s = 2s/T − 1``, ``T =
-  (i+1)L``, ``Q_0 = z``, ``Q_n = P_{n+1} − P_{n−1}`` (exact integral of the basis over the token cell,
-  ``legs_input_kernel``).
-
-Everything is evaluated in float64 with the stable three-term Legendre recurrence — **never** by an
-eigendecomposition of ``A`` (which is catastrophically ill-conditioned: error ~1e17 already at N = 64) — and
-may be cast to float32 for storage (``legs_block_bank``).  Retrieval evaluates the Legendre expansion at
-sample points (Eqs. 7–8, 29–31; ``legs_reconstruction_matrix``, ``hippo_reconstruct``).
-
-Public functions: ``legs_matrices``, ``legs_transition``, ``legs_input_kernel``, ``legs_block``,
-``legs_block_bank``, ``sample_fractions``, ``legs_reconstruction_matrix``, ``hippo_compress``,
-``hippo_reconstruct``.  ``seqmem.ops.hippo.compress`` / ``reconstruct`` are aliases of the last two.
+"""HiPPO-LegS, the closed forms (float64, three-term Legendre recurrence, Gauss–Legendre quadrature of the
+basis change) and the block / direct forms of :func:`hippo_compress`; ``mode="recurrent"`` runs the per-token
+reference in ``naive.py``.  The model and the formulas are described in :mod:`seqmem.ops.hippo`.
 """
 
 from __future__ import annotations
@@ -36,6 +12,8 @@ import numpy as np
 import torch
 from numpy.polynomial.legendre import leggauss
 from torch import Tensor
+
+from seqmem.ops.hippo.naive import hippo_compress_naive
 
 __all__ = [
     "legs_matrices",
@@ -271,7 +249,7 @@ def hippo_compress(
     ``initial_state``: coefficients of the history on ``[0, t0]`` (ignored when ``t0 = 0``).  Modes:
 
     * ``"recurrent"``: the per-token ZOH recurrence ``c_k = Ā_k c_{k−1} + B̄_k f_k`` (Eq. 4) with
-      ``Ā_k = (k/(k+1))^A``, ``B̄_k = A^{-1}(I − Ā_k)B``;
+      ``Ā_k = (k/(k+1))^A``, ``B̄_k = A^{-1}(I − Ā_k)B`` (the reference, ``naive.py``);
     * ``"chunk"``: blocks of ``block_len`` tokens counted from time 0, ``C ← P C + K̄ F`` (Eq. 6);
     * ``"direct"``: ``C(T) = (t0/T)^A C(t0) + K̄^{[t0, T)} F`` in one matmul (docs/elastic.md).
     """
@@ -294,12 +272,7 @@ def hippo_compress(
         K = legs_input_kernel(N, t0, t, t0 + t, dt).to(dev)
         return P @ c + K @ signal
     if mode == "recurrent":
-        for s in range(t):
-            k = t0 + s
-            Abar = legs_transition(N, k, k + 1, dt).to(dev)
-            Bbar = legs_input_kernel(N, k, 1, k + 1, dt).to(dev)
-            c = Abar @ c + Bbar @ signal[:, s : s + 1]
-        return c
+        return hippo_compress_naive(signal, N, c, t0)
     L = block_len if block_len is not None else max(1, min(t + t0, 1024))
     if isinstance(L, bool) or not isinstance(L, int) or L <= 0:
         raise ValueError(f"block_len must be a positive integer, got {block_len!r}")
@@ -355,6 +328,3 @@ def hippo_reconstruct(
     R = legs_reconstruction_matrix(N, fr, coeffs.dtype).to(coeffs.device)
     return R @ coeffs
 
-
-compress = hippo_compress
-reconstruct = hippo_reconstruct
