@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim."""
-    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim, without overflow in ``mean(x^2)``.
+
+    The sum of squares overflows long before ``x`` does (a row of 64 equal values: at 2.3e18 in float32, at 32 in
+    float16); the plain formula then gives ``rsqrt(inf) = 0``, an all-zero row.  A row whose max could overflow it is
+    divided by a power of two ``s`` (its max then lies in [1, 2)) and normalised as ``(x/s) / sqrt(mean((x/s)^2) +
+    eps/s^2)``: the same function (``s`` cancels), and dividing by a power of two is exact.  Rows below that bound
+    are not scaled, so their result is bit-identical to the plain formula.
+    """
+    with torch.no_grad():
+        _, e = torch.frexp(x.detach().abs().amax(-1, keepdim=True))  # max = m·2^e, m in [0.5, 1)
+        # below 2^top the sum of d squares stays under the dtype's max (2^maxexp): d·2^(2·top) < 2^(maxexp - 1)
+        top = (math.frexp(torch.finfo(x.dtype).max)[1] - 1 - math.ceil(math.log2(max(x.shape[-1], 1)))) // 2
+        s = torch.exp2(torch.where(e > top, e - 1, 0).to(x.dtype))
+    xs = x / s
+    y = xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + eps / (s * s))
     return y if weight is None else y * weight
 
 
