@@ -273,6 +273,15 @@ def _hippo_reconstruct():
     return (lambda c: ops.hippo_reconstruct(c, 10.0, "exponential", num=4)), (_rand(1, 3, 2, seed=0),)
 
 
+@_modes("trapezoidal_attention", ("recurrent", "chunk"))
+def _trapezoidal(mode):
+    q, k, v = _rand(1, 2, 2, 1, 2, seed=0), _rand(1, 2, 3, 1, 2, seed=1), _rand(1, 2, 3, 1, 2, seed=2)
+    km, vm = _rand(1, 2, 2, 1, 2, seed=3), _rand(1, 2, 2, 1, 2, seed=4)
+    valid = torch.tensor([[[False, False], [True, True]]])  # block 0: empty memory
+    return (lambda q, k, v, km, vm: ops.trapezoidal_attention(q, k, v, km, vm, valid, offset=1, mode=mode)), (
+        q, k, v, km, vm)
+
+
 # ---------------------------------------------------------------------------------------------------- Lattice
 def _lattice_inputs(m=2, d=3, t=5, forget=False, seed=0):
     g = torch.Generator().manual_seed(seed)

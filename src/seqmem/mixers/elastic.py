@@ -22,8 +22,10 @@ block.
 No trainable memory parameters: ``elastic`` and ``block_attention`` have identical parameters.
 
 impl="fast": blocks in parallel (one masked SDPA call over all blocks after a cheap sequential scan of the
-memory); impl="reference": a per-token loop; the memory of a finished block is folded token by token with the
-ZOH recurrence ``c_k = Ā_k c_{k−1} + B̄_k f_k`` (Eq. 4), which must equal the block form of Eq. 6.
+memory; :func:`seqmem.ops.trapezoidal_attention`); impl="reference": a per-token loop (each query through
+``seqmem.ops.elastic.naive.trapezoidal_attention_token``); the memory of a finished block is folded token by
+token with the ZOH recurrence ``c_k = Ā_k c_{k−1} + B̄_k f_k`` (Eq. 4; ``hippo_compress(mode="recurrent")``),
+which must equal the block form of Eq. 6.
 
 Streaming state: ``k``, ``v`` — raw keys / values of the current partial block (``pos mod block_len`` tokens),
 ``pos`` — tokens seen, plus the memory (``mem``: C, N × 2·d_model for ``elastic``).
@@ -39,14 +41,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
-from seqmem.ops.hippo import (
-    SAMPLINGS,
-    legs_block,
-    legs_input_kernel,
-    legs_reconstruction_matrix,
-    legs_transition,
-    sample_fractions,
-)
+from seqmem.ops.elastic import trapezoidal_attention
+from seqmem.ops.elastic.naive import trapezoidal_attention_token
+from seqmem.ops.hippo import SAMPLINGS, hippo_compress, legs_block, legs_reconstruction_matrix, sample_fractions
 from seqmem.registry import register
 
 try:  # the lead's RoPE (seqmem.mixers.attention); same convention as the fallback below
@@ -206,11 +203,6 @@ class BlockAttention(Mixer):
             return y[:, 0], mem
         return y.reshape(b, nb * L, h, dh)[:, c : c + t], mem
 
-    def _local_mask(self, lq: int, lk: int, off: int, device) -> Tensor:
-        """mask[i, j]: query i (in-block position off + i) sees block key j (causal inside the block)."""
-        qi = torch.arange(lq, device=device)[:, None] + off
-        return torch.arange(lk, device=device)[None, :] <= qi
-
     def _attend_fast(
         self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, off: int = 0
     ) -> Tensor:
@@ -218,17 +210,7 @@ class BlockAttention(Mixer):
 
         ``off``: in-block position of the first query (queries and keys of one block may differ in length).
         """
-        qh, kh, vh = (z.permute(0, 3, 1, 2, 4) for z in (q_rot, k_rot, v))  # (b, h, nb, L, dh)
-        b, _, nb, lq, _ = qh.shape
-        lk = kh.shape[3]
-        local = self._local_mask(lq, lk, off, q_rot.device).expand(b, 1, nb, lq, lk)
-        if "k" in ctx:
-            km, vm = ctx["k"].permute(0, 3, 1, 2, 4), ctx["v"].permute(0, 3, 1, 2, 4)  # (b, h, nb, M, dh)
-            M = km.shape[3]
-            kh, vh = torch.cat([km, kh], 3), torch.cat([vm, vh], 3)
-            local = torch.cat([ctx["valid"][:, None, :, None, :].expand(b, 1, nb, lq, M), local], -1)
-        y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=local)
-        return y.permute(0, 2, 3, 1, 4)
+        return trapezoidal_attention(q_rot, k_rot, v, ctx.get("k"), ctx.get("v"), ctx.get("valid"), offset=off)
 
     # -- reference: per token
     # -------------------------------------------------------------------------------------
@@ -257,15 +239,8 @@ class BlockAttention(Mixer):
 
     def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
         """One query (b, h, dh) against the visible block keys (b, n, h, dh) and the block's memory tokens."""
-        scale = self.head_dim**-0.5
-        s = torch.einsum("bhd,bjhd->bhj", q_rot, k_rot) * scale
-        if "k" in ctx:
-            sm = torch.einsum("bhd,bmhd->bhm", q_rot, ctx["k"]) * scale
-            sm = sm.masked_fill(~ctx["valid"][:, None, :], float("-inf"))
-            s = torch.cat([sm, s], -1)
-            v = torch.cat([ctx["v"], v], 1)
-        p = torch.softmax(s, -1)
-        return torch.einsum("bhj,bjhd->bhd", p, v)
+        return trapezoidal_attention_token(q_rot, k_rot, v, ctx.get("k"), ctx.get("v"), ctx.get("valid"),
+                                           scale=self.head_dim**-0.5)  # fmt: skip
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", block_len={self.block_len}"
@@ -326,7 +301,6 @@ class Elastic(BlockAttention):
         self.hippo_n = check_positive_int("hippo_n", hippo_n)
         self.mem_tokens = self.hippo_n if mem_tokens is None else check_positive_int("mem_tokens", mem_tokens)
         self._bank: dict[tuple, tuple[Tensor, Tensor]] = {}
-        self._tok: dict[tuple, tuple[Tensor, Tensor]] = {}
         # decoding: the memory tokens of the current block, reused while the same memory tensor comes back
         self._ctx_cache: tuple[Tensor, int, int, Ctx] | None = None
         self._R: dict[tuple, Tensor] = {}
@@ -359,17 +333,6 @@ class Elastic(BlockAttention):
             P, K = legs_block(self.hippo_n, self.block_len, blk)  # float64 closed forms
             self._bank[key] = (P.to(like.device, like.dtype), K.to(like.device, like.dtype))
         return self._bank[key]
-
-    def _token_mats(self, s: int, like: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-token ZOH ``(Ā_s, B̄_s)`` (Eqs. 22, 25) for absolute token index ``s``."""
-        key = (s, like.dtype, like.device)
-        if key not in self._tok:
-            if len(self._tok) > 4096:
-                self._tok.clear()
-            A = legs_transition(self.hippo_n, s, s + 1)
-            Bv = legs_input_kernel(self.hippo_n, s, 1, s + 1)
-            self._tok[key] = (A.to(like.device, like.dtype), Bv.to(like.device, like.dtype))
-        return self._tok[key]
 
     def _mem_keys(self) -> set[str]:
         return {"mem"}
@@ -404,10 +367,8 @@ class Elastic(BlockAttention):
         b, L = k_raw.shape[:2]
         Fb = torch.cat([k_raw.reshape(b, L, -1), v.reshape(b, L, -1)], -1)  # (b, L, 2 d_model), raw K and V
         C = mem["mem"]
-        if reference:  # Eq. 4, one token at a time
-            for j in range(L):
-                A, Bv = self._token_mats(blk * L + j, C)
-                C = A @ C + Bv @ Fb[:, j : j + 1]
+        if reference:  # Eq. 4, one token at a time (C is zero before block 0, where hippo_compress ignores it)
+            C = hippo_compress(Fb, self.hippo_n, mode="recurrent", initial_state=C, t0=blk * L)
         else:  # Eq. 6, the whole block in two matmuls
             P, K = self._block_mats(blk, C)
             C = P @ C + K @ Fb

@@ -1,0 +1,74 @@
+"""Elastic Memory's trapezoidal attention (Eqs. 9–10): the one-SDPA-call form equals the per-query reference
+(outputs and gradients), both equal a dense softmax written here from the definition, and bad inputs raise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import assert_rel_close
+from seqmem.ops import trapezoidal_attention
+
+D64 = torch.float64
+
+
+def _inputs(b=2, nb=3, lq=4, lk=5, M=3, h=2, d=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, nb, lq, h, d, generator=g, dtype=D64)
+    k, v = (torch.randn(b, nb, lk, h, d, generator=g, dtype=D64) for _ in range(2))
+    km, vm = (torch.randn(b, nb, M, h, d, generator=g, dtype=D64) for _ in range(2))
+    valid = torch.rand(b, nb, M, generator=g) < 0.7
+    valid[:, 0] = False  # block 0: the memory is empty
+    return [x.requires_grad_(True) for x in (q, k, v, km, vm)], valid
+
+
+def _dense(q, k, v, km, vm, valid, offset):
+    """Per block: scores over [memory; keys], memory columns masked where invalid, keys masked above the diagonal."""
+    b, nb, lq, h, d = q.shape
+    lk = k.shape[2]
+    outs = []
+    for c in range(nb):
+        keys, vals = torch.cat([km[:, c], k[:, c]], 1), torch.cat([vm[:, c], v[:, c]], 1)  # (b, M + lk, h, d)
+        s = torch.einsum("bihd,bjhd->bhij", q[:, c], keys) / d**0.5
+        see_key = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + offset  # (lq, lk)
+        see = torch.cat([valid[:, c, None, :].expand(b, lq, -1), see_key.expand(b, lq, lk)], -1)  # (b, lq, M + lk)
+        p = torch.softmax(s.masked_fill(~see[:, None], float("-inf")), -1)
+        outs.append(torch.einsum("bhij,bjhd->bihd", p, vals))
+    return torch.stack(outs, 1)
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("memory", [True, False])
+def test_chunk_equals_reference_and_dense(offset, memory):
+    ins, valid = _inputs()
+    q, k, v, km, vm = ins
+    mem = (km, vm, valid) if memory else (None, None, None)
+    q_ = q[:, :, : q.shape[2] - offset] if offset else q  # the queries of a block's last lq - offset positions
+    g = torch.Generator().manual_seed(9)
+    w = torch.randn(q_.shape, generator=g, dtype=D64)
+    res = {}
+    for mode in ("recurrent", "chunk"):
+        y = trapezoidal_attention(q_, k, v, *mem, offset=offset, mode=mode)
+        res[mode] = (y, torch.autograd.grad((y * w).sum(), ins, allow_unused=True))
+    assert_rel_close(res["chunk"][0], res["recurrent"][0], 1e-12, "chunk vs reference")
+    for a, b in zip(res["chunk"][1], res["recurrent"][1]):
+        if a is None or b is None:
+            assert a is None and b is None
+            continue
+        assert_rel_close(a, b, 1e-11, "gradient")
+    if memory:
+        assert_rel_close(res["chunk"][0], _dense(q_, k, v, km, vm, valid, offset), 1e-12, "dense softmax")
+
+
+def test_bad_inputs_raise():
+    (q, k, v, km, vm), valid = _inputs()
+    with pytest.raises(ValueError, match="mode"):
+        trapezoidal_attention(q, k, v, mode="scan")
+    with pytest.raises(ValueError, match="offset"):
+        trapezoidal_attention(q, k, v, offset=2)
+    with pytest.raises(ValueError, match="together"):
+        trapezoidal_attention(q, k, v, km, vm)
+    with pytest.raises(ValueError, match="disagree"):
+        trapezoidal_attention(q, k[..., :3], v)
+    with pytest.raises(ValueError, match="bool"):
+        trapezoidal_attention(q, k, v, km, vm, valid.double())
