@@ -192,6 +192,17 @@ for _normalizer in ("kernel", "plain"):
                     q, k, v, c, xi, cn)
 
 
+for _normalizer in ("kernel", "plain"):
+    for _mode in ("recurrent", "chunk"):
+        @case("soe_retention", f"{_normalizer}-scaled-keys-{_mode}")
+        def _soe_retention_scaled(normalizer=_normalizer, mode=_mode):
+            q, k, v, c, xi, cn = _soe_inputs()
+            beta = _rand(B, 6, H, seed=7) * 3.0  # key log-scales: gradients flow through e^{β_j − m_i}
+            return (lambda q, k, v, c, beta: ops.soe_retention(
+                q, k, v, c, xi + 0.05, cn, normalizer=normalizer, mode=mode, chunk_size=4, k_log_scale=beta,
+                eps0=1e-3)), (q, k, v, c, beta)
+
+
 for _mode in ("recurrent", "chunk"):
     @case("local_window_attention", _mode)
     def _local(mode=_mode):

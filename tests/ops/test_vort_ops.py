@@ -198,3 +198,70 @@ def test_retrieval_loss_matches_definition_and_refinement():
     assert hist[-1] < hist[0] - 0.1
     assert ((a_ref >= 0.1) & (a_ref <= 1.0)).all()
     assert float(a_ref[0, 1]) > 0.3 and float(a_ref[0, 3]) > 0.3
+
+
+# ---- keys in scaled form (FAVOR+ stabilisation): φ(k_t) = k_t·e^{β_t}, state relative to the running max of β
+def scaled_data(spread: float, dtype=torch.float64, seed=5, t=T):
+    q, k, v, a = data(dtype, seed, t)
+    g = torch.Generator().manual_seed(seed + 100)
+    beta = spread * torch.randn(B, t, H, generator=g, dtype=dtype)
+    return q, k, v, a, beta
+
+
+@pytest.mark.parametrize("normalizer", ["kernel", "plain"])
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("mode", ["recurrent", "chunk", "parallel"])
+def test_scaled_keys_are_the_keys_they_stand_for(mode, normalizer, strict):
+    """With ε0 = 0 the read-out is scale-free, so (k̃, β) must give exactly what φ(k) = k̃ e^β gives."""
+    q, k, v, a, beta = scaled_data(3.0)
+    c, xi, cn = soe_coefficients(a, 6, 64)
+    kw = dict(normalizer=normalizer, strict_causal=strict, mode=mode, chunk_size=8, eps0=0.0)
+    o_ref, _ = soe_retention(q, k * beta.exp()[..., None], v, c, xi, cn, **kw)
+    o, st = soe_retention(q, k, v, c, xi, cn, k_log_scale=beta, **kw)
+    rows = slice(1, None) if strict else slice(None)  # a strict first row sees nothing: 0/0 in both
+    torch.testing.assert_close(o[:, rows], o_ref[:, rows], rtol=1e-10, atol=0)
+    assert st["m"].shape == (B, H)
+    torch.testing.assert_close(st["m"], beta.amax(1))  # the state is kept in units of the largest key scale
+
+
+@pytest.mark.parametrize("normalizer", ["kernel", "plain"])
+@pytest.mark.parametrize("strict", [False, True])
+def test_scaled_keys_modes_and_streaming_agree_at_any_spread(normalizer, strict):
+    """β spread over ±2000 (raw features would be 0 or inf in float64): every mode and every split agree, finite."""
+    q, k, v, a, beta = scaled_data(1000.0)
+    c, xi, cn = soe_coefficients(a, 6, 64)
+    kw = dict(normalizer=normalizer, strict_causal=strict, eps0=1e-3)
+    outs = {m: soe_retention(q, k, v, c, xi, cn, k_log_scale=beta, mode=m, chunk_size=8, **kw)
+            for m in ("recurrent", "chunk", "parallel")}
+    o_ref, st_ref = outs["recurrent"]
+    assert torch.isfinite(o_ref).all() and o_ref.abs().amax() > 0
+    for m, (o, st) in outs.items():
+        torch.testing.assert_close(o, o_ref, rtol=1e-9, atol=1e-12, msg=f"{m} vs recurrent")
+        for key in st_ref:
+            torch.testing.assert_close(st[key], st_ref[key], rtol=1e-9, atol=1e-12, msg=f"{m} state {key}")
+    for mode in ("recurrent", "chunk"):
+        pieces, state, i = [], None, 0
+        for n in (5, 13, 1, 22):
+            sl = slice(i, i + n)
+            o, state = soe_retention(q[:, sl], k[:, sl], v[:, sl], c[:, sl], xi, cn[:, sl], k_log_scale=beta[:, sl],
+                                     initial_state=state, mode=mode, chunk_size=8, **kw)
+            pieces.append(o)
+            i += n
+        torch.testing.assert_close(torch.cat(pieces, 1), o_ref, rtol=1e-9, atol=1e-12, msg=f"{mode} streamed")
+
+
+def test_scaled_keys_float32_tracks_float64_and_state_without_m_means_unit_scale():
+    q, k, v, a, beta = scaled_data(300.0)
+    c, xi, cn = soe_coefficients(a, 6, 64)
+    o64, _ = soe_retention(q, k, v, c, xi, cn, k_log_scale=beta, chunk_size=8)
+    f = [x.float() for x in (q, k, v, c, xi, cn, beta)]
+    o32, _ = soe_retention(*f[:6], k_log_scale=f[6], chunk_size=8)
+    assert (o32.double() - o64).norm() / o64.norm() < 1e-5
+    # a state without "m" (written by the unscaled form) is read in units of 1
+    o1, st = soe_retention(q[:, :9], k[:, :9], v[:, :9], c[:, :9], xi, cn[:, :9], chunk_size=4)
+    o2, _ = soe_retention(q[:, 9:], k[:, 9:], v[:, 9:], c[:, 9:], xi, cn[:, 9:], initial_state=st,
+                          k_log_scale=torch.zeros_like(beta[:, 9:]), chunk_size=4)
+    o_all, _ = soe_retention(q, k, v, c, xi, cn, chunk_size=4)
+    torch.testing.assert_close(torch.cat([o1, o2], 1), o_all, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="k_log_scale"):
+        soe_retention(q, k, v, c, xi, cn, k_log_scale=beta[:, :-1])

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
 from seqmem.ops.fractional import CONSTRUCTIONS, gl_weights, soe_coefficients
-from seqmem.ops.vort_ops import local_window_attention, refine_alpha, retrieval_loss, soe_kernel_matrix, soe_retention
+from seqmem.ops.vort import local_window_attention, refine_alpha, retrieval_loss, soe_kernel_matrix, soe_retention
 from seqmem.registry import register
 
 KERNELS = ("soe", "gl", "exp", "mixture")
@@ -55,18 +55,28 @@ def _full_precision(device: torch.device):
     return contextlib.nullcontext()
 
 
-def favor_features(x: Tensor, omega: Tensor, max_exponent: float = 60.0) -> Tensor:
+def favor_features(x: Tensor, omega: Tensor) -> Tensor:
     """FAVOR+ positive random features φ(x) = exp(Ω x' − |x'|²/2)/√m, x' = x/d^{1/4} (Performer; eq. 16's φ).
 
-    ``x`` (batch, time, heads, d); ``omega`` (heads, m, d).  E[φ(q)·φ(k)] = exp(q·k/√d).  The
-    exponent is clamped
-    at ``max_exponent`` (never reached in practice) so that float32 cannot overflow.
-    """
+    ``x`` (batch, time, heads, d); ``omega`` (heads, m, d).  E[φ(q)·φ(k)] = exp(q·k/√d).  Computed as
+    :func:`favor_features_scaled`'s φ̃·e^{s}: it overflows or underflows for large ``x`` (the mixer uses the
+    scaled form)."""
+    f, log_scale = favor_features_scaled(x, omega)
+    return f * torch.exp(log_scale)[..., None]
+
+
+def favor_features_scaled(x: Tensor, omega: Tensor) -> tuple[Tensor, Tensor]:
+    """FAVOR+ features in scaled form: φ(x) = φ̃(x)·e^{s(x)} with φ̃ = exp(Ω x' − max_m (Ω x')_m) ∈ (0, 1] and
+    s = max_m (Ω x')_m − |x'|²/2 − log √m (φ̃·e^{s} = φ exactly).
+
+    Returns ``(φ̃ (batch, time, heads, m), s (batch, time, heads))``: both are finite for any finite ``x``,
+    where φ itself underflows to 0 once |x'|²/2 exceeds ~745 (float64) or ~103 (float32)."""
     d = x.shape[-1]
     xs = x * d**-0.25
     proj = torch.einsum("bthd,hmd->bthm", xs, omega)
-    e = proj - 0.5 * (xs * xs).sum(-1, keepdim=True)
-    return torch.exp(e.clamp(max=max_exponent)) / math.sqrt(omega.shape[1])
+    top = proj.amax(-1, keepdim=True)
+    log_scale = top[..., 0] - 0.5 * (xs * xs).sum(-1) - 0.5 * math.log(omega.shape[1])
+    return torch.exp(proj - top), log_scale
 
 
 def orthogonal_gaussian(heads: int, m: int, d: int, seed: int) -> Tensor:
@@ -323,6 +333,7 @@ class VORT(Mixer):
             keys |= {"k", "v", "coef"}
         else:
             keys |= {"G", "b"} | ({"z"} if self.normalizer == "plain" else set())
+            keys |= {"m"} if self.feature_map == "favor" else set()
         if self.local_window > 1:
             keys |= {"lk", "lv"}
         return keys
@@ -334,17 +345,19 @@ class VORT(Mixer):
             n += seq_len * (2 * h * dh + self._coef_width())
         else:
             n += h * self.n_channels() * f * (dh + 1) + (h * f if self.normalizer == "plain" else 0)
+            n += h if self.feature_map == "favor" else 0  # m: the running key scale of the FAVOR+ features
         if self.local_window > 1:
             n += 2 * h * dh * min(seq_len, self.local_window - 1)
         return n
 
     # -- pieces --
-    def _features(self, x: Tensor) -> Tensor:
+    def _features(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """φ(x) as ``(φ̃, log-scale)`` with φ = φ̃·e^{log-scale} (FAVOR+), or ``(φ, None)``."""
         if self.feature_map == "favor":
-            return favor_features(x, self.omega.to(x.dtype))
+            return favor_features_scaled(x, self.omega.to(x.dtype))
         if self.feature_map == "elu":
-            return F.elu(x) + 1
-        return x
+            return F.elu(x) + 1, None
+        return x, None
 
     def _alpha(self, x: Tensor, ent: Tensor) -> Tensor:
         if self._alpha_override_t is not None:
@@ -425,12 +438,14 @@ class VORT(Mixer):
             # half inputs: channel weights, features, the retention and its state in float32 (the SOE weight of
             # the slowest channel and the FAVOR+ exponentials overflow float16), autocast off; o back in q's dtype
             cd = _compute_dtype(x)
-            init = None if state is None else {kk: state[kk].to(cd) for kk in ("G", "b", "z") if kk in state}
+            init = None if state is None else {kk: state[kk].to(cd) for kk in ("G", "b", "z", "m") if kk in state}
             with _full_precision(x.device):
                 c, xi, c_now = self._channels(alpha.to(cd), cd)
+                fq = self._features(q.to(cd))[0]  # φ(q) up to a per-query factor (FAVOR+: e^{s_q})
+                fk, sk = self._features(k.to(cd))
                 o, st = soe_retention(
-                    self._features(q.to(cd)),
-                    self._features(k.to(cd)),
+                    fq,
+                    fk,
                     v.to(cd),
                     c,
                     xi,
@@ -441,6 +456,7 @@ class VORT(Mixer):
                     initial_state=init,
                     mode=mode,
                     chunk_size=self.chunk_size,
+                    k_log_scale=sk,
                 )
             o = o.to(q.dtype)
             new_state.update(st)
@@ -515,8 +531,14 @@ class VORT(Mixer):
             P = torch.exp(s - m)
             eps = self.eps0 * torch.exp(-m[..., 0])
         else:
-            P = torch.einsum("bqhf,bkhf->bhqk", self._features(q), self._features(K)) * vis
+            (fq, _), (fk, sk) = self._features(q), self._features(K)
+            P = torch.einsum("bqhf,bkhf->bhqk", fq, fk) * vis
             eps = self.eps0
+            if sk is not None:  # FAVOR+ stabilised: row i in units of its largest visible key scale, ε0 added there
+                rel = sk.transpose(1, 2)[:, :, None, :].expand_as(P).masked_fill(~vis, float("-inf"))
+                top = rel.amax(-1, keepdim=True)
+                top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row that sees nothing
+                P = P * torch.exp(rel - top)
         A = P * D[:, None]
         den = (P if self.normalizer == "plain" else A).sum(-1)  # eq. (13) undecayed vs eq. (16) decayed
         return torch.einsum("bhqk,bkhd->bqhd", A, V) / (den + eps).transpose(1, 2)[..., None]

@@ -1,0 +1,315 @@
+"""VORT retrieval ops, the fast forms (VORT paper, arXiv:2605.08966, eqs. 13–17, 24): decayed keyed linear attention
+over SOE channels.  The per-token reference is ``naive.py``.
+
+``soe_retention`` — the merged form of eqs. (14)–(16) (docs/vort.md): S' decay channels with rates ξ_s shared by
+all tokens and a per-token input weight c_s(α_t),
+
+    G_t^(s) = e^{-ξ_s} G_{t-1}^(s) + c_s(α_t) φ(k_t) v_t^T,    b_t^(s) = e^{-ξ_s} b_{t-1}^(s) + c_s(α_t) φ(k_t)
+    o_t = (φ(q_t)·Σ_s G_t^(s) + c_now(α_t)(φ(q_t)·φ(k_t)) v_t) / (φ(q_t)·Σ_s b_t^(s) + c_now(…) + ε0)
+
+(the c_now term is the λ = 0 tail lump, acting at lag 0 only).  Modes: ``"recurrent"`` (the per-token loop of
+the paper, ``naive.py``), ``"chunk"`` (RetNet/GLA-style chunked form) and ``"parallel"`` (one chunk = quadratic form).
+Normalisers: ``"kernel"`` (eq. 16, default; kernel-weighted denominator) and ``"plain"`` (eq. 13: undecayed
+denominator Σ_i φ(q_t)·φ(k_i); one extra accumulator z).  ``strict_causal=True`` reads out before writing token
+t (eq. 13's i < t).  Keys may be passed in scaled form, φ(k_t) = k_t e^{β_t} (``k_log_scale``): the state is then
+kept relative to the running maximum of β (state key ``"m"``) and ε0 regularises the stabilised denominator
+(FAVOR+'s max-subtraction), which keeps FAVOR+ features of large inputs representable.
+
+``local_window_attention`` — causal sliding-window softmax attention (eq. 17's Attn_local) that also returns the
+normalised entropy H(a_t)/log(#visible) of each row, averaged over heads (the routing feature of eq. 11).
+
+``retrieval_loss`` / ``refine_alpha`` — the plasticity objective L_ret of eq. (24) and test-time projected
+gradient descent on per-token α (Section 5; our reading, see docs/vort.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from seqmem.ops._common import floor
+from seqmem.ops.fractional import gl_weights, soe_coefficients
+from seqmem.ops.local_attention import join_past, windowed_softmax
+from seqmem.ops.vort.naive import soe_retention_naive
+
+__all__ = ["soe_retention", "local_window_attention", "retrieval_loss", "refine_alpha", "soe_kernel_matrix"]
+
+MODES = ("recurrent", "chunk", "parallel")
+NORMALIZERS = ("kernel", "plain")
+
+
+def _check(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+def soe_retention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    coef: Tensor,
+    xi: Tensor,
+    coef_now: Tensor | None = None,
+    *,
+    eps0: float = 1e-6,
+    normalizer: str = "kernel",
+    strict_causal: bool = False,
+    initial_state: dict[str, Tensor] | None = None,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+    k_log_scale: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Decayed keyed linear attention over SOE channels (eqs. 14–16, merged form).
+
+    Shapes: ``q``, ``k`` (batch, time, heads, F) already feature-mapped (φ(q), φ(k), non-negative);
+    ``v`` (batch, time, heads, Dv); ``coef`` (batch, time, S') or (batch, time, heads, S') per-token channel
+    weights c_s(α_t); ``xi`` (S',) non-negative decay rates (λ_s = e^{-ξ_s}); ``coef_now``
+    (batch, time[, heads]) the lag-0-only weight (or None).  ``k_log_scale`` (batch, time, heads), optional: the
+    keys are φ(k_t) = k_t·e^{β_t}.  State: ``G`` (batch, heads, S', F, Dv), ``b`` (batch, heads, S', F), for
+    ``normalizer="plain"`` ``z`` (batch, heads, F), and with ``k_log_scale`` ``m`` (batch, heads): G, b, z are then
+    in units of e^{m}, m the running maximum of β (a state without ``m`` is read as m = 0), and the read-out is
+    o_t = φ(q_t)·G̃_t / (φ(q_t)·b̃_t + ε0) with ε0 added in those units.
+    Returns ``(o (batch, time, heads, Dv), state)``.
+    """
+    _check("mode", mode, MODES)
+    _check("normalizer", normalizer, NORMALIZERS)
+    if q.dim() != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"q, k must be (batch, time, heads, F) and v (batch, time, heads, Dv); got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    B, T, H, F = q.shape
+    if coef.dim() == 3:
+        coef = coef[:, :, None, :].expand(B, T, H, coef.shape[-1])
+    if coef.shape[:3] != (B, T, H):
+        raise ValueError(f"coef must be (batch, time[, heads], S'), got {tuple(coef.shape)}")
+    S = coef.shape[-1]
+    if xi.shape != (S,):
+        raise ValueError(f"xi must have shape ({S},), got {tuple(xi.shape)}")
+    if k_log_scale is not None and k_log_scale.shape != (B, T, H):
+        raise ValueError(f"k_log_scale must be (batch, time, heads) = {(B, T, H)}, got {tuple(k_log_scale.shape)}")
+    if coef_now is None:
+        coef_now = q.new_zeros(B, T, H)
+    elif coef_now.dim() == 2:
+        coef_now = coef_now[:, :, None].expand(B, T, H)
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    if initial_state is not None and normalizer == "plain" and initial_state.get("z") is None:
+        raise ValueError("normalizer='plain' needs initial_state['z']")
+    scaled = k_log_scale is not None
+    if mode == "recurrent":
+        return soe_retention_naive(
+            q, k, v, coef, xi, coef_now, eps0=eps0, normalizer=normalizer, strict_causal=strict_causal,
+            initial_state=initial_state, k_log_scale=k_log_scale,
+        )
+    G = b = z = m = None  # the chunked form skips the zero state's terms (None = zero)
+    if initial_state is not None:
+        G, b = initial_state["G"], initial_state["b"]
+        z = initial_state.get("z") if normalizer == "plain" else None
+        if scaled:
+            m = initial_state.get("m")
+            m = q.new_zeros(B, H) if m is None else m
+    elif normalizer == "plain":
+        z = q.new_zeros(B, H, F)
+    beta = k_log_scale.transpose(1, 2) if scaled else None
+    # (batch, heads, time, ·)
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    ch, cn = coef.permute(0, 2, 1, 3), coef_now.transpose(1, 2)
+    n = T if mode == "parallel" else chunk_size
+    o, G, b, z, m = _chunked(qh, kh, vh, ch, cn, xi, G, b, z, m, beta, eps0, strict_causal, n)
+    state = {"G": G, "b": b}
+    if z is not None:
+        state["z"] = z
+    if scaled:
+        state["m"] = m
+    return o.transpose(1, 2), state
+
+
+def _running_offsets(beta: Tensor, m_prev: Tensor | None, strict: bool) -> tuple[Tensor, Tensor]:
+    """Per-row key offsets M_i (b, h, n) and the chunk-end offset (b, h).
+
+    M_i = max(m_prev, max_{j ≤ i} β_j) (``strict``: j < i, so a row is expressed in the units of the keys it
+    sees; a row that sees nothing takes β_i): the units of row i's read-out and of its ε0, as in the recurrent
+    form; every factor e^{β_j − M_i} of a visible key is ≤ 1."""
+    incl = beta.cummax(-1).values
+    if m_prev is not None:
+        incl = torch.maximum(incl, m_prev[..., None])
+    end = incl[..., -1]
+    if not strict:
+        return incl, end
+    first = beta[..., :1] if m_prev is None else m_prev[..., None]
+    return torch.cat([first, incl[..., :-1]], -1), end
+
+
+def _chunked(q, k, v, c, cn, xi, G, b, z, m, beta, eps0, strict, n_chunk):
+    outs = []
+    scaled = beta is not None
+    split = [x.split(n_chunk, dim=2) for x in (q, k, v, c, cn) + ((beta,) if scaled else ())]
+    # split once: slicing inside the loop gives every chunk a backward that zero-fills a full-length gradient
+    # buffer (O(T^2 / m) memory traffic; docs/BENCHMARKS.md)
+    for parts in zip(*split):
+        qc, kc, vc, cc, cnc = parts[:5]
+        n = qc.shape[2]
+        r = torch.arange(n, device=q.device, dtype=q.dtype)
+        diff = r[:, None] - r[None, :]
+        mask = diff > 0 if strict else diff >= 0
+        E = torch.exp(-xi[:, None, None] * diff.clamp_min(0)) * mask  # (S, n, n)
+        D = torch.einsum("bhjs,sij->bhij", cc, E)
+        if not strict:
+            D = D + torch.diag_embed(cnc)
+        QK = qc @ kc.transpose(-1, -2)
+        if scaled:
+            bc = parts[5]
+            M, M_end = _running_offsets(bc, m, strict)  # (b, h, n), (b, h)
+            # key j seen from row i in units of e^{M_i}: e^{β_j − M_i} ≤ 1 where visible (masked before exp)
+            rel = torch.where(mask, bc[..., None, :] - M[..., :, None], torch.full_like(QK, float("-inf")))
+            QK = QK * torch.exp(rel)
+        A = QK * D
+        num = A @ vc
+        den = A.sum(-1)
+        if G is not None:  # contribution of the state before the chunk (None: zero)
+            dq = torch.exp(-xi[None, :] * (r[:, None] + 1))  # (n, S): decay from the previous state to row r
+            qd = (qc[..., None, :] * dq[:, :, None]).flatten(-2)  # (b, h, n, S·F)
+            if scaled:  # the state is in units of e^{m}, row i in units of e^{M_i}
+                qd = qd * torch.exp(m[..., None] - M)[..., None]
+            num = num + qd @ G.flatten(2, 3)
+            if z is None:
+                den = den + (qd @ b.flatten(2)[..., None])[..., 0]
+        if z is not None:
+            zq = qc if not scaled or G is None else qc * torch.exp(m[..., None] - M)[..., None]
+            den = (QK * mask).sum(-1) + (zq @ z[..., None])[..., 0]
+        outs.append(num / (den + eps0)[..., None])
+        # carry the state to the chunk end
+        kw = kc
+        if scaled:
+            kw = kc * torch.exp(bc - M_end[..., None])[..., None]  # keys in units of e^{M_end}
+            if G is not None:
+                rs = torch.exp(m - M_end)  # ≤ 1
+                G, b = rs[..., None, None, None] * G, rs[..., None, None] * b
+            if z is not None:
+                z = torch.exp(m - M_end)[..., None] * z if m is not None else z
+            m = M_end
+        if z is not None:
+            z = z + kw.sum(2)
+        dk = torch.exp(-xi[None, :] * (n - 1 - r[:, None]))  # (n, S): decay from row j to the chunk end
+        w = cc * dk  # (b, h, n, S)
+        wk = (w[..., None] * kw[..., None, :]).flatten(-2)  # (b, h, n, S·F)
+        G_add = (wk.transpose(-1, -2) @ vc).unflatten(2, (w.shape[-1], kc.shape[-1]))  # (b, h, S, F, Dv)
+        b_add = wk.sum(2).unflatten(2, (w.shape[-1], kc.shape[-1]))  # (b, h, S, F)
+        if G is None:
+            G, b = G_add, b_add
+        else:
+            G = torch.exp(-xi * n)[:, None, None] * G + G_add
+            b = torch.exp(-xi * n)[:, None] * b + b_add
+    return torch.cat(outs, 2), G, b, z, m
+
+
+def soe_kernel_matrix(
+    t_pos: Tensor, i_pos: Tensor, coef: Tensor, xi: Tensor, coef_now: Tensor | None
+) -> Tensor:
+    """D[b, t, i] = Σ_s coef[b, i, s] e^{-ξ_s (t-i)} + coef_now[b, i]·1[t = i] for i ≤ t, else 0.
+
+    ``t_pos`` (Tq,), ``i_pos`` (Tk,) absolute positions; ``coef`` (batch, Tk, S'); ``coef_now`` (batch, Tk).
+    """
+    lag = t_pos[:, None] - i_pos[None, :]
+    vis = lag >= 0
+    lagc = lag.clamp_min(0).to(coef.dtype)
+    E = torch.exp(-xi[:, None, None] * lagc) * vis  # (S, Tq, Tk)
+    D = torch.einsum("bks,sqk->bqk", coef, E)
+    if coef_now is not None:
+        D = D + coef_now[:, None, :] * (lag == 0)
+    return D
+
+
+def local_window_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    window: int,
+    past_k: Tensor | None = None,
+    past_v: Tensor | None = None,
+    *,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+) -> tuple[Tensor, Tensor]:
+    """Causal sliding-window softmax attention (eq. 17's Attn_local) and the routing entropy feature (eq. 11).
+
+    ``q, k, v`` (batch, time, heads, D); ``past_k/past_v`` (batch, P, heads, D) the last P ≤ window − 1
+    keys/values before this segment.  Query t sees the ``window`` most recent keys including itself.
+    Returns ``(out, ent)``: ``out`` (batch, time, heads, D); ``ent`` (batch, time) = mean over heads of
+    H(a_t)/log(#visible keys) (0 when only one key is visible).
+    """
+    keys, vals, n_past = join_past(q, k, v, window, past_k, past_v, mode, chunk_size)
+    return windowed_softmax(q, keys, vals, window, n_past, mode=mode, chunk_size=chunk_size, entropy=True)
+
+
+def retrieval_loss(
+    q: Tensor,
+    k: Tensor,
+    alpha: Tensor,
+    source: Tensor,
+    *,
+    n_terms: int = 15,
+    horizon: int = 1024,
+    eps: float = 1e-3,
+    exact_kernel: bool = False,
+    reduction: str = "mean",
+) -> Tensor:
+    """Plasticity objective L_ret = −Σ_t log p_{i*(t), t} (eq. 24).
+
+    r_it = exp(q_t·k_i/√d) · ŵ_{t−i}^(α_i) for i < t (strict, as in Section 5), p_it = r_it / Σ_{i'<t} r_i't.
+    ``q, k`` (batch, time, heads, d) (scores summed over heads, i.e. one logit per (t, i) from all heads);
+    ``alpha`` (batch, time) per-token orders in (0, 1]; ``source`` (batch, time) long: the index i*(t) < t of
+    the ground-truth source token, or −1 where t is not scored.  ŵ is the SOE kernel (differentiable in α) or,
+    with ``exact_kernel=True``, the GL weights.  Gradients flow to ``q``, ``k`` and ``alpha``.
+    """
+    _check("reduction", reduction, ("mean", "sum"))
+    B, T, H, d = q.shape
+    if alpha.shape != (B, T) or source.shape != (B, T):
+        raise ValueError("alpha and source must be (batch, time)")
+    valid = source >= 0
+    if (source >= torch.arange(T, device=source.device)[None, :]).logical_and(valid).any():
+        raise ValueError("source[t] must be < t (the source precedes the query)")
+    logits = torch.einsum("bthd,bihd->bti", q, k) / math.sqrt(d)
+    pos = torch.arange(T, device=q.device)
+    lag = (pos[:, None] - pos[None, :]).clamp_min(0)
+    if exact_kernel:
+        W = gl_weights(alpha, torch.arange(T, device=q.device))  # (B, T_i, lag)
+        w = torch.gather(W, 2, lag.t()[None].expand(B, T, T)).transpose(1, 2)  # (B, t, i)
+    else:
+        c, xi, c_now = soe_coefficients(alpha, n_terms, horizon, eps)
+        w = soe_kernel_matrix(pos, pos, c, xi, c_now)
+    strict = pos[None, :] < pos[:, None]
+    logr = (logits + torch.log(w.clamp_min(floor(1e-300, w.dtype)))).masked_fill(~strict, float("-inf"))
+    logp = logr - torch.logsumexp(logr, -1, keepdim=True).nan_to_num(neginf=0.0)
+    src = source.clamp_min(0)
+    picked = torch.gather(logp, 2, src[..., None])[..., 0]
+    nll = -torch.where(valid, picked, torch.zeros_like(picked))
+    return nll.sum() / valid.sum().clamp_min(1) if reduction == "mean" else nll.sum()
+
+
+def refine_alpha(
+    alpha: Tensor, loss_fn, *, min_alpha: float = 0.1, lr: float = 0.1, steps: int = 10
+) -> tuple[Tensor, list[float]]:
+    """Test-time plasticity (Section 5, our reading): projected GD α ← clip(α − η ∂F/∂α, δ, 1) for ``steps``.
+
+    ``loss_fn(alpha) -> scalar`` (e.g. a closure over :func:`retrieval_loss`).  Returns the refined α
+    (detached) and the loss history (``steps + 1`` values, the last one at the returned α).
+    """
+    if not (0 < min_alpha <= 1):
+        raise ValueError(f"min_alpha must be in (0, 1], got {min_alpha!r}")
+    if lr <= 0 or not isinstance(steps, int) or steps < 0:
+        raise ValueError("lr must be > 0 and steps a non-negative integer")
+    a = alpha.detach().clamp(min_alpha, 1.0).clone()
+    hist = []
+    for _ in range(steps):
+        a.requires_grad_(True)
+        f = loss_fn(a)
+        (g,) = torch.autograd.grad(f, a)
+        hist.append(float(f.detach()))
+        a = (a.detach() - lr * g).clamp(min_alpha, 1.0)
+    with torch.no_grad():
+        hist.append(float(loss_fn(a)))
+    return a, hist
