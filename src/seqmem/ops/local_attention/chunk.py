@@ -1,24 +1,15 @@
-"""Causal sliding-window softmax attention: query t sees the ``window`` most recent keys, itself included.
-
-``sliding_window_attention(q, k, v, window, past_k, past_v)`` on ``(batch, time, heads, dim)`` tensors returns
-``(o, state)`` with ``state = {"k", "v"}`` the last ``min(P + T, window − 1)`` keys and values (what the next call
-needs).  ``mode="recurrent"`` is the reference, one query at a time; ``mode="chunk"`` processes all blocks of
-``chunk_size`` queries at once: block i attends to the ``chunk_size + window − 1`` keys ending at its last query,
-taken as a strided ``unfold`` view of the left-padded keys, so there is no Python loop and no per-block slice,
-and the cost is O(T·(chunk_size + window)) per head instead of the O(T²) of a dense masked attention;
-``mode="parallel"`` is one block of all T queries.
-
-:func:`windowed_softmax` is the shared kernel; it can also return the normalised entropy of each query's
-attention row (VORT's routing feature, VORT paper eq. 11), which :func:`seqmem.ops.local_window_attention` uses.
+"""Causal sliding-window softmax attention, the blocked form: :func:`windowed_softmax` with ``mode="chunk"`` /
+``"parallel"`` (``mode="recurrent"`` runs the one-query-at-a-time reference in ``naive.py``), the argument checks
+:func:`join_past` and the public op :func:`sliding_window_attention`.  See :mod:`seqmem.ops.local_attention`.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from seqmem.ops.local_attention.naive import windowed_softmax_naive
 
 __all__ = ["sliding_window_attention"]
 
@@ -94,27 +85,12 @@ def windowed_softmax(
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if mode == "recurrent":
-        return _loop(q, keys, vals, window, n_past, scale, entropy)
+        return windowed_softmax_naive(q, keys, vals, window, n_past, scale, entropy)
     return _blocks(q, keys, vals, window, n_past, q.shape[1] if mode == "parallel" else chunk_size, scale, entropy)
 
 
 def _row_entropy(p: Tensor) -> Tensor:
     return -(p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny))).sum(-1)  # 0 log 0 = 0
-
-
-def _loop(q, keys, vals, window, P, scale, entropy):
-    """The reference: one query at a time, softmax over the keys of its window."""
-    B, T = q.shape[:2]
-    outs, ents = [], []
-    for t in range(T):
-        lo = max(0, P + t - window + 1)
-        kk, vv = keys[:, lo : P + t + 1], vals[:, lo : P + t + 1]
-        p = torch.softmax(torch.einsum("bhd,bkhd->bhk", q[:, t], kk) * scale, -1)
-        outs.append(torch.einsum("bhk,bkhd->bhd", p, vv))
-        if entropy:
-            nvis = kk.shape[1]
-            ents.append((_row_entropy(p) / math.log(nvis)).mean(1) if nvis > 1 else q.new_zeros(B))
-    return torch.stack(outs, 1), (torch.stack(ents, 1) if entropy else None)
 
 
 def _blocks(q, keys, vals, window, P, C, scale, entropy):
