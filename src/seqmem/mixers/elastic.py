@@ -46,7 +46,7 @@ from seqmem.ops.elastic.naive import trapezoidal_attention_token
 from seqmem.ops.hippo import SAMPLINGS, hippo_compress, legs_block, legs_reconstruction_matrix, sample_fractions
 from seqmem.registry import register
 
-try:  # the lead's RoPE (seqmem.mixers.attention); same convention as the fallback below
+try:  # the RoPE of seqmem.mixers.attention; same convention as the fallback below
     from seqmem.mixers.attention import apply_rope as _apply_rope
 except ImportError:  # pragma: no cover - fallback when the core attention file is absent
 
