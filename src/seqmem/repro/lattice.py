@@ -28,13 +28,14 @@ per token (paper) are different units.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from seqmem.repro.common import write_results
+from seqmem.repro.common import mean_std, write_results
 
 SCALES = ["smoke", "small", "paper"]
 EXPERIMENTS = ["speed", "lm", "ablation", "vnorm", "context"]
@@ -374,15 +375,10 @@ def _parse_contexts(text: str | None, default: list[int]) -> list[int]:
     return sorted(set(vals))
 
 
-def _mean_std(xs: list[float]) -> tuple[float, float]:
-    t = torch.tensor(xs, dtype=torch.float64)
-    return float(t.mean()), float(t.std()) if len(xs) > 1 else 0.0
-
-
 def _pm(xs: list[float]) -> str:
     if not xs:
         return "—"
-    m, s = _mean_std(xs)
+    m, s = mean_std(xs)
     return f"{m:.3f} ± {s:.3f}" if len(xs) > 1 else f"{m:.3f}"
 
 
@@ -442,10 +438,10 @@ def _plot_context(main, last, lengths: list[int], path: Path, corpus: str,
             for T in lengths:
                 vals = r.get(f"{key}{T}") or []
                 if vals:
-                    m, s = _mean_std(vals)
+                    m, s = mean_std(vals)
                     xs.append(T)
                     ms.append(m)
-                    ss.append(s)
+                    ss.append(0.0 if math.isnan(s) else s)  # one seed: no spread to draw
             style = "-" if r["model"].startswith("Lattice") else "--"
             ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, linestyle=style, label=r["model"])
         if refs:

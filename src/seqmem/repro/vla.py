@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from seqmem.repro.common import atomic_write_text, save_figure, write_results
+from seqmem.repro.common import atomic_write_text, mean_std, save_figure, write_results
 
 SCALES = ["smoke", "small", "paper"]
 EXPERIMENTS = ["stability", "jacobian", "latency", "copy", "capacity", "long_context", "ood"]
@@ -165,13 +165,6 @@ def _train_one(model_key: str, task, steps: int, lr: float, seed: int, cfg: dict
     out.update(model=model_key, lr=lr, seed=seed, steps=steps, seconds=time.perf_counter() - t0,
                params=sum(p.numel() for p in lm.parameters()))
     return out
-
-
-def _mean_std(xs: list[float]) -> tuple[float, float | None]:
-    xs = [x for x in xs if not math.isnan(x)]
-    if not xs:
-        return float("nan"), None
-    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)
 
 
 # ---------------------------------------------------------------------------------------------- stability
@@ -381,10 +374,11 @@ def exp_capacity(out, scale, cfg, command, models, lrs, runs):
                         r = _train_one(mk, task, block["steps"], lr, s, cfg, cfg["batch"])
                         runs.append({"experiment": "capacity", "n": n, **r})
                         accs.append(r["accuracy"])
-                    m, sd = _mean_std(accs)
+                    # diverged seeds (nan) are left out; one seed has no spread: std nan, shown as "—"
+                    m, sd = mean_std([a for a in accs if not math.isnan(a)])
                     paper = PAPER_CAPACITY.get(mk, {}).get(n)
                     rows.append({"model": mk, "n": n, "T": 3 * n + 1, "lr": lr, "paper": paper, "ours": m,
-                                 "ours std": sd, "1/n": 1 / n,
+                                 "ours std": None if math.isnan(sd) else sd, "1/n": 1 / n,
                                  "scale": f"{scale}: {block['steps']} steps, {len(seeds)} seed(s), batch "
                                  f"{cfg['batch']}"})
     write_results(out, "mqar_capacity", rows, title="MQAR capacity curve (Table 11 / Fig. 5; VLA layout)",
