@@ -1,0 +1,70 @@
+"""The models of the Elastic Memory tables: mixer stacks per row (memory matched at "1x"), the LM around them and
+the paper's optimiser (Table 9) as a :class:`seqmem.train.TrainConfig`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from seqmem.mixers.elastic import memory_layer_stack
+
+
+def model_specs(c: dict[str, Any]) -> dict[str, tuple[list[str], list[dict[str, Any]]]]:
+    """Mixer names / options per layer for every model of the main table (memory sizes matched at "1x")."""
+    nl, L, n1 = c["n_layers"], c["block_len"], c["n1x"]
+    base = {"block_len": L}
+
+    def one_layer(mixer: str, opts: dict[str, Any]):
+        names = memory_layer_stack(nl, mixer)
+        return names, [dict(base, **opts) if n == mixer else dict(base) for n in names]
+
+    # 1x: Elastic N x 2d floats at one layer == MemTrans queue N x 2d == Melodi n_layers x n_sum x d
+    n_sum = max(1, 2 * n1 // nl)
+    return {
+        "Transformer++": (["block_attention"] * nl, [dict(base)] * nl),
+        "Mem. Transformer": one_layer("memorizing", {"n_queue": n1}),
+        "Infini-Transformer": (["infini"] * nl, [dict(base)] * nl),
+        "Melodi": (["melodi"] * nl, [dict(base, n_summary=n_sum)] * nl),
+        "Elastic Memory_uni": one_layer("elastic", {"hippo_n": n1, "sampling": "uniform"}),
+        "Elastic Memory_exp": one_layer("elastic", {"hippo_n": n1, "sampling": "exponential"}),
+    }
+
+
+def build_model(c: dict[str, Any], names: list[str], opts: list[dict[str, Any]]):
+    from seqmem.models import LanguageModel, LMConfig
+
+    cfg = LMConfig(
+        vocab_size=256,
+        d_model=c["d_model"],
+        n_layers=c["n_layers"],
+        n_heads=c["n_heads"],
+        mixer=names,
+        mixer_options=opts,
+    )
+    return _device_model(LanguageModel(cfg))
+
+
+def _device_model(model):
+    """The GPU when one is present (``--scale paper`` needs it), else the CPU."""
+    return model.to("cuda") if torch.cuda.is_available() else model
+
+
+def train_cfg(c: dict[str, Any], seed: int):
+    from seqmem.train import TrainConfig
+
+    # paper's optimiser (Table 9): AdamW 2e-3, betas (0.9, 0.95), wd 0.1, clip 1, cosine; warmup 5% (not 1%)
+    return TrainConfig(
+        steps=c["steps"],
+        batch_size=c["batch"],
+        lr=2e-3,
+        weight_decay=0.1,
+        warmup_frac=0.05,
+        clip=1.0,
+        betas=(0.9, 0.95),
+        eval_every=0,
+        eval_examples=max(4, c["eval_examples"] // 4),
+        eval_batch_size=8,
+        log_every=max(1, c["steps"] // 10),
+        seed=seed,
+    )
