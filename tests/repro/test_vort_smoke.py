@@ -77,3 +77,41 @@ def test_repro_vort_table3_smoke(tmp_path):
     rows = json.loads((tmp_path / "table3_lm.json").read_text())["rows"]
     assert len(rows) == 4 and all(0 < r["ours bpb (all)"] < 9 for r in rows)
     assert "paper" in (tmp_path / "table3_lm.md").read_text()
+
+
+def test_train_eval_on_the_shared_trainer_matches_a_plain_loop():
+    """train_eval runs seqmem.train.train; it must give the weights of the plain loop it replaced (AdamW, no weight
+    decay, linear warm-up over steps // 10 then constant, clip 1, data seeded seed + 17)."""
+    import torch.nn.functional as F
+
+    cfg = dict(repro_vort.CONFIGS["smoke"], steps=12)
+    task = ZipfLagRetrieval(seq_len=128, beta=1.0, n_queries=8)
+    val, test = task.eval_data(2, seed=1), task.eval_data(2, seed=2)
+    label, mixer, opts = repro_vort.model_specs(cfg, task.seq_len)[1]  # Exp
+
+    def model():
+        torch.manual_seed(0)
+        o = dict(opts)
+        sharp = o.pop("sharpness")
+        return repro_vort.RetrievalModel(mixer, task.n_keys, task.n_labels, task.n_filler, cfg["d"],
+                                         sharpness=sharp, **o)
+
+    ref = model()
+    opt = torch.optim.AdamW(ref.parameters(), lr=cfg["lr"], weight_decay=0.0)
+    g = torch.Generator().manual_seed(0 + 17)
+    for step in range(cfg["steps"]):
+        b = task.sample(cfg["batch"], g)
+        logits = ref(b)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b["target"].reshape(-1), ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+        for pg in opt.param_groups:
+            pg["lr"] = cfg["lr"] * min(1.0, (step + 1) / max(1, cfg["steps"] // 10))
+        opt.step()
+    ours = model()
+    r = repro_vort.train_eval(task, ours, cfg, 0, val, test, (12.8, 128.0))
+    for a, b in zip(ref.parameters(), ours.parameters()):
+        assert torch.allclose(a, b, rtol=0, atol=1e-6)
+    assert r["val"] == repro_vort.evaluate(ref, val, (12.8, 128.0))
+    assert "diverged" not in r and r["final_train_loss"] > 0

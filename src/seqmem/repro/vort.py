@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmem.ops import gl_weights, soe_kernel
@@ -90,25 +89,58 @@ class RetrievalModel(nn.Module):
         return self.head(y)
 
 
+CHANNELS = ("mem_key", "mem_label", "filler", "query_key")  # the model's inputs, packed along a last axis
+
+
+class _Packed(nn.Module):
+    """A :class:`RetrievalModel` as :func:`seqmem.train.train` calls it: the input channels packed into one
+    (B, n, 4) tensor, ``(logits, None)`` out."""
+
+    def __init__(self, model: RetrievalModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> tuple[Tensor, None]:
+        return self.model({k: x[..., i] for i, k in enumerate(CHANNELS)}), None
+
+
+class _PackedTask:
+    """A retrieval task as :func:`seqmem.train.train` draws from it: (packed channels, target) pairs; its
+    evaluation set is the validation stream ``val``."""
+
+    def __init__(self, task, val: dict[str, Tensor]):
+        self.task, self.val = task, val
+
+    @staticmethod
+    def pack(b: dict[str, Tensor]) -> Tensor:
+        return torch.stack([b[k] for k in CHANNELS], -1)
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        b = self.task.sample(batch_size, generator)
+        return self.pack(b), b["target"]
+
+    def eval_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
+        return self.pack(self.val)[:n_examples], self.val["target"][:n_examples]
+
+
 def train_eval(task, model: RetrievalModel, cfg: dict, seed: int, val: dict, test: dict, edges) -> dict[str, Any]:
-    torch.manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.0)
-    g = torch.Generator().manual_seed(seed + 17)
+    """Train with :func:`seqmem.train.train` (AdamW without weight decay, betas (0.9, 0.999), linear warm-up over
+    the first tenth of the steps then a constant rate, clip 1, data stream seeded ``seed + 17``), then score
+    ``val`` and ``test`` by lag bin."""
+    from seqmem.train import TrainConfig, train
+
+    tc = TrainConfig(steps=cfg["steps"], batch_size=cfg["batch"], lr=cfg["lr"], weight_decay=0.0, warmup_frac=0.1,
+                     min_lr_frac=1.0, clip=1.0, betas=(0.9, 0.999), eval_every=0, eval_examples=cfg["n_val"],
+                     eval_batch_size=8, log_every=1, seed=seed + 17)
     t0 = time.time()
-    losses = []
-    for step in range(cfg["steps"]):
-        b = task.sample(cfg["batch"], g)
-        logits = model(b)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b["target"].reshape(-1), ignore_index=-100)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        lr = cfg["lr"] * min(1.0, (step + 1) / max(1, cfg["steps"] // 10))
-        for pg in opt.param_groups:
-            pg["lr"] = lr
-        opt.step()
-        losses.append(float(loss.detach()))
-    res = {"train_seconds": time.time() - t0, "final_train_loss": sum(losses[-5:]) / max(1, len(losses[-5:]))}
+    res: dict[str, Any] = {}
+    try:
+        hist = train(_Packed(model), _PackedTask(task, val), tc).history
+    except FloatingPointError as e:  # a diverged run is a result: its last finite weights are scored
+        hist, res["diverged"] = [], str(e)
+    losses = [h["loss"] for h in hist]
+    res.update(train_seconds=time.time() - t0,
+               final_train_loss=sum(losses[-5:]) / max(1, len(losses[-5:])) if losses else float("nan"))
     res["val"] = evaluate(model, val, edges)
     res["test"] = evaluate(model, test, edges)
     return res
