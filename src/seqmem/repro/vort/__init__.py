@@ -7,6 +7,8 @@ stream), Mix-5 = ``exp_mixture`` (log-spaced init and fitted-to-PL init), VORT =
 routing off, local window), ablations S = 1 and the exact GL convolution (``kernel="gl"``).  Task generators are
 ours (seqmem.tasks.vort_tasks; the paper specifies none).  Table 3 (PG-19 char-LM) is not run here (see
 docs/results/vort/README.md).
+
+Layout: the scales (:mod:`.configs`) and the paper's numbers (:mod:`.paper`) are data beside this code.
 """
 
 from __future__ import annotations
@@ -24,22 +26,9 @@ from torch import Tensor, nn
 from seqmem.ops import gl_weights, soe_kernel
 from seqmem.registry import build_mixer
 from seqmem.repro.common import atomic_write_text, save_figure, write_results
+from seqmem.repro.vort.configs import CONFIGS, LM_CONFIGS, SCALES
+from seqmem.repro.vort.paper import PAPER_T1, PAPER_T2, PAPER_T3
 from seqmem.tasks.vort_tasks import EntityLabelCopy, ZipfLagRetrieval, lag_bin
-
-SCALES = ["smoke", "small", "paper"]
-PAPER_T1 = {"PL": (91.3, 87.6, 79.4), "Exp": (90.8, 81.2, 52.3), "Mix-5": (91.0, 83.7, 61.8)}
-PAPER_T2 = {"PL": (93.1, 89.4, 82.7), "Exp": (92.6, 83.1, 58.4), "Mix-5": (92.9, 85.8, 65.2)}
-
-CONFIGS: dict[str, dict[str, Any]] = {
-    "smoke": dict(n1=128, n2=128, betas=[1.0], q1=8, E=3, M=4, d=16, heads=1, feats=8, S=8, steps=3, batch=2,
-                  lr=3e-3, n_val=4, n_test=4, lam_grid=[1e-2, 1e-1], window=8, exact=True),
-    "small": dict(n1=1024, n2=1024, betas=[1.0], q1=48, E=10, M=10, d=64, heads=1, feats=64, S=15, steps=40,
-                  batch=8, lr=3e-3, n_val=16, n_test=32, lam_grid=[1e-3, 3e-3, 1e-2, 3e-2], window=16,
-                  exact=True),
-    "paper": dict(n1=10_000, n2=8_000, betas=[1.0, 1.5, 2.0], q1=256, E=20, M=20, d=128, heads=2, feats=64,
-                  S=15, steps=3000, batch=8, lr=3e-4, n_val=200, n_test=1000,
-                  lam_grid=[1e-4, 3e-4, 1e-3, 3e-3, 1e-2], window=64, exact=False),
-}
 
 
 class RetrievalModel(nn.Module):
@@ -286,17 +275,6 @@ def retrieval_experiment(name: str, tasks: list, cfg: dict, edges, paper: dict, 
     except ImportError:  # pragma: no cover
         pass
     return {"best_exp": best_exp, "runs": runs}
-
-
-PAPER_T3 = {"PL": (1.84, 1.71, 1.62, 1.56), "Exp": (1.85, 1.74, 1.69, 1.68), "Mix-5": (1.84, 1.73, 1.67, 1.63)}
-LM_CONFIGS = {
-    "smoke": dict(corpus="docs", max_files=20, seq_len=64, d=16, heads=1, feats=8, S=6, steps=2, batch=2,
-                  lr=3e-3, eval_examples=4, n_buckets=2),
-    "small": dict(corpus="docs", max_files=None, seq_len=512, d=64, heads=2, feats=32, S=10, steps=60, batch=8,
-                  lr=3e-3, eval_examples=32, n_buckets=4),
-    "paper": dict(corpus="docs", max_files=None, seq_len=8192, d=256, heads=4, feats=64, S=10, steps=5000, batch=8,
-                  lr=3e-4, eval_examples=200, n_buckets=32),
-}
 
 
 def lm_experiment(scale: str, out: Path, seed: int, command: str) -> list[dict]:
