@@ -23,6 +23,9 @@ miniature), ablation ladder (Table 4).
 
 Every table shows the paper's number beside ours and our scale; bpb = bits per byte (ours), ppl = perplexity
 per token (paper) are different units.
+
+Layout: the scales and model specs (:mod:`.configs`) and the paper's numbers (:mod:`.paper`) are data beside
+this code.
 """
 
 from __future__ import annotations
@@ -36,94 +39,14 @@ from typing import Any
 import torch
 
 from seqmem.repro.common import mean_std, write_results
+from seqmem.repro.lattice.configs import CONFIGS, CONTEXT_MODELS, LADDER, MODELS, VNORM
+from seqmem.repro.lattice.configs import SCALES as SCALES  # the CLI reads seqmem.repro.lattice.SCALES
+from seqmem.repro.lattice.configs import TTT as TTT
+from seqmem.repro.lattice.paper import PAPER_BOOKS, PAPER_PILE, PAPER_T2
+from seqmem.repro.lattice.paper import PAPER_BOOKS_T as PAPER_BOOKS_T
 
-SCALES = ["smoke", "small", "paper"]
 EXPERIMENTS = ["speed", "lm", "ablation", "vnorm", "context"]
 DEFAULT_EXPERIMENTS = ["speed", "lm", "ablation"]
-
-CONFIGS: dict[str, dict[str, Any]] = {
-    "smoke": {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 64, "batch": 4, "steps": 3, "lr": 3e-3,
-              "eval_examples": 8, "max_files": 40, "speed_T": 64, "speed_B": 2, "speed_H": 2, "speed_d": 16,
-              "speed_reps": 1, "mem_T": 512,
-              "ctx_lengths": [32, 64], "ctx_seeds": 2, "ctx_tokens_per_step": 128, "ctx_steps": 2,
-              "ctx_eval_tokens": 256, "ctx_max_files": 40},
-    "small": {"d_model": 64, "n_layers": 2, "n_heads": 2, "seq_len": 256, "batch": 8, "steps": 60, "lr": 3e-3,
-              "eval_examples": 64, "max_files": 400, "speed_T": 256, "speed_B": 8, "speed_H": 4, "speed_d": 32,
-              "speed_reps": 2, "mem_T": 8192,
-              "ctx_lengths": [128, 256, 512, 1024], "ctx_seeds": 3, "ctx_tokens_per_step": 2048, "ctx_steps": 100,
-              "ctx_eval_tokens": 32768, "ctx_max_files": None},
-    # the paper's 110M setting (12 layers x 768, 2k context, 0.5M tokens/step, ~4,800 steps): far beyond a CPU
-    "paper": {"d_model": 768, "n_layers": 12, "n_heads": 12, "seq_len": 2048, "batch": 256, "steps": 4800,
-              "lr": 3e-4, "eval_examples": 1024, "max_files": None, "speed_T": 2048, "speed_B": 8,
-              "speed_H": 12, "speed_d": 64, "speed_reps": 2, "mem_T": 8192,
-              "ctx_lengths": [512, 1024, 2048, 4096, 8192, 16384], "ctx_seeds": 3, "ctx_tokens_per_step": 2**19,
-              "ctx_steps": 4800, "ctx_eval_tokens": 2**20, "ctx_max_files": None},
-}  # fmt: skip
-
-TTT = {"objective": "ttt", "normalize": False}
-MODELS: dict[str, tuple[str, dict[str, Any]]] = {
-    "Transformer++": ("attention", {}),
-    "Linear-Attention": ("linear_attention", {}),
-    "Mamba2": ("mamba2", {}),
-    "DeltaNet": ("deltanet", {}),
-    "Gated-DeltaNet": ("gated_deltanet", {}),
-    "TTT (eq. 19)": ("lattice", TTT),
-    "Lattice-DEC": ("lattice", {}),
-    "Lattice-ENC": ("lattice_enc", {}),
-    "Lattice-SIM": ("lattice_sim", {}),
-}
-# Table 2 (110M params / 2.4B tokens), perplexity: Pile 2k and Books 512 (the closest to our short contexts)
-PAPER_T2 = {
-    "Transformer++": (11.58, 20.60), "Linear-Attention": (12.56, 21.04), "Mamba2": (11.51, 19.94),
-    "DeltaNet": (11.62, 20.28), "Gated-DeltaNet": (11.31, 19.76), "TTT (eq. 19)": (11.59, 20.11),
-    "Lattice-DEC": (10.88, 19.06), "Lattice-ENC": (10.90, 19.11), "Lattice-SIM": (10.89, 19.08),
-}  # fmt: skip
-LADDER: dict[str, tuple[str, dict[str, Any], float]] = {
-    "DeltaNet (eq. 20, Lattice block)": ("lattice", {"objective": "delta", "normalize": False}, 11.62),
-    "+ orthogonal recurrence (eq. 7)": ("lattice", {"objective": "dec", "normalize": False}, 11.26),
-    "+ normalized projection (eq. 14)": ("lattice", {"objective": "dec"}, 10.94),
-    "+ forget gate (eq. 16)": ("lattice", {"objective": "dec", "forget_gate": True}, 10.94),
-}
-
-# context sweep: the Table 2 rows with equal parameter counts (~119k at d=64, 2 layers): Mamba2 at expand 1 /
-# d_state 32 (the default expand 2 / d_state 64 has 153k), Lattice-ENC with L2-normalised values (see VNORM)
-CONTEXT_MODELS: dict[str, tuple[str, dict[str, Any], str]] = {
-    "Transformer++": ("attention", {}, ""),
-    "Linear-Attention": ("linear_attention", {}, ""),
-    "Mamba2": ("mamba2", {"expand": 1, "d_state": 32}, "expand 1, d_state 32 (equal params)"),
-    "DeltaNet": ("deltanet", {}, ""),
-    "Gated-DeltaNet": ("gated_deltanet", {}, ""),
-    "TTT (eq. 19)": ("lattice", TTT, ""),
-    "Lattice-DEC": ("lattice", {}, ""),
-    "Lattice-ENC": ("lattice_enc", {"v_norm": True}, "v_norm=True (not in paper; needed at our scale)"),
-    "Lattice-SIM": ("lattice_sim", {}, ""),
-}
-# Table 2 verbatim (110M params / 2.4B tokens, perplexity): Books 512, 1k, 2k, 4k, 8k, 16k; Pile 2k, 8k
-PAPER_BOOKS_T = [512, 1024, 2048, 4096, 8192, 16384]
-PAPER_BOOKS: dict[str, list[float | None]] = {
-    "Transformer++": [20.60, 19.39, 18.89, 18.38, 18.85, 29.41],
-    "Linear-Attention": [21.04, 20.18, 19.82, 19.69, 20.34, 21.86],
-    "Mamba2": [19.94, 18.90, 18.34, 18.07, 18.23, 18.48],
-    "DeltaNet": [20.28, 19.11, 18.33, 17.90, 18.05, 18.12],
-    "Gated-DeltaNet": [19.76, 18.60, 18.00, 17.48, 17.40, 17.49],
-    "TTT (eq. 19)": [20.11, 19.03, 18.36, 18.03, 18.05, 18.46],
-    "Lattice-DEC": [19.06, 17.90, 17.14, 16.72, 16.62, 16.97],
-    "Lattice-ENC": [19.11, 18.01, 17.22, 16.80, 16.66, None],  # 16k is blank in the paper
-    "Lattice-SIM": [19.08, 17.94, 17.23, 16.72, 16.73, 16.82],
-}
-PAPER_PILE: dict[str, tuple[float, float]] = {
-    "Transformer++": (11.58, 11.75), "Linear-Attention": (12.56, 13.63), "Mamba2": (11.51, 11.42),
-    "DeltaNet": (11.62, 11.40), "Gated-DeltaNet": (11.31, 11.04), "TTT (eq. 19)": (11.59, 11.45),
-    "Lattice-DEC": (10.88, 10.51), "Lattice-ENC": (10.90, 10.57), "Lattice-SIM": (10.89, 10.66),
-}  # fmt: skip
-
-# not in the paper: does normalising the values fix Lattice-ENC's slow learning at small scale?
-VNORM: dict[str, tuple[str, dict[str, Any], str]] = {
-    "Lattice-ENC": ("lattice_enc", {}, "10.90 (Pile 2k)"),
-    "Lattice-ENC + v_norm": ("lattice_enc", {"v_norm": True}, "— (not in paper)"),
-    "Lattice-DEC": ("lattice", {}, "10.88 (Pile 2k)"),
-    "Lattice-DEC + v_norm": ("lattice", {"v_norm": True}, "— (not in paper)"),
-}
 
 
 def add_arguments(parser) -> None:
