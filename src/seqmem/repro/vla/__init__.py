@@ -12,6 +12,9 @@ the paper does not state its norm/FFN type.  Every table shows the paper's value
 The learning rate: the MQAR capacity curve runs every rate of the sweep (``lrs``; the paper's 3e-4 learns far
 slower than the paper reports, docs/vla.md); copy / long-context / OOD use ``lr_main`` unless
 ``--lr-sweep`` is given.
+
+Layout: the scales and model specs (:mod:`.configs`) and the paper's numbers (:mod:`.paper`) are data beside
+this code.
 """
 
 from __future__ import annotations
@@ -28,81 +31,14 @@ import torch
 import torch.nn.functional as F
 
 from seqmem.repro.common import atomic_write_text, mean_std, save_figure, write_results
+from seqmem.repro.vla.configs import ALL_MODELS, MODELS, scale_config
+from seqmem.repro.vla.configs import CONFIGS as CONFIGS
+from seqmem.repro.vla.configs import EXTRA_MODELS as EXTRA_MODELS
+from seqmem.repro.vla.configs import SCALES as SCALES  # the CLI reads seqmem.repro.vla.SCALES
+from seqmem.repro.vla.paper import PAPER_CAPACITY, PAPER_COPY, PAPER_LONG, PAPER_OOD
+from seqmem.repro.vla.paper import PAPER_N24_2000 as PAPER_N24_2000
 
-SCALES = ["smoke", "small", "paper"]
 EXPERIMENTS = ["stability", "jacobian", "latency", "copy", "capacity", "long_context", "ood"]
-
-MODELS: dict[str, tuple[str, dict[str, Any]]] = {
-    "softmax": ("attention", {}),
-    "linear": ("linear_attention", {"feature_map": "elu1", "normalize": True, "conv_size": None,
-                                    "eps": 1e-4}),
-    "deltanet_paper": ("vla_paper_deltanet", {}),
-    "deltanet": ("deltanet", {}),
-    "vla": ("vla", {}),
-}
-#: extra models selectable with --models (not run by default)
-EXTRA_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
-    "vla_nonorm": ("vla", {"normalizer": "none"}),
-    "vla_unit_u": ("vla", {"u_scale": 1.0}),
-    "vla_fixed_a": ("vla_fixed_a", {}),
-    "vla_v2": ("vla_v2", {}),
-}
-ALL_MODELS = {**MODELS, **EXTRA_MODELS}
-
-# ------------------------------------------------------------------------------------ the paper's numbers
-# MQAR capacity: Table 11 (seed 42, 1,000 steps) for n = 8..48; n = 4 from Fig. 5 (3-seed mean, text)
-PAPER_CAPACITY = {
-    "softmax": {4: 0.26, 8: 0.152, 16: 0.091, 24: 0.070, 32: 0.057, 48: 0.043},
-    "linear": {4: 0.27, 8: 0.150, 16: 0.091, 24: 0.069, 32: 0.056, 48: 0.043},
-    "deltanet_paper": {4: 0.97, 8: 0.965, 16: 0.009, 24: 0.007, 32: 0.008, 48: 0.008},
-    "vla": {4: 1.000, 8: 0.997, 16: 0.990, 24: 0.994, 32: 0.623, 48: 0.044},
-}
-# Table 9: n = 24, 2,000 steps, 3 seeds (mean)
-PAPER_N24_2000 = {"softmax": 0.081, "linear": 0.074, "deltanet_paper": 0.011, "vla": 1.000}
-# Fig. 6 (text): long-context MQAR n = 8, T = 64..512
-PAPER_LONG = {"softmax": "≈0.14-0.15", "linear": "≈0.14-0.15", "deltanet_paper": "≈0.01", "vla": "1.000"}
-# Table 13: OOD keys, (ID, OOD) accuracy, seed 42, 1,000 steps
-PAPER_OOD = {
-    8: {"softmax": (0.146, 0.144), "linear": (0.146, 0.148), "deltanet_paper": (0.104, 0.100),
-        "vla": (1.000, 0.945)},
-    16: {"softmax": (0.094, 0.085), "linear": (0.093, 0.086), "deltanet_paper": (0.008, 0.008),
-         "vla": (1.000, 0.782)},
-    24: {"softmax": (0.070, 0.062), "linear": (0.070, 0.064), "deltanet_paper": (0.007, 0.008),
-         "vla": (0.999, 0.687)},
-}
-# Table 7: copy task, accuracy at step 150 and 1,500 (all four models)
-PAPER_COPY = {"step150": 1.000, "final": 1.000}
-
-
-def scale_config(scale: str) -> dict[str, Any]:
-    """Budgets per scale.  ``paper`` follows Tables 3/6; ``small`` fits ≈10 CPU-minutes on one core."""
-    if scale == "smoke":
-        return dict(
-            d_model=32, n_heads=2, batch=8, eval_examples=32, seeds=[42], lrs=[3e-3], lr_main=3e-3,
-            copy=dict(seq_len=16, steps=3, batch=8), capacity=dict(ns=[2], steps=3), capacity_long=None,
-            long=dict(n=2, Ts=[16], steps=3), ood=dict(ns=[2], steps=3),
-            stability=dict(T=60, d=8, batch=2), jacobian=dict(ds=[8], T=30),
-            latency=dict(Ts=[32, 64], reps=1, max_ref_T=64),
-        )
-    if scale == "small":
-        return dict(
-            d_model=128, n_heads=4, batch=32, eval_examples=256, seeds=[42], lrs=[3e-4, 3e-3], lr_main=3e-3,
-            copy=dict(seq_len=64, steps=150, batch=16), capacity=dict(ns=[4, 8], steps=200),
-            capacity_long=None, long=dict(n=8, Ts=[64], steps=150), ood=dict(ns=[8], steps=200),
-            stability=dict(T=1000, d=32, batch=8), jacobian=dict(ds=[32, 64, 96, 128], T=200),
-            latency=dict(Ts=[128, 512, 2048], reps=3, max_ref_T=2048),
-        )
-    if scale == "paper":
-        return dict(
-            d_model=128, n_heads=4, batch=64, eval_examples=960, seeds=[42, 123, 999], lrs=[3e-4, 1e-3, 3e-3],
-            lr_main=3e-4,
-            copy=dict(seq_len=64, steps=1500, batch=32), capacity=dict(ns=[4, 8, 16, 24], steps=2000),
-            capacity_long=dict(ns=[32, 48], steps=1000), long=dict(n=8, Ts=[64, 128, 256, 512], steps=2000),
-            ood=dict(ns=[8, 16, 24], steps=1000), stability=dict(T=1000, d=32, batch=8),
-            jacobian=dict(ds=[32, 64, 96, 128], T=200), latency=dict(Ts=[128, 512, 2048, 4096], reps=5,
-                                                                     max_ref_T=4096),
-        )
-    raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
