@@ -15,6 +15,9 @@ Models follow §4.1 / notes §3: d = 128, 4 layers, 4 heads, Mamba-2 d_state = 1
 untied embeddings; SKA / attention (RoPE) at the last two layers.  SKA runs chunk-causally with S = 16
 (with the paper's S = 64 a model trained at T = 64 gets no SKA output at all, notes §7.7); the paper's
 oracle prefix mask is not used (notes §7.8).
+
+Layout: the scales and model rows (:mod:`.configs`) and the paper's numbers (:mod:`.paper`) are data beside this
+code.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import torch
 
 from seqmem.models import LanguageModel, LMConfig
 from seqmem.repro.common import save_figure, write_results
+from seqmem.repro.echo.configs import LABEL, MODELS, SCALES
+from seqmem.repro.echo.paper import PAPER_PARAMS, PAPER_TABLE2, PAPER_TABLE3
 from seqmem.tasks.echo_tasks import (
     EchoCommonWord,
     EchoMixture,
@@ -39,78 +44,6 @@ from seqmem.tasks.echo_tasks import (
     EchoToolTrace,
 )
 from seqmem.train import TrainConfig, evaluate, train
-
-MODELS = ("ssm", "ssm_attn", "ssm_ska")
-LABEL = {"ssm": "SSM", "ssm_attn": "SSM+Attn", "ssm_ska": "SSM+SKA"}
-
-# ---- the paper's numbers (verbatim) -----------------------------------------------------------------------
-PAPER_TABLE2 = {  # NIAH KV=1, trained at 64
-    64: (88.6, 88.5, 94.5),
-    128: (82.1, 97.4, 89.4),
-    256: (75.8, 92.9, 93.3),
-    512: (66.9, 78.1, 95.6),
-    1024: (37.3, 64.8, 86.4),
-    2048: (2.0, 42.5, 81.2),
-    4096: (2.0, 5.0, 65.1),
-}
-PAPER_TABLE3 = {
-    "MQAR": (55.1, 76.0, 82.2),
-    "SysPrompt": (64.2, 81.3, 85.3),
-    "ToolTrace": (56.5, 76.2, 80.5),
-    "NIAH": (52.0, 81.1, 84.2),
-    "MultiHop": (39.3, 71.1, 76.7),
-    "CommonWord": (52.9, 68.2, 74.1),
-    "Mean": (54.4, 76.2, 81.1),
-}
-PAPER_PARAMS = {"ssm": 1_110_000, "ssm_attn": 998_000, "ssm_ska": 982_000}
-
-SCALES: dict[str, dict[str, Any]] = {
-    "smoke": dict(
-        d=32,
-        heads=2,
-        rank=8,
-        d_state=8,
-        steps=4,
-        batch=4,
-        lr=3e-3,
-        eval_n=8,
-        niah=[64, 128],
-        grid="smoke",
-        mqar_cells=[(2, 16)],
-        mqar_steps=2,
-        mqar_eval=4,
-    ),
-    "small": dict(
-        d=64,
-        heads=2,
-        rank=16,
-        d_state=16,
-        steps=1500,
-        batch=16,
-        lr=3e-3,
-        eval_n=48,
-        niah=[64, 128, 256, 512],
-        grid="small",
-        mqar_cells=[],
-        mqar_steps=0,
-        mqar_eval=0,
-    ),
-    "paper": dict(
-        d=128,
-        heads=4,
-        rank=24,
-        d_state=16,
-        steps=6000,
-        batch=16,
-        lr=3e-4,
-        eval_n=256,
-        niah=[64, 128, 256, 512, 1024, 2048, 4096],
-        grid="paper",
-        mqar_cells=[(4, 64), (4, 256), (4, 1024), (32, 64), (32, 256), (32, 1024)],
-        mqar_steps=3000,
-        mqar_eval=256,
-    ),
-}
 
 
 def task_grids(kind: str) -> dict[str, list[tuple[str, Any]]]:
