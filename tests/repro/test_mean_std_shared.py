@@ -20,3 +20,22 @@ def test_one_sample_convention():
     assert m == 0.5 and math.isnan(s)  # lattice's copy gave 0.0, vla's None
     assert lattice._pm([0.5]) == "0.500"  # one seed: the table shows the value without "± std"
     assert lattice._pm([1.0, 3.0]) == f"2.000 ± {math.sqrt(2):.3f}"
+
+
+def test_torch_threads_restores_the_count(tmp_path):
+    import argparse
+
+    import torch
+
+    from seqmem.repro import elastic
+
+    before = torch.get_num_threads()
+    with common.torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    # a repro run no longer leaves the process at one thread (it computes at one thread inside)
+    args = argparse.Namespace(scale="smoke", out=tmp_path, seed=0, steps=None, corpus="code", skip_lm=True)
+    with common.torch_threads(2):
+        assert elastic.run(args) == 0 and (tmp_path / "hippo_table12.md").exists()
+        assert torch.get_num_threads() == 2
+    assert torch.get_num_threads() == before

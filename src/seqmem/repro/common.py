@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +20,22 @@ __all__ = [
     "markdown_table",
     "mean_std",
     "save_figure",
+    "torch_threads",
     "write_results",
 ]
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block with ``n`` (at least 1) torch intra-op threads, then restore the previous count."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(n)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
 
 def fmt(v: Any, digits: int = 3) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from seqmem.repro.common import atomic_write_text, save_figure, write_results
+from seqmem.repro.common import atomic_write_text, save_figure, torch_threads, write_results
 from seqmem.repro.elastic import checks as claims
 from seqmem.repro.elastic.configs import CONFIGS
 from seqmem.repro.elastic.evaluation import elastic_layers, set_window, summarise, throughput, token_losses
@@ -57,7 +57,11 @@ def plot_per_block(results: dict[str, dict[str, Any]], path: Path, title: str) -
 
 # ------------------------------------------------------------------------------------------------ run
 def run(args) -> int:
-    torch.set_num_threads(1)
+    with torch_threads(1):
+        return _run(args)
+
+
+def _run(args) -> int:
     scale = args.scale
     if scale == "paper" and not torch.cuda.is_available():
         print(

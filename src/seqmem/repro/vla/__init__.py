@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from seqmem.repro.common import atomic_write_text, mean_std, save_figure, write_results
+from seqmem.repro.common import atomic_write_text, mean_std, save_figure, torch_threads, write_results
 from seqmem.repro.vla.configs import ALL_MODELS, MODELS, scale_config
 from seqmem.repro.vla.configs import CONFIGS as CONFIGS
 from seqmem.repro.vla.configs import EXTRA_MODELS as EXTRA_MODELS
@@ -377,12 +377,8 @@ def exp_ood(out, scale, cfg, command, models, lrs, runs):
 def run(args: argparse.Namespace) -> int:
     scale = args.scale
     cfg = scale_config(scale)
-    old_threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(getattr(args, "threads", 1) or 1)))
-    try:
+    with torch_threads(int(getattr(args, "threads", 1) or 1)):
         return _run(args, scale, cfg)
-    finally:
-        torch.set_num_threads(old_threads)
 
 
 def _run(args: argparse.Namespace, scale: str, cfg: dict[str, Any]) -> int:

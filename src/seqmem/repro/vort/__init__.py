@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from seqmem.ops import gl_weights, soe_kernel
 from seqmem.registry import build_mixer
-from seqmem.repro.common import atomic_write_text, save_figure, write_results
+from seqmem.repro.common import atomic_write_text, save_figure, torch_threads, write_results
 from seqmem.repro.vort.configs import CONFIGS, LM_CONFIGS, SCALES
 from seqmem.repro.vort.paper import PAPER_T1, PAPER_T2, PAPER_T3
 from seqmem.tasks.vort_tasks import EntityLabelCopy, ZipfLagRetrieval, lag_bin
@@ -334,7 +334,11 @@ def run(args: argparse.Namespace) -> int:
     bad = set(exps) - {"kernel", "table1", "table2", "table3"}
     if bad:
         raise ValueError(f"unknown experiments {sorted(bad)}; choose from kernel, table1, table2, table3")
-    torch.set_num_threads(int(getattr(args, "threads", 1) or 1))
+    with torch_threads(int(getattr(args, "threads", 1) or 1)):
+        return _run(args, exps)
+
+
+def _run(args: argparse.Namespace, exps: list[str]) -> int:
     cfg = CONFIGS[args.scale]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
