@@ -7,6 +7,7 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from seqmem.io import atomic_write_bytes, atomic_write_text, machine_info, mean_
 __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
+    "Fit",
+    "fit_lm",
     "fmt",
     "machine_info",
     "markdown_table",
@@ -23,6 +26,42 @@ __all__ = [
     "torch_threads",
     "write_results",
 ]
+
+
+@dataclass
+class Fit:
+    """What :func:`fit_lm` returns: the trained model, the trainer's result (``None`` when the run diverged and
+    ``keep_diverged`` was set), the training wall time and the divergence message."""
+
+    model: Any
+    result: Any
+    seconds: float
+    diverged: str | None = None
+
+
+def fit_lm(lm_config: Any, task: Any, train_config: Any, *, seed: int, device: Any = None,
+           keep_diverged: bool = False) -> Fit:
+    """Train one language model the way every reproduction does: seed torch with ``seed``, build
+    :class:`seqmem.models.LanguageModel` from ``lm_config`` (moved to ``device`` when given), train it on ``task``
+    with :func:`seqmem.train.train` and time it.  A diverged run (``FloatingPointError``) raises unless
+    ``keep_diverged``, in which case it is returned with ``result=None`` and the message in ``diverged``."""
+    import torch
+
+    from seqmem.models import LanguageModel
+    from seqmem.train import train
+
+    torch.manual_seed(seed)
+    model = LanguageModel(lm_config)
+    if device is not None:
+        model = model.to(device)
+    t0 = time.perf_counter()
+    try:
+        result = train(model, task, train_config)
+    except FloatingPointError as e:
+        if not keep_diverged:
+            raise
+        return Fit(model, None, time.perf_counter() - t0, str(e))
+    return Fit(model, result, time.perf_counter() - t0)
 
 
 @contextmanager

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from seqmem.models import LanguageModel, LMConfig
-from seqmem.repro.common import save_figure, write_results
+from seqmem.repro.common import fit_lm, save_figure, write_results
 from seqmem.repro.echo.configs import LABEL, MODELS, SCALES
 from seqmem.repro.echo.paper import PAPER_PARAMS, PAPER_TABLE2, PAPER_TABLE3
 from seqmem.tasks.echo_tasks import (
@@ -43,7 +43,7 @@ from seqmem.tasks.echo_tasks import (
     EchoSysPrompt,
     EchoToolTrace,
 )
-from seqmem.train import TrainConfig, evaluate, train
+from seqmem.train import TrainConfig, evaluate
 
 
 def task_grids(kind: str) -> dict[str, list[tuple[str, Any]]]:
@@ -220,15 +220,13 @@ def run(args) -> int:
     grids = task_grids(sc["grid"])
     results: dict[str, Any] = {"scale": scale, "models": {}}
     for name in models:
-        torch.manual_seed(seed)
         cfg = submillion_config(name, d=sc["d"], heads=sc["heads"], rank=sc["rank"], d_state=sc["d_state"])
-        model = LanguageModel(cfg)
         task = EchoMixture(seq_len=64)
-        t0 = time.time()
-        tr = train(model, task, _train_cfg(sc, seed=seed))
+        fit = fit_lm(cfg, task, _train_cfg(sc, seed=seed), seed=seed)
+        model, tr = fit.model, fit.result
         rec: dict[str, Any] = {
             "params": model.num_parameters(),
-            "train_seconds": time.time() - t0,
+            "train_seconds": fit.seconds,
             "train_final": tr.final,
             "history": tr.history,
             "state_floats@64": model.state_size(64),
@@ -382,7 +380,6 @@ def _mqar_grid(out: Path, sc: dict, seed: int, command: str, scale: str) -> dict
     for M, gap in sc["mqar_cells"]:
         row: dict[str, Any] = {"M": M, "gap": gap}
         for name, special in (("Mamba-2", "mamba2"), ("Mamba-2+Attn", "attention"), ("Mamba-2+SKA", "ska")):
-            torch.manual_seed(seed)
             cfg = hybrid_config(
                 sc["d"],
                 4,
@@ -398,11 +395,10 @@ def _mqar_grid(out: Path, sc: dict, seed: int, command: str, scale: str) -> dict
                 ({"d_state": sc["d_state"]} if n == "mamba2" else o)
                 for n, o in zip(cfg.mixer, cfg.mixer_options)
             ]
-            model = LanguageModel(cfg)
             task = EchoMQAR(num_pairs=M, gap=gap)
             tc = _train_cfg(sc, steps=sc["mqar_steps"], seed=seed)
             tc.lr = 1e-3
-            train(model, task, tc)
+            model = fit_lm(cfg, task, tc, seed=seed).model
             acc = _acc(model, task, sc["mqar_eval"])
             paper = (
                 "~3"

@@ -31,23 +31,29 @@ def model_specs(c: dict[str, Any]) -> dict[str, tuple[list[str], list[dict[str, 
     }
 
 
-def build_model(c: dict[str, Any], names: list[str], opts: list[dict[str, Any]]):
-    from seqmem.models import LanguageModel, LMConfig
+def lm_config(c: dict[str, Any], names: list[str], opts: list[dict[str, Any]], vocab_size: int = 256):
+    """The :class:`seqmem.models.LMConfig` of one row (bytes by default)."""
+    from seqmem.models import LMConfig
 
-    cfg = LMConfig(
-        vocab_size=256,
+    return LMConfig(
+        vocab_size=vocab_size,
         d_model=c["d_model"],
         n_layers=c["n_layers"],
         n_heads=c["n_heads"],
         mixer=names,
         mixer_options=opts,
     )
-    return _device_model(LanguageModel(cfg))
 
 
-def _device_model(model):
-    """The GPU when one is present (``--scale paper`` needs it), else the CPU."""
-    return model.to("cuda") if torch.cuda.is_available() else model
+def model_device() -> str | None:
+    """The GPU when one is present (``--scale paper`` needs it), else ``None`` (the CPU)."""
+    return "cuda" if torch.cuda.is_available() else None
+
+
+def build_model(c: dict[str, Any], names: list[str], opts: list[dict[str, Any]]):
+    from seqmem.models import LanguageModel
+
+    return LanguageModel(lm_config(c, names, opts)).to(model_device() or "cpu")
 
 
 def train_cfg(c: dict[str, Any], seed: int):

@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
-from seqmem.repro.common import atomic_write_text, save_figure, torch_threads, write_results
+from seqmem.repro.common import atomic_write_text, fit_lm, save_figure, torch_threads, write_results
 from seqmem.repro.elastic import checks as claims
 from seqmem.repro.elastic.configs import CONFIGS
 from seqmem.repro.elastic.evaluation import elastic_layers, set_window, summarise, throughput, token_losses
 from seqmem.repro.elastic.hippo_tables import table12, table13
-from seqmem.repro.elastic.models import build_model, model_specs, train_cfg
+from seqmem.repro.elastic.models import lm_config, model_device, model_specs, train_cfg
 from seqmem.repro.elastic.paper import PAPER_T2, PAPER_T3, PAPER_T5, PAPER_T8, PAPER_T8_16X
 from seqmem.repro.elastic.topic import _topic_section
 
@@ -108,7 +108,6 @@ def _run(args) -> int:
         return _finish(out, md, checks, t_start)
 
     from seqmem.tasks.lm import LMTask
-    from seqmem.train import train
 
     task = LMTask(getattr(args, "corpus", "code"), seq_len=T, max_files=c["max_files"], n_buckets=c["n_blocks"])
     xt, yt = task.test_data(c["eval_examples"])
@@ -117,11 +116,8 @@ def _run(args) -> int:
     train_s: dict[str, float] = {}
 
     def fit(name: str, names: list[str], opts: list[dict[str, Any]]):
-        torch.manual_seed(seed)
-        m = build_model(c, names, opts)
-        t0 = time.time()
-        res = train(m, task, train_cfg(c, seed))
-        train_s[name] = time.time() - t0
+        f = fit_lm(lm_config(c, names, opts), task, train_cfg(c, seed), seed=seed, device=model_device())
+        m, res, train_s[name] = f.model, f.result, f.seconds
         print(
             f"[elastic repro] {name}: trained {c['steps']} steps in {train_s[name]:.0f}s, "
             f"val loss {res.final.get('loss', float('nan')):.3f}",

@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from seqmem.repro.common import write_results
+from seqmem.repro.common import fit_lm, write_results
 from seqmem.repro.elastic import checks as claims
 from seqmem.repro.elastic.configs import TOPIC
 from seqmem.repro.elastic.evaluation import token_losses
-from seqmem.repro.elastic.models import _device_model, model_specs
+from seqmem.repro.elastic.models import lm_config, model_device, model_specs
 from seqmem.tasks.elastic_topic import ElasticTopicTask
 
 
@@ -34,7 +34,7 @@ class TopicTask(ElasticTopicTask):
 
 def topic_check(scale: str, seed: int) -> list[dict[str, Any]]:
     """Train Transformer++ / Elastic_exp / Elastic_uni / MemTrans on :class:`TopicTask`; loss by in-block position."""
-    from seqmem.train import TrainConfig, train
+    from seqmem.train import TrainConfig
 
     t = dict(TOPIC[scale])
     L, T = t["block_len"], t["block_len"] * t["n_blocks"]
@@ -44,22 +44,7 @@ def topic_check(scale: str, seed: int) -> list[dict[str, Any]]:
     specs = model_specs(c)
     rows = []
     for name in ("Transformer++", "Mem. Transformer", "Elastic Memory_uni", "Elastic Memory_exp"):
-        torch.manual_seed(seed)
-        from seqmem.models import LanguageModel, LMConfig
-
         names, opts = specs[name]
-        m = _device_model(
-            LanguageModel(
-                LMConfig(
-                    vocab_size=t["vocab"],
-                    d_model=c["d_model"],
-                    n_layers=c["n_layers"],
-                    n_heads=c["n_heads"],
-                    mixer=names,
-                    mixer_options=opts,
-                )
-            )
-        )
         cfg = TrainConfig(
             steps=t["steps"],
             batch_size=t["batch"],
@@ -73,7 +58,7 @@ def topic_check(scale: str, seed: int) -> list[dict[str, Any]]:
             log_every=max(1, t["steps"] // 5),
             seed=seed,
         )
-        train(m, task, cfg)
+        m = fit_lm(lm_config(c, names, opts, vocab_size=t["vocab"]), task, cfg, seed=seed, device=model_device()).model
         ce = token_losses(m, xt, yt, batch=64).view(xt.shape[0], t["n_blocks"], L)
         q = max(1, L // 4)
         rows.append(

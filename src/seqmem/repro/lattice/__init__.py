@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from seqmem.repro.common import mean_std, write_results
+from seqmem.repro.common import fit_lm, mean_std, write_results
 from seqmem.repro.lattice.configs import CONFIGS, CONTEXT_MODELS, LADDER, MODELS, VNORM
 from seqmem.repro.lattice.configs import SCALES as SCALES  # the CLI reads seqmem.repro.lattice.SCALES
 from seqmem.repro.lattice.configs import TTT as TTT
@@ -194,19 +194,17 @@ def run_speed(cfg: dict[str, Any], out: Path, command: str) -> list[dict[str, An
 # LM experiments
 # ------------------------------------------------------------------------------------------------------------
 def _train_one(name: str, mixer: str, opts: dict[str, Any], cfg: dict[str, Any], task, seed: int):
-    from seqmem.models import LanguageModel, LMConfig
-    from seqmem.train import TrainConfig, evaluate, train
+    from seqmem.models import LMConfig
+    from seqmem.train import TrainConfig, evaluate
 
-    torch.manual_seed(seed)
-    model = LanguageModel(LMConfig(vocab_size=256, d_model=cfg["d_model"], n_layers=cfg["n_layers"],
-                                   n_heads=cfg["n_heads"], mixer=mixer, mixer_options=dict(opts)))  # fmt: skip
+    lm_cfg = LMConfig(vocab_size=256, d_model=cfg["d_model"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"],
+                      mixer=mixer, mixer_options=dict(opts))  # fmt: skip
     tc = TrainConfig(steps=cfg["steps"], batch_size=cfg["batch"], lr=cfg["lr"], weight_decay=0.1, warmup_frac=0.1,
                      clip=1.0, eval_every=0, eval_examples=cfg["eval_examples"],
                      eval_batch_size=min(32, cfg["eval_examples"]), log_every=max(1, cfg["steps"] // 10),
                      seed=seed)  # fmt: skip
-    t0 = time.perf_counter()
-    res = train(model, task, tc)
-    secs = time.perf_counter() - t0
+    fit = fit_lm(lm_cfg, task, tc, seed=seed)
+    model, res, secs = fit.model, fit.result, fit.seconds
     # the trainer evaluates at its last step on the same fixed val windows; reuse that instead of a second pass
     ev = res.final or evaluate(model, task, n_examples=cfg["eval_examples"],
                                batch_size=min(32, cfg["eval_examples"]))  # fmt: skip

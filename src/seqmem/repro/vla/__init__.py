@@ -30,7 +30,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from seqmem.repro.common import atomic_write_text, mean_std, save_figure, torch_threads, write_results
+from seqmem.repro.common import (
+    atomic_write_text,
+    fit_lm,
+    mean_std,
+    save_figure,
+    torch_threads,
+    write_results,
+)
 from seqmem.repro.vla.configs import ALL_MODELS, MODELS, scale_config
 from seqmem.repro.vla.configs import CONFIGS as CONFIGS
 from seqmem.repro.vla.configs import EXTRA_MODELS as EXTRA_MODELS
@@ -78,19 +85,22 @@ def _plot(path: Path, draw) -> None:
 
 def _train_one(model_key: str, task, steps: int, lr: float, seed: int, cfg: dict[str, Any], batch: int,
                eval_tasks: dict[str, Any] | None = None, eval_every: int = 0) -> dict[str, Any]:
-    from seqmem.models import LanguageModel, LMConfig
-    from seqmem.train import TrainConfig, evaluate, train
+    from seqmem.models import LMConfig
+    from seqmem.train import TrainConfig, evaluate
 
     mixer, opts = ALL_MODELS[model_key]
-    torch.manual_seed(seed)
-    lm = LanguageModel(LMConfig(vocab_size=task.vocab_size, d_model=cfg["d_model"], n_layers=2,
-                                n_heads=cfg["n_heads"], mixer=mixer, mixer_options=opts, mlp_ratio=3.0))
+    lm_cfg = LMConfig(vocab_size=task.vocab_size, d_model=cfg["d_model"], n_layers=2, n_heads=cfg["n_heads"],
+                      mixer=mixer, mixer_options=opts, mlp_ratio=3.0)
     tc = TrainConfig(steps=steps, batch_size=batch, lr=lr, weight_decay=0.01, warmup_frac=0.1, clip=1.0,
                      betas=(0.9, 0.999), eval_every=eval_every, eval_examples=cfg["eval_examples"],
                      eval_batch_size=64, log_every=max(1, steps // 10), seed=seed)
     t0 = time.perf_counter()
+    fit = fit_lm(lm_cfg, task, tc, seed=seed, keep_diverged=True)
+    lm = fit.model
     try:
-        res = train(lm, task, tc)
+        if fit.diverged:
+            raise FloatingPointError(fit.diverged)
+        res = fit.result
         out = {"loss": res.final["loss"], "accuracy": res.final["accuracy"], "history": res.history,
                "diverged": False}
         for name, t in (eval_tasks or {}).items():

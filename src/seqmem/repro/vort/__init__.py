@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from seqmem.ops import gl_weights, soe_kernel
 from seqmem.registry import build_mixer
-from seqmem.repro.common import atomic_write_text, save_figure, torch_threads, write_results
+from seqmem.repro.common import atomic_write_text, fit_lm, save_figure, torch_threads, write_results
 from seqmem.repro.vort.configs import CONFIGS, LM_CONFIGS, SCALES
 from seqmem.repro.vort.paper import PAPER_T1, PAPER_T2, PAPER_T3
 from seqmem.tasks.vort_tasks import EntityLabelCopy, ZipfLagRetrieval, lag_bin
@@ -279,9 +279,9 @@ def retrieval_experiment(name: str, tasks: list, cfg: dict, edges, paper: dict, 
 
 def lm_experiment(scale: str, out: Path, seed: int, command: str) -> list[dict]:
     """Table 3 on a local corpus (PG-19 is not available offline): single-layer byte LMs, bpb by position."""
-    from seqmem.models import LanguageModel, LMConfig
+    from seqmem.models import LMConfig
     from seqmem.tasks.lm import LMTask
-    from seqmem.train import TrainConfig, train
+    from seqmem.train import TrainConfig
 
     c = LM_CONFIGS[scale]
     task = LMTask(corpus=c["corpus"], seq_len=c["seq_len"], max_files=c["max_files"], n_buckets=c["n_buckets"])
@@ -295,12 +295,11 @@ def lm_experiment(scale: str, out: Path, seed: int, command: str) -> list[dict]:
     ]
     rows = []
     for label, mixer, opts in models:
-        torch.manual_seed(seed)
-        model = LanguageModel(LMConfig(vocab_size=256, d_model=c["d"], n_layers=1, n_heads=c["heads"], mixer=mixer,
-                                       mixer_options=opts))
+        lm_cfg = LMConfig(vocab_size=256, d_model=c["d"], n_layers=1, n_heads=c["heads"], mixer=mixer,
+                          mixer_options=opts)
         cfg = TrainConfig(steps=c["steps"], batch_size=c["batch"], lr=c["lr"], eval_examples=c["eval_examples"],
                           eval_batch_size=8, seed=seed, log_every=max(1, c["steps"] // 5))
-        res = train(model, task, cfg)
+        res = fit_lm(lm_cfg, task, cfg, seed=seed).result
         fin = res.final
         buckets = {k: v for k, v in fin.items() if k.startswith("bpb_pos_")}
         row = {"model": f"{label}: {mixer}", "ours bpb (all)": fin.get("bpb")}
