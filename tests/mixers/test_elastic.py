@@ -182,9 +182,10 @@ def test_memory_layer_stack():
         memory_layer_stack(4, "elastic", 7)
 
 
-def test_decode_reuses_memory_tokens_within_a_block_and_stays_exact():
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_decode_reuses_memory_tokens_within_a_block_and_stays_exact(mode):
     """Token-by-token decoding rebuilds the memory tokens (Eq. 8) once per block, not once per token, and still
-    equals the full forward."""
+    equals the full forward (also under inference_mode, whose tensors have no version counter)."""
     import seqmem
 
     torch.manual_seed(0)
@@ -194,7 +195,7 @@ def test_decode_reuses_memory_tokens_within_a_block_and_stays_exact():
     recon = m._recon
     # count rebuilds for this batch only (the first state check builds throw-away states of batch 1)
     m._recon = lambda like: (calls.append(like.shape[0]), recon(like))[1]
-    with torch.no_grad():
+    with mode():
         full, _ = m(x)
         calls.clear()
         st, outs = None, []

@@ -4,7 +4,9 @@ For each mixer the context is streamed once, in pieces of ``--piece`` tokens (de
 implementation under ``torch.inference_mode``; when it reaches a requested context length ``L`` the state is held
 fixed and single-token steps ``mixer(x_1, state)`` are timed (warm-up, repeats, median) for each requested ``impl``
 (the reference step gets the same state: the contract makes the two implementations' states interchangeable).
-``attention`` decodes against its KV cache.  State bytes per sequence are measured on the state itself
+``attention`` decodes against its KV cache.  A one-token step of ``impl="fast"`` runs the mixer's
+``single_token_impl`` (the per-token form where that is cheaper); each record's ``step_path`` says which ran.
+State bytes per sequence are measured on the state itself
 (each tensor's bytes divided by the batch; position counters included).  Streaming to a context or one
 measurement that exceeds ``--max-seconds`` makes that context and the longer ones "not run".
 """
@@ -64,7 +66,8 @@ def run_decode(args: Any, device: torch.device, dtype: torch.dtype, mixers: list
                 recs = {}
                 for impl in impls:
                     rec = base_record("decode", name, impl, n, args, device, dtype, machine)
-                    rec.update(context=n, repeats=args.repeats, warmup=args.warmup, piece=args.piece)
+                    rec.update(context=n, repeats=args.repeats, warmup=args.warmup, piece=args.piece,
+                               step_path=steppers[impl].single_token_impl if impl == "fast" else "reference")
                     records.append(rec)
                     recs[impl] = rec
                 if blocked is None and rate is not None and cap is not None and rate * (n - pos) > cap:

@@ -232,6 +232,10 @@ class Mixer(nn.Module):
     #: to (and may override) its parents' (merged in :meth:`__init_subclass__`); ``None`` is always accepted for
     #: an ``X | None`` option, so a domain constrains only the numbers.
     option_domains: ClassVar[dict[str, str]] = {"d_model": ">0", "n_heads": ">0"}
+    #: The implementation a one-token call (``x`` of length 1: a decode step) runs when ``impl="fast"``:
+    #: ``"reference"`` where the per-token form is measured cheaper at T = 1 (the two are equal by the contract and
+    #: share the state layout), else ``"fast"``.  ``seqmem bench decode`` measures both.
+    single_token_impl: ClassVar[str] = "fast"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -267,7 +271,7 @@ class Mixer(nn.Module):
         if state is not None:
             self._check_state(state, x)
         if not _CHECK_FINITE:
-            return self._forward(x, state)
+            return self._dispatch(x, state)
         name = type(self).__name__
         bad = _nonfinite_count(x)
         if bad:
@@ -279,7 +283,7 @@ class Mixer(nn.Module):
         for k, v in (state or {}).items():
             if _nonfinite_count(v):
                 raise NonFiniteError(f"{name}: state[{k!r}] contains NaN/Inf; restart the sequence (state=None)")
-        y, new_state = self._forward(x, state)
+        y, new_state = self._dispatch(x, state)
         bad = _nonfinite_count(y)
         if bad:
             raise NonFiniteError(
@@ -287,6 +291,16 @@ class Mixer(nn.Module):
                 f"(dtype {y.dtype}); run in float32 or lower the learning rate"
             )
         return y, new_state
+
+    def _dispatch(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
+        """``_forward``, with a one-token call in ``impl="fast"`` sent to :attr:`single_token_impl`."""
+        if x.shape[1] == 1 and self.impl == "fast" and self.single_token_impl == "reference":
+            self.impl = "reference"
+            try:
+                return self._forward(x, state)
+            finally:
+                self.impl = "fast"
+        return self._forward(x, state)
 
     def _forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
         raise NotImplementedError

@@ -349,7 +349,9 @@ class Elastic(BlockAttention):
         # The memory changes only at block ends, so token-by-token decoding passes the same tensor back L times:
         # reuse its memory tokens (Eq. 8) instead of rebuilding them per token.  Exact: same tensor object, same
         # version counter (not modified in place), same block; never while autograd records (no graph is kept).
-        if cached is not None and cached[0] is C and cached[1] == C._version and cached[2] == blk:
+        # Inference-mode tensors have no version counter: there the same object and block are the key.
+        version = None if C.is_inference() else C._version
+        if cached is not None and cached[0] is C and cached[1] == version and cached[2] == blk:
             return cached[3]
         b = C.shape[0]
         tok = self._recon(C) @ C  # Eq. 8: (b, L_mem, 2 d_model)
@@ -360,7 +362,7 @@ class Elastic(BlockAttention):
             "v": tok[..., self.d_model :].reshape(b, M, h, dh),
             "valid": torch.full((b, M), blk > 0, dtype=torch.bool, device=C.device),
         }
-        self._ctx_cache = None if torch.is_grad_enabled() else (C, C._version, blk, ctx)
+        self._ctx_cache = None if torch.is_grad_enabled() else (C, version, blk, ctx)
         return ctx
 
     def _mem_update(self, mem: State, k_raw: Tensor, v: Tensor, blk: int, reference: bool) -> State:

@@ -244,6 +244,8 @@ class LatticeMinibatchMixer(LatticeMixer):
     causal-product form (:func:`seqmem.ops.lattice_chunked`; never forms the per-token states).
     """
 
+    single_token_impl: ClassVar[str] = "reference"  # decode step: the per-token form is cheaper at T = 1
+
     contract_configs: ClassVar[list[dict[str, Any]]] = [
         {"chunk_size": 8},
         {"chunk_size": 5, "objective": "enc", "gamma_per_slot": True, "n_slots": 4},

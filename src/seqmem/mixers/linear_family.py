@@ -49,6 +49,8 @@ def init_dt_bias(n: int, dt_min: float = 1e-3, dt_max: float = 0.1, floor: float
 class _LinearFamily(Mixer):
     """Shared plumbing: fused q/k/v projection, optional short conv with cached inputs, output projection."""
 
+    single_token_impl: ClassVar[str] = "reference"  # decode step: the per-token form is cheaper at T = 1
+
     contract_configs: ClassVar[list[dict]] = [{"chunk_size": 8}, {"chunk_size": 8, "conv_size": None}]
     option_domains: ClassVar[dict[str, str]] = {"conv_size": ">0", "chunk_size": ">0"}  # conv_size None: no conv
 

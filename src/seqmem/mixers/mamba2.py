@@ -37,6 +37,8 @@ __all__ = ["Mamba2"]
 class Mamba2(Mixer):
     """Mamba-2 block with SSD (state-space duality); heads = ``n_heads`` unless ``headdim`` is given."""
 
+    single_token_impl: ClassVar[str] = "reference"  # decode step: the per-token form is cheaper at T = 1
+
     contract_configs: ClassVar[list[dict]] = [
         {"d_state": 8, "chunk_size": 8},
         {"d_state": 4, "chunk_size": 8, "headdim": 8, "d_conv": 2, "expand": 1},

@@ -70,6 +70,8 @@ class Memorizing(BlockAttention):
     """Memorizing Transformer (dense-read variant; an Elastic Memory paper baseline): block attention + gated
     FIFO K/V memory."""
 
+    single_token_impl: ClassVar[str] = "reference"  # decode step: the per-token form is cheaper at T = 1
+
     contract_configs: ClassVar[list[dict[str, Any]]] = [
         {"block_len": 8, "n_queue": 12},
         {"block_len": 6, "n_queue": 4},
@@ -264,6 +266,8 @@ class Infini(BlockAttention):
 )
 class Melodi(BlockAttention):
     """Melodi short-term summary-token memory on block-local attention (an Elastic Memory paper baseline)."""
+
+    single_token_impl: ClassVar[str] = "reference"  # decode step: the per-token form is cheaper at T = 1
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [{"block_len": 8, "n_summary": 3}]
     length_options: ClassVar[dict[str, str]] = {"block_len": "block", "n_summary": "memory"}

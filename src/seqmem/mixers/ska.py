@@ -39,6 +39,8 @@ class SKAMixer(Mixer):
     """Spectral Koopman Attention (Echo): chunk-causal ridge/Koopman retrieval from constant-size
     statistics."""
 
+    single_token_impl: ClassVar[str] = "reference"  # decode step: the per-token form is cheaper at T = 1
+
     # The paper's sequence-max normalisation (norm="seqmax") is deliberately NOT in the contract configs: it
     # divides
     # every key by a maximum over the whole input, so outputs depend on future tokens (not causal) and a split

@@ -39,6 +39,8 @@ def _check_pos_float(name: str, value: float) -> float:
 class _HeadProjections(Mixer):
     """q/k/v/o projections shared by the VLA family."""
 
+    single_token_impl: ClassVar[str] = "reference"  # decode step: the per-token form is cheaper at T = 1
+
     option_domains: ClassVar[dict[str, str]] = {"chunk_size": ">0"}
 
     def __init__(self, d_model: int, n_heads: int, impl: str, chunk_size: int, bias: bool) -> None:

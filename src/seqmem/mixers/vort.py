@@ -135,7 +135,14 @@ class VORT(Mixer):
     """Keyed linear-attention retrieval with power-law (SOE) or exponential decay kernels (VORT
     eqs. 11–17)."""
 
+    single_token_impl: ClassVar[str] = "reference"  # decode step: the per-token form is cheaper at T = 1
+
     length_options: ClassVar[dict[str, str]] = {"local_window": "window"}
+    option_domains: ClassVar[dict[str, str]] = {
+        "n_banks": ">0", "n_soe": ">0", "horizon": ">1", "soe_eps": "(0,1)",
+        "n_features": ">0", "local_window": ">=0", "decay_rate": ">0", "n_exp": ">0", "chunk_size": ">0",
+        "eps0": ">=0",
+    }
     contract_configs: ClassVar[list[dict]] = [
         {"chunk_size": 8, "local_window": 8, "n_soe": 6, "horizon": 64, "n_features": 8},
         {
@@ -195,12 +202,12 @@ class VORT(Mixer):
             raise ValueError(f"min_alpha (δ) must be in (0, 1), got {min_alpha!r}")
         if not (min_alpha <= alpha <= 1):
             raise ValueError(f"alpha must be in [min_alpha, 1] = [{min_alpha}, 1], got {alpha!r}")
+        if eps0 == 0 and strict_causal:
+            raise ValueError("eps0 must be > 0 with strict_causal=True (the first token sees nothing: 0/0)")
         if self.construction == "paper" and self.kernel == "soe":
             raise ValueError(
                 "construction='paper' has α-dependent nodes and cannot be merged; use kernel ops"
             )
-        if not (0 < soe_eps < 1) or eps0 < 0 or decay_rate <= 0:
-            raise ValueError("need 0 < soe_eps < 1, eps0 >= 0 and decay_rate > 0")
         self.alpha, self.min_alpha = float(alpha), float(min_alpha)
         self.n_banks = check_positive_int("n_banks", n_banks)
         self.n_soe = check_positive_int("n_soe", n_soe)
