@@ -195,14 +195,20 @@ def test_decode_reuses_memory_tokens_within_a_block_and_stays_exact(mode):
     recon = m._recon
     # count rebuilds for this batch only (the first state check builds throw-away states of batch 1)
     m._recon = lambda like: (calls.append(like.shape[0]), recon(like))[1]
+    rope, rotated = m._rope, []
+    m._rope = lambda z, pos: (rotated.append(z.shape[:2]), rope(z, pos))[1]
     with mode():
         full, _ = m(x)
         calls.clear()
+        rotated.clear()
         st, outs = None, []
         for t in range(x.shape[1]):
             y, st = m(x[:, t : t + 1], st)
             outs.append(y)
     torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-10, atol=1e-12)
+    # each step rotates its own query and key only (the block's keys come from the cache), except at most one step
+    # right after the first state check (batch 1), whose probe replaces the cache
+    assert sum(n > 1 for bsz, n in rotated if bsz == 2) <= 1
     # one rebuild per block (5 blocks), plus at most one after the first state check, not one per token (19)
     assert calls.count(2) <= -(-x.shape[1] // 4) + 1
 

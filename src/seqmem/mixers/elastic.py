@@ -62,6 +62,11 @@ except ImportError:  # pragma: no cover - fallback when the core attention file 
 Ctx = dict[str, Tensor]
 
 
+def _version(x: Tensor) -> int | None:
+    """The in-place version counter of ``x`` (``None`` for inference-mode tensors, which have none)."""
+    return None if x.is_inference() else x._version
+
+
 @register(
     "block_attention",
     facts=dict(
@@ -156,8 +161,14 @@ class BlockAttention(Mixer):
         c = kc.shape[1]
         K = torch.cat([kc.view(b, c, h, dh), k], 1)
         V = torch.cat([vc.view(b, c, h, dh), v], 1)
+        # decoding within a block: the cached keys were rotated at the previous step (same tensor, unmodified)
+        cache, self._krot_cache = getattr(self, "_krot_cache", None), None
+        krot_prefix = None
+        if cache is not None and c > 0 and cache[0] is kc and cache[1] == _version(kc):
+            krot_prefix = cache[2]
+        self._last_krot = None
         if self.impl == "fast":
-            y, mem = self._fast(q, K, V, c, start, mem)
+            y, mem = self._fast(q, K, V, c, start, mem, krot_prefix)
         else:
             y, mem = self._reference(q, K, V, c, start, mem)
         y = self.out(y.reshape(b, t, d))
@@ -169,11 +180,15 @@ class BlockAttention(Mixer):
             "pos": torch.full((b,), start + t, dtype=torch.long, device=x.device),
             **mem,
         }
+        if self._last_krot is not None and keep == n and not torch.is_grad_enabled():
+            self._krot_cache = (new_state["k"], _version(new_state["k"]), self._last_krot)
         return y, new_state
 
     # -- fast: all blocks at once
     # ---------------------------------------------------------------------------------
-    def _fast(self, q: Tensor, K: Tensor, V: Tensor, c: int, start: int, mem: State) -> tuple[Tensor, State]:
+    def _fast(self, q: Tensor, K: Tensor, V: Tensor, c: int, start: int, mem: State,
+              krot_prefix: Tensor | None = None) -> tuple[Tensor, State]:
+        """``krot_prefix``: the first ``c`` keys already rotated (a decode step within one block), or ``None``."""
         b, t, h, dh = q.shape
         L = self.block_len
         n = c + t
@@ -197,7 +212,12 @@ class BlockAttention(Mixer):
         qpos = torch.arange(off, off + lq, device=q.device)
         kpos = torch.arange(lk, device=q.device)
         q_rot = self._rope(Qp.reshape(b * nb, lq, h, dh), qpos).view(b, nb, lq, h, dh)
-        k_rot = self._rope(Kp.reshape(b * nb, lk, h, dh), kpos).view(b, nb, lk, h, dh)
+        if nb == 1 and krot_prefix is not None:  # rotate only the new keys (RoPE is per position: same values)
+            k_rot = torch.cat([krot_prefix, self._rope(Kp[:, 0, c:], kpos[c:])], 1)[:, None]
+        else:
+            k_rot = self._rope(Kp.reshape(b * nb, lk, h, dh), kpos).view(b, nb, lk, h, dh)
+        if nb == 1:
+            self._last_krot = k_rot[:, 0]
         y = self._attend_fast(q_rot, Qp, k_rot, Vp, ctx, off)
         if nb == 1:
             return y[:, 0], mem
@@ -350,7 +370,7 @@ class Elastic(BlockAttention):
         # reuse its memory tokens (Eq. 8) instead of rebuilding them per token.  Exact: same tensor object, same
         # version counter (not modified in place), same block; never while autograd records (no graph is kept).
         # Inference-mode tensors have no version counter: there the same object and block are the key.
-        version = None if C.is_inference() else C._version
+        version = _version(C)
         if cached is not None and cached[0] is C and cached[1] == version and cached[2] == blk:
             return cached[3]
         b = C.shape[0]
