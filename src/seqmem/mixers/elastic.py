@@ -161,11 +161,14 @@ class BlockAttention(Mixer):
         c = kc.shape[1]
         K = torch.cat([kc.view(b, c, h, dh), k], 1)
         V = torch.cat([vc.view(b, c, h, dh), v], 1)
-        # decoding within a block: the cached keys were rotated at the previous step (same tensor, unmodified)
-        cache, self._krot_cache = getattr(self, "_krot_cache", None), None
+        # decoding within a block: the cached keys were rotated by an earlier step (same tensor, unmodified); two
+        # entries: the state a step returned (the next step's input) and the state it was given (a step repeated
+        # from one state, as when sampling several continuations)
+        cache, self._krot_cache = getattr(self, "_krot_cache", ()), ()
         krot_prefix = None
-        if cache is not None and c > 0 and cache[0] is kc and cache[1] == _version(kc):
-            krot_prefix = cache[2]
+        for key_tensor, version, krot in cache:
+            if c > 0 and key_tensor is kc and version == _version(kc):
+                krot_prefix = krot
         self._last_krot = None
         if self.impl == "fast":
             y, mem = self._fast(q, K, V, c, start, mem, krot_prefix)
@@ -181,7 +184,8 @@ class BlockAttention(Mixer):
             **mem,
         }
         if self._last_krot is not None and keep == n and not torch.is_grad_enabled():
-            self._krot_cache = (new_state["k"], _version(new_state["k"]), self._last_krot)
+            self._krot_cache = ((new_state["k"], _version(new_state["k"]), self._last_krot),) + (
+                ((kc, _version(kc), self._last_krot[:, :c]),) if c > 0 else ())
         return y, new_state
 
     # -- fast: all blocks at once
