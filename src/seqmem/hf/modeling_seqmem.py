@@ -28,7 +28,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from seqmem.hf.configuration_seqmem import SeqmemConfig
 from seqmem.mixers.base import State
-from seqmem.models.lm import LanguageModel
+from seqmem.models.lm import LanguageModel, check_ids
 
 __all__ = ["SeqmemCache", "SeqmemForCausalLM", "SeqmemModel", "from_run"]
 
@@ -166,18 +166,6 @@ class SeqmemCache(Cache):
         return total
 
 
-def _check_ids(input_ids: Tensor, vocab_size: int) -> None:
-    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be a (batch, time) tensor, got {getattr(input_ids, 'shape', input_ids)}")
-    if input_ids.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
-    if input_ids.numel() == 0:
-        raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)})")
-    lo, hi = int(input_ids.min()), int(input_ids.max())
-    if lo < 0 or hi >= vocab_size:
-        raise ValueError(f"token ids must lie in [0, {vocab_size}), got range [{lo}, {hi}]")
-
-
 class SeqmemPreTrainedModel(PreTrainedModel):
     config_class = SeqmemConfig
     base_model_prefix = "model"
@@ -281,7 +269,7 @@ class SeqmemPreTrainedModel(PreTrainedModel):
         if input_ids is None:
             raise ValueError("input_ids is required")
         embed, _, _ = self._parts()
-        _check_ids(input_ids, embed.num_embeddings)
+        check_ids(input_ids, embed.num_embeddings)
         B, T = input_ids.shape
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():

@@ -100,6 +100,19 @@ class Block(nn.Module):
         return x, state
 
 
+def check_ids(input_ids: Tensor, vocab_size: int) -> None:
+    """Raise unless ``input_ids`` is a non-empty ``(batch, time)`` integer tensor of ids in ``[0, vocab_size)``."""
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be a (batch, time) tensor, got {getattr(input_ids, 'shape', input_ids)}")
+    if input_ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.numel() == 0:
+        raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)})")
+    lo, hi = int(input_ids.min()), int(input_ids.max())
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"token ids must lie in [0, {vocab_size}), got range [{lo}, {hi}]")
+
+
 class LanguageModel(nn.Module):
     """Causal LM over any registered mixer(s): ``logits, state = model(input_ids, state)``."""
 
@@ -127,19 +140,8 @@ class LanguageModel(nn.Module):
         """Numbers per sequence held in the recurrent state (all layers) after ``seq_len`` tokens."""
         return sum(blk.mixer.state_size(seq_len) for blk in self.blocks)
 
-    def _check_ids(self, input_ids: Tensor) -> None:
-        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be a (batch, time) tensor, got {getattr(input_ids, 'shape', input_ids)}")
-        if input_ids.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
-        if input_ids.numel() == 0:
-            raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)})")
-        lo, hi = int(input_ids.min()), int(input_ids.max())
-        if lo < 0 or hi >= self.cfg.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), got range [{lo}, {hi}]")
-
     def forward(self, input_ids: Tensor, state: list[State] | None = None) -> tuple[Tensor, list[State]]:
-        self._check_ids(input_ids)
+        check_ids(input_ids, self.cfg.vocab_size)
         if state is not None and (not isinstance(state, list) or len(state) != len(self.blocks)):
             raise ValueError(f"state must be the list of {len(self.blocks)} per-layer states returned by the model")
         x = self.embed(input_ids.long())
