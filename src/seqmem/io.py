@@ -5,8 +5,10 @@ Nothing here imports the rest of seqmem, so training, sweeps, reproductions and 
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
+import pkgutil
 import platform
 import sys
 import tempfile
@@ -36,6 +38,15 @@ def machine_info() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
+
+
+def import_submodules(package: str) -> None:
+    """Import every module of ``package`` except ``base`` and private ``_`` ones (the registries of mixers and tasks
+    fill themselves from the decorators these modules run)."""
+    pkg = importlib.import_module(package)
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        if not mod.name.startswith("_") and mod.name != "base":
+            importlib.import_module(f"{package}.{mod.name}")
 
 
 def atomic_write_text(path: Path | str, text: str) -> None:

@@ -6,12 +6,11 @@ The same class may be registered under several names with different default opti
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import pkgutil
 from dataclasses import dataclass, field
 from typing import Any
 
+from seqmem.io import import_submodules
 from seqmem.mixers.base import FACT_KEYS, Mixer
 
 
@@ -110,14 +109,9 @@ def mixer_facts(name: str) -> dict[str, Any]:
 
 def _load_all() -> None:
     global _LOADED
-    if _LOADED:
-        return
-    import seqmem.mixers as pkg
-
-    for mod in pkgutil.iter_modules(pkg.__path__):
-        if not mod.name.startswith("_") and mod.name != "base":
-            importlib.import_module(f"seqmem.mixers.{mod.name}")
-    _LOADED = True
+    if not _LOADED:
+        import_submodules("seqmem.mixers")
+        _LOADED = True
 
 
 def list_mixers() -> list[str]:

@@ -15,15 +15,15 @@ Register a new task with ``@register_task("name")`` on a :class:`Task` subclass 
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
-import pkgutil
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
+
+from seqmem.io import import_submodules
 
 IGNORE_INDEX = -100
 DEFAULT_EVAL_SEED = 2_718_281
@@ -167,14 +167,9 @@ def register_task(name: str):
 
 def _load_all() -> None:
     global _LOADED
-    if _LOADED:
-        return
-    import seqmem.tasks as pkg
-
-    for mod in pkgutil.iter_modules(pkg.__path__):
-        if not mod.name.startswith("_") and mod.name != "base":
-            importlib.import_module(f"seqmem.tasks.{mod.name}")
-    _LOADED = True
+    if not _LOADED:
+        import_submodules("seqmem.tasks")
+        _LOADED = True
 
 
 def list_tasks() -> list[str]:
