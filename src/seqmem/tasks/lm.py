@@ -69,12 +69,7 @@ class LMTask(SplitWindowsTask):
         eval_seed: int = DEFAULT_EVAL_SEED,
     ) -> None:
         super().__init__(eval_seed)
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
-            raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
-        if isinstance(n_buckets, bool) or not isinstance(n_buckets, int) or not 1 <= n_buckets <= seq_len:
-            raise ValueError(f"n_buckets must be an integer in [1, seq_len={seq_len}], got {n_buckets!r}")
-        if eval_split not in SPLITS:
-            raise ValueError(f"eval_split must be one of {', '.join(SPLITS)}, got {eval_split!r}")
+        self._check_window_options(seq_len, n_buckets, eval_split)
         if not isinstance(corpus, str | os.PathLike):
             raise ValueError(f"corpus must be 'code', 'docs' or a path, got {corpus!r}")
         self.corpus_name = str(corpus)
