@@ -29,7 +29,6 @@ memory, like Elastic Memory's memory tokens).
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, ClassVar
 
 import torch
@@ -38,19 +37,9 @@ from torch import Tensor, nn
 
 from seqmem.mixers.base import State, check_positive_int
 from seqmem.mixers.elastic import BlockAttention, Ctx
+from seqmem.ops._common import compute_dtype as _compute_dtype
+from seqmem.ops._common import full_precision as _full_precision
 from seqmem.registry import register
-
-
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    """float64 for float64 inputs, else float32 (float16 / bfloat16 inputs are computed in float32)."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-def _full_precision(device: torch.device):
-    """Autocast off where it is on (the computation casts its inputs to the compute dtype itself)."""
-    if torch.is_autocast_enabled(device.type):
-        return torch.autocast(device.type, enabled=False)
-    return contextlib.nullcontext()
 
 
 def _elu1(x: Tensor) -> Tensor:

@@ -33,6 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
+from seqmem.ops._common import compute_dtype as _compute_dtype
+from seqmem.ops._common import full_precision as _full_precision
 from seqmem.ops.fractional import CONSTRUCTIONS, gl_weights, soe_coefficients
 from seqmem.ops.vort import local_window_attention, refine_alpha, retrieval_loss, soe_kernel_matrix, soe_retention
 from seqmem.registry import register
@@ -41,18 +43,6 @@ KERNELS = ("soe", "gl", "exp", "mixture")
 ALPHA_MODES = ("continuous", "banked", "fixed")
 FEATURE_MAPS = ("favor", "elu", "exact")
 ENTITY = ("probe", "input", "none")
-
-
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    """float64 for float64 inputs, else float32 (float16 / bfloat16 inputs are computed in float32)."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-def _full_precision(device: torch.device):
-    """Autocast off where it is on (the computation casts its inputs to the compute dtype itself)."""
-    if torch.is_autocast_enabled(device.type):
-        return torch.autocast(device.type, enabled=False)
-    return contextlib.nullcontext()
 
 
 def favor_features(x: Tensor, omega: Tensor) -> Tensor:

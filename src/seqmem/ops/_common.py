@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -47,6 +49,13 @@ def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
     if any(t is not None and t.dtype == torch.float64 for t in tensors):
         return torch.float64
     return torch.float32
+
+
+def full_precision(device: torch.device) -> contextlib.AbstractContextManager:
+    """Autocast off where it is on (the computation casts its inputs to the compute dtype itself)."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def floor(value: float, dtype: torch.dtype) -> float:

@@ -37,7 +37,6 @@ normaliser z = Σ φ(k) passes float16's maximum after ~10⁵ tokens.  The state
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -46,6 +45,7 @@ from torch import Tensor
 
 from seqmem.ops._common import compute_dtype as _compute_dtype
 from seqmem.ops._common import floor
+from seqmem.ops._common import full_precision as _full_precision
 from seqmem.ops.vla.naive import vla_attention_naive, vla_paper_delta_rule_naive
 
 __all__ = [
@@ -63,13 +63,6 @@ _TINY = 1e-12
 def _phi(x: Tensor) -> Tensor:
     """ELU+1 feature map (the paper's φ, §2.2)."""
     return F.elu(x) + 1.0
-
-
-def _full_precision(device: torch.device):
-    """Autocast off (the ops cast their inputs to the compute dtype themselves)."""
-    if torch.is_autocast_enabled(device.type):
-        return torch.autocast(device.type, enabled=False)
-    return contextlib.nullcontext()
 
 
 def _state_tensors(state) -> list[Tensor]:
