@@ -43,8 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from seqmem.ops._common import check_chunk_size, check_mode, floor
 from seqmem.ops._common import compute_dtype as _compute_dtype
-from seqmem.ops._common import floor
 from seqmem.ops._common import full_precision as _full_precision
 from seqmem.ops.vla.naive import vla_attention_naive, vla_paper_delta_rule_naive
 
@@ -55,7 +55,6 @@ __all__ = [
     "vla_generalized_delta_chunk",
 ]
 
-MODES = ("recurrent", "chunk")
 NORMALIZERS = ("paper", "none")
 _TINY = 1e-12
 
@@ -77,6 +76,15 @@ def _state_to(state, dtype: torch.dtype):
     if not isinstance(state, dict):
         return state
     return {n: t.to(dtype) if isinstance(t, Tensor) and t.is_floating_point() else t for n, t in state.items()}
+
+
+def _in_compute_dtype(body, q: Tensor, k: Tensor, v: Tensor, w: Tensor, initial_state, **options):
+    """``body(q, k, v, w, initial_state=..., **options)`` on the inputs and state cast to the compute dtype, with
+    autocast off; returns ``(o in v's dtype, state)`` (``w``: the op's fourth tensor, ``w_u`` or ``beta``)."""
+    cd = _compute_dtype(q, k, v, w, *_state_tensors(initial_state))
+    with _full_precision(q.device):
+        o, state = body(q.to(cd), k.to(cd), v.to(cd), w.to(cd), initial_state=_state_to(initial_state, cd), **options)
+    return o.to(v.dtype), state
 
 
 def _solve_error(G: Tensor) -> ValueError:
@@ -162,10 +170,8 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, fn: str) -> None:
 
 
 def _check_options(mode: str, chunk_size: int, normalizer: str, eps: float, fn: str) -> None:
-    if mode not in MODES:
-        raise ValueError(f"{fn}: mode must be one of {list(MODES)}, got {mode!r}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ValueError(f"{fn}: chunk_size must be a positive integer, got {chunk_size!r}")
+    check_mode(fn, mode)
+    check_chunk_size(fn, chunk_size)
     if normalizer not in NORMALIZERS:
         raise ValueError(f"{fn}: normalizer must be one of {list(NORMALIZERS)}, got {normalizer!r}")
     if not eps > 0:
@@ -268,36 +274,21 @@ def vla_attention(
             eps=eps, normalizer=normalizer, normalize_key=normalize_key, normalize_alpha=normalize_alpha,
             fixed_A=fixed_A, initial_state=initial_state, return_trace=return_trace,
         )
-    cd = _compute_dtype(q, k, v, w_u, *_state_tensors(initial_state))
-    with _full_precision(q.device):
-        res = _vla_attention(
-            q.to(cd), k.to(cd), v.to(cd), w_u.to(cd) if isinstance(w_u, Tensor) else w_u,
-            lam0=lam0, u_scale=u_scale, refresh_period=refresh_period, refresh_eta=refresh_eta, eps=eps,
-            normalizer=normalizer, normalize_key=normalize_key, normalize_alpha=normalize_alpha, fixed_A=fixed_A,
-            initial_state=_state_to(initial_state, cd), chunk_size=chunk_size,
-        )  # fmt: skip
-    return res[0].to(v.dtype), res[1]
+    return _in_compute_dtype(
+        _vla_attention, q, k, v, w_u, initial_state,
+        lam0=lam0, u_scale=u_scale, refresh_period=refresh_period, refresh_eta=refresh_eta, eps=eps,
+        normalizer=normalizer, normalize_key=normalize_key, normalize_alpha=normalize_alpha, fixed_A=fixed_A,
+        chunk_size=chunk_size,
+    )  # fmt: skip
 
 
 def _vla_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    w_u: Tensor,
-    *,
-    lam0: float = 0.1,
-    u_scale: float | None = None,
-    refresh_period: int | None = 20,
-    refresh_eta: float = 1e-3,
-    eps: float = 1e-4,
-    normalizer: str = "paper",
-    normalize_key: bool = True,
-    normalize_alpha: bool = True,
-    fixed_A: bool = False,
-    initial_state: dict[str, Tensor] | None = None,
-    chunk_size: int = 20,
+    q: Tensor, k: Tensor, v: Tensor, w_u: Tensor, *, lam0: float, u_scale: float | None, refresh_period: int | None,
+    refresh_eta: float, eps: float, normalizer: str, normalize_key: bool, normalize_alpha: bool, fixed_A: bool,
+    initial_state: dict[str, Tensor] | None, chunk_size: int,
 ):
-    """The chunked body of :func:`vla_attention` (inputs checked and already in the compute dtype)."""
+    """The chunked body of :func:`vla_attention` (inputs checked and already in the compute dtype; the public
+    function's arguments, no defaults of its own)."""
     B, T, H, D = k.shape
     Dv = v.shape[-1]
     period = refresh_period or 0
@@ -402,27 +393,16 @@ def vla_paper_delta_rule(
         raise ValueError(f"{fn}: initial_state must be a dict with keys {sorted(need)}")
     if mode == "recurrent":
         return vla_paper_delta_rule_naive(q, k, v, beta, eps=eps, normalizer=normalizer, initial_state=initial_state)
-    cd = _compute_dtype(q, k, v, beta, *_state_tensors(initial_state))
-    with _full_precision(q.device):
-        o, state = _vla_paper_delta_rule(
-            q.to(cd), k.to(cd), v.to(cd), beta.to(cd), eps=eps, normalizer=normalizer,
-            initial_state=_state_to(initial_state, cd), chunk_size=chunk_size,
-        )
-    return o.to(v.dtype), state
+    return _in_compute_dtype(_vla_paper_delta_rule, q, k, v, beta, initial_state, eps=eps, normalizer=normalizer,
+                             chunk_size=chunk_size)
 
 
 def _vla_paper_delta_rule(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor,
-    *,
-    eps: float = 1e-4,
-    normalizer: str = "paper",
-    initial_state: dict[str, Tensor] | None = None,
-    chunk_size: int = 32,
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, *, eps: float, normalizer: str,
+    initial_state: dict[str, Tensor] | None, chunk_size: int,
 ):
-    """The chunked body of :func:`vla_paper_delta_rule` (inputs checked and already in the compute dtype)."""
+    """The chunked body of :func:`vla_paper_delta_rule` (inputs checked and already in the compute dtype; the
+    public function's arguments, no defaults of its own)."""
     B, T, H, D = k.shape
     Dv = v.shape[-1]
     use_z = normalizer == "paper"
