@@ -12,7 +12,8 @@ import pkgutil
 import platform
 import sys
 import tempfile
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,18 @@ def import_submodules(package: str) -> None:
             importlib.import_module(f"{package}.{mod.name}")
 
 
+def time_calls(fn: Callable[[], Any], repeats: int, warmup: int = 0) -> list[float]:
+    """Wall-clock seconds of each of ``repeats`` calls of ``fn``, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def atomic_write_text(path: Path | str, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file and rename, so a crash never leaves half a file."""
     atomic_write_bytes(path, text.encode())
@@ -76,6 +89,20 @@ def save_figure(fig: Any, path: Path | str, dpi: int = 120) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     atomic_write_bytes(Path(path), buf.getvalue())
+
+
+def fmt(v: Any, digits: int = 3, *, nan: str = "nan", exponent: bool = True) -> str:
+    """``v`` as a table cell: ``—`` for None, ``nan`` for NaN, a float with ``digits`` decimals (in exponent form
+    from 1e5 on and below 1e-3 unless ``exponent`` is False), anything else as ``str``."""
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return nan
+        if exponent and v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
+            return f"{v:.{digits}e}"
+        return f"{v:.{digits}f}"
+    return str(v)
 
 
 def mean_std(values: Iterable[float]) -> tuple[float, float]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from seqmem.io import atomic_write_bytes, atomic_write_text, machine_info, mean_std, save_figure
+from seqmem.io import atomic_write_bytes, atomic_write_text, fmt, machine_info, mean_std, save_figure
 
 __all__ = [
     "atomic_write_bytes",
@@ -75,18 +74,6 @@ def torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(old)
-
-
-def fmt(v: Any, digits: int = 3) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
-            return f"{v:.{digits}e}"
-        return f"{v:.{digits}f}"
-    return str(v)
 
 
 def markdown_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:

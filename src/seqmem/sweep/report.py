@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seqmem.io import atomic_write_text, machine_info, mean_std, save_figure
+from seqmem.io import atomic_write_text, fmt, machine_info, mean_std, save_figure
 from seqmem.sweep.runner import (
     choose_lr,
     group_points,
@@ -85,12 +85,9 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _fmt(v: Any, digits: int = 3) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        return "—" if math.isnan(v) else f"{v:.{digits}f}"
-    return str(v)
+def _fmt(v: Any) -> str:
+    """A table cell: three decimals, never in exponent form; ``—`` for None and NaN."""
+    return fmt(v, nan="—", exponent=False)
 
 
 def chance_level(spec: SweepSpec) -> dict[str, float]:
