@@ -8,10 +8,11 @@ The median over repeats of wall-clock time, and tokens per second, so that an ex
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any
 
 import torch
+
+from seqmem.io import time_calls
 
 
 def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_heads: int = 2, vocab: int = 32,
@@ -38,13 +39,7 @@ def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_head
         loss.backward()
         opt.step()
 
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
+    times = time_calls(step, repeats, warmup)
     med = statistics.median(times)
     return {"mixer": mixer, "seconds_per_step": med, "tokens_per_s": batch * seq_len / med,
             "min_seconds": min(times), "params": model.num_parameters(), "state": peak_state(model, seq_len),

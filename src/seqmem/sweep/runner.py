@@ -19,7 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-from seqmem.io import atomic_write_text
+from seqmem.io import atomic_write_text, time_calls
 from seqmem.sweep.spec import Point, SpecError, SweepSpec
 
 RESULT = "result.json"
@@ -147,12 +147,7 @@ def step_seconds(run_spec: dict[str, Any]) -> float:
 
     model, task = build_run(run_spec)
     x, _ = task.sample(run_spec["train"].get("batch_size", 32), torch.Generator().manual_seed(0))
-    best = float("inf")
-    for _ in range(2):
-        t0 = time.perf_counter()
-        model(x)[0].float().logsumexp(-1).mean().backward()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return min(time_calls(lambda: model(x)[0].float().logsumexp(-1).mean().backward(), repeats=2))
 
 
 def estimate_costs(points: list[Point], log: Callable[[str], None] | None = None, runs_per_model: float = 1.0,
