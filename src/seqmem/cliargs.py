@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,24 +39,27 @@ def parse_options(pairs: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def positive_int(s: str) -> int:
+def _number(s: str, convert: Callable[[str], Any], ok: Callable[[Any], bool], what: str) -> Any:
+    """``convert(s)`` where it succeeds and passes ``ok``, else an argparse error "expected ``what``"."""
     try:
-        v = int(s)
+        v = convert(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+    if not ok(v):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
     return v
+
+
+def positive_int(s: str) -> int:
+    return _number(s, int, lambda v: v > 0, "a positive integer")
+
+
+def nonnegative_int(s: str) -> int:
+    return _number(s, int, lambda v: v >= 0, "a non-negative integer")
 
 
 def positive_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
-    return v
+    return _number(s, float, lambda v: v > 0, "a positive number")
 
 
 def out_path(s: str) -> Path:

@@ -6,13 +6,15 @@ import argparse
 import shlex
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from seqmem.bench.common import (
     DTYPES,
+    add_mixers_option,
+    add_output_options,
+    add_repeat_options,
     check_writable_dir,
     check_writable_file,
     md_table,
@@ -22,31 +24,21 @@ from seqmem.bench.common import (
     resolve_mixers,
     write_json,
 )
+from seqmem.cliargs import nonnegative_int as _nonneg_int
 from seqmem.cliargs import positive_float as _pos_float
 from seqmem.cliargs import positive_int as _pos_int
 from seqmem.clihelp import add_deprecated_alias
 
 
-def _nonneg_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}")
-    return v
-
-
 def _common(p: argparse.ArgumentParser, repeats: int, warmup: int, impl: str) -> None:
-    p.add_argument("--mixers", default=None, help="comma-separated mixer names (default: every registered mixer)")
+    add_mixers_option(p)
     p.add_argument("--lengths", default=None,
                    help="comma-separated lengths, k = 1024 (e.g. 1k,2k,4k; default: the benchmark's own list)")
     p.add_argument("--d-model", type=_pos_int, default=256, help="model width")
     p.add_argument("--heads", type=_pos_int, default=4, help="heads")
     p.add_argument("--batch-size", dest="batch", type=_pos_int, default=1, help="sequences per call")
     add_deprecated_alias(p, "--batch", "--batch-size")
-    p.add_argument("--repeats", type=_pos_int, default=repeats, help="timed repeats per measurement")
-    p.add_argument("--warmup", type=_nonneg_int, default=warmup, help="untimed warm-up calls per measurement")
+    add_repeat_options(p, repeats, warmup, "timed repeats per measurement", "untimed warm-up calls per measurement")
     p.add_argument("--device", default="cpu", help="torch device")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES), help="parameter and input dtype")
     p.add_argument("--impl", default=impl, choices=["fast", "reference", "both"],
@@ -55,10 +47,7 @@ def _common(p: argparse.ArgumentParser, repeats: int, warmup: int, impl: str) ->
                    help="time cap per measurement; what would exceed it is reported 'not run'")
     p.add_argument("--threads", type=_pos_int, default=None, help="torch.set_num_threads (default: unchanged)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")
-    p.add_argument("--json", type=Path, default=None, help="write the records to this JSON file (default: not written)")
-    p.add_argument("--plot", type=Path, default=None, help="write PNG plots to this directory (default: no plots)")
-    p.add_argument("--markdown", type=Path, default=None,
-                   help="write the summary tables to this Markdown file (default: printed only)")
+    add_output_options(p, "the summary tables", plot=True)
 
 
 def add_parser(sub: Any) -> None:
@@ -90,20 +79,16 @@ def add_parser(sub: Any) -> None:
 
     tr = bsub.add_parser("train", help="seconds and tokens/s of one training step (fwd+bwd+AdamW) of a small LM "
                                        "per mixer: experiment budgets")
-    tr.add_argument("--mixers", default=None, help="comma-separated mixer names (default: every registered mixer)")
+    add_mixers_option(tr)
     tr.add_argument("--d-model", type=_pos_int, default=128, help="model width")
     tr.add_argument("--layers", type=_pos_int, default=2, help="layers")
     tr.add_argument("--heads", type=_pos_int, default=2, help="heads")
     tr.add_argument("--vocab-size", type=_pos_int, default=32, help="vocabulary")
     tr.add_argument("--seq-len", type=_pos_int, default=32, help="tokens per sequence")
     tr.add_argument("--batch-size", type=_pos_int, default=32, help="sequences per step")
-    tr.add_argument("--repeats", type=_pos_int, default=5, help="timed steps (the median counts)")
-    tr.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed steps first")
+    add_repeat_options(tr, 5, 2, "timed steps (the median counts)", "untimed steps first")
     tr.add_argument("--threads", type=_pos_int, default=1, help="torch.set_num_threads")
-    tr.add_argument("--json", type=Path, default=None,
-                    help="write the records to this JSON file (default: not written)")
-    tr.add_argument("--markdown", type=Path, default=None,
-                    help="write the table to this Markdown file (default: printed only)")
+    add_output_options(tr, "the table")
     tr.set_defaults(func=cmd_train)
 
     from seqmem.bench import numerics

@@ -45,6 +45,28 @@ def parse_lengths(spec: str | None, default: list[int]) -> list[int]:
     return sorted(out)
 
 
+def add_mixers_option(p: Any) -> None:
+    """``--mixers``, shared by every benchmark (read with :func:`resolve_mixers`)."""
+    p.add_argument("--mixers", default=None, help="comma-separated mixer names (default: every registered mixer)")
+
+
+def add_repeat_options(p: Any, repeats: int, warmup: int, repeats_help: str, warmup_help: str) -> None:
+    """``--repeats`` (timed, at least 1) and ``--warmup`` (untimed, 0 allowed)."""
+    from seqmem.cliargs import nonnegative_int, positive_int
+
+    p.add_argument("--repeats", type=positive_int, default=repeats, help=repeats_help)
+    p.add_argument("--warmup", type=nonnegative_int, default=warmup, help=warmup_help)
+
+
+def add_output_options(p: Any, tables: str, plot: bool = False) -> None:
+    """``--json``, ``--plot`` (with ``plot``) and ``--markdown`` (which writes ``tables``, e.g. "the table")."""
+    p.add_argument("--json", type=Path, default=None, help="write the records to this JSON file (default: not written)")
+    if plot:
+        p.add_argument("--plot", type=Path, default=None, help="write PNG plots to this directory (default: no plots)")
+    p.add_argument("--markdown", type=Path, default=None,
+                   help=f"write {tables} to this Markdown file (default: printed only)")
+
+
 def resolve_mixers(spec: str | None) -> list[str]:
     """Comma-separated mixer names (validated against the registry); ``None`` → every registered mixer."""
     import seqmem

@@ -366,13 +366,14 @@ def tables(records: list[dict[str, Any]]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------------- CLI
+from seqmem.bench.common import add_mixers_option, add_output_options  # noqa: E402
 from seqmem.cliargs import positive_float as _pos_float  # noqa: E402
 from seqmem.cliargs import positive_int as _pos_int  # noqa: E402
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``seqmem bench numerics``."""
-    p.add_argument("--mixers", default=None, help="comma-separated mixer names (default: every registered mixer)")
+    add_mixers_option(p)
     p.add_argument("--length", type=_pos_int, default=65536, help="tokens of the random input (batch 1)")
     p.add_argument("--piece", type=_pos_int, default=4096, help="tokens per streamed piece")
     p.add_argument("--tail", type=_pos_int, default=4096, help="tokens of the first/last error windows")
@@ -387,9 +388,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seconds", type=_pos_float, default=300.0,
                    help="per mixer and precision: stop (and say so) when the projected time exceeds this")
     p.add_argument("--threads", type=_pos_int, default=None, help="torch.set_num_threads (default: unchanged)")
-    p.add_argument("--json", type=Path, default=None, help="write the records to this JSON file (default: not written)")
-    p.add_argument("--markdown", type=Path, default=None,
-                   help="write the tables to this Markdown file (default: printed only)")
+    add_output_options(p, "the tables")
     p.add_argument("--render", type=Path, default=None,
                    help="only re-render the Markdown of a saved --json file (no measurement)")
 
