@@ -155,7 +155,10 @@ def vla_generalized_delta_chunk(
 # ----------------------------------------------------------------------------------------------------
 # VLA
 # ----------------------------------------------------------------------------------------------------
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor, fn: str) -> None:
+def _check_inputs(
+    q: Tensor, k: Tensor, v: Tensor, mode: str, chunk_size: int, normalizer: str, eps: float, fn: str
+) -> tuple[int, int, int, int]:
+    """The checks both VLA ops share (q / k / v, mode, chunk_size, normalizer, eps); returns ``k``'s shape."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor) or x.dim() != 4:
             raise ValueError(f"{fn}: {name} must be a (batch, time, heads, dim) tensor")
@@ -167,15 +170,13 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, fn: str) -> None:
         raise ValueError(f"{fn}: v {tuple(v.shape)} must match k {tuple(k.shape)} in (batch, time, heads)")
     if q.shape[1] == 0:
         raise ValueError(f"{fn}: empty sequence")
-
-
-def _check_options(mode: str, chunk_size: int, normalizer: str, eps: float, fn: str) -> None:
     check_mode(fn, mode)
     check_chunk_size(fn, chunk_size)
     if normalizer not in NORMALIZERS:
         raise ValueError(f"{fn}: normalizer must be one of {list(NORMALIZERS)}, got {normalizer!r}")
     if not eps > 0:
         raise ValueError(f"{fn}: eps must be > 0, got {eps!r}")
+    return k.shape
 
 
 def _check_state(
@@ -217,9 +218,7 @@ def _check_vla_args(
     return_trace, fixed_A, initial_state,
 ) -> None:
     fn = "vla_attention"
-    _check_qkv(q, k, v, fn)
-    _check_options(mode, chunk_size, normalizer, eps, fn)
-    B, T, H, D = k.shape
+    B, T, H, D = _check_inputs(q, k, v, mode, chunk_size, normalizer, eps, fn)
     if not isinstance(w_u, Tensor) or w_u.shape != (H, D, D):
         raise ValueError(f"{fn}: w_u must have shape (heads, dim, dim) = {(H, D, D)}")
     if not lam0 > 0:
@@ -383,9 +382,7 @@ def vla_paper_delta_rule(
     float32 with autocast off, ``o`` is in ``v``'s dtype.
     """
     fn = "vla_paper_delta_rule"
-    _check_qkv(q, k, v, fn)
-    _check_options(mode, chunk_size, normalizer, eps, fn)
-    B, T, H, D = k.shape
+    B, T, H, D = _check_inputs(q, k, v, mode, chunk_size, normalizer, eps, fn)
     if not isinstance(beta, Tensor) or beta.shape != (B, T, H):
         raise ValueError(f"{fn}: beta must have shape (batch, time, heads) = {(B, T, H)}")
     need = {"S"} | ({"z"} if normalizer == "paper" else set())

@@ -21,6 +21,15 @@ from torch import Tensor
 __all__: list[str] = []  # the public entry points are vla_attention / vla_paper_delta_rule (mode="recurrent")
 
 
+def _compute_setup(tensors: list[Tensor], initial_state: dict[str, Tensor] | None):
+    """The compute dtype (float64 if any input or state tensor is, else float32) and a context with autocast off."""
+    floats = tensors + [t for t in (initial_state or {}).values() if t.is_floating_point()]
+    dt = torch.float64 if any(t.dtype == torch.float64 for t in floats) else torch.float32
+    dev = tensors[0].device.type
+    off = torch.autocast(dev, enabled=False) if torch.is_autocast_enabled(dev) else contextlib.nullcontext()
+    return dt, off
+
+
 def vla_attention_naive(
     q: Tensor, k: Tensor, v: Tensor, w_u: Tensor, *, lam0: float = 0.1, u_scale: float | None = None,
     refresh_period: int | None = 20, refresh_eta: float = 1e-3, eps: float = 1e-4, normalizer: str = "paper",
@@ -28,10 +37,7 @@ def vla_attention_naive(
     initial_state: dict[str, Tensor] | None = None, return_trace: bool = False,
 ):
     """Algorithm 1 ("VLAv3 Sequential Forward Pass"), eqs. (8)-(11), step by step."""
-    floats = [q, k, v, w_u] + [t for t in (initial_state or {}).values() if t.is_floating_point()]
-    dt = torch.float64 if any(t.dtype == torch.float64 for t in floats) else torch.float32
-    off = torch.autocast(q.device.type, enabled=False) if torch.is_autocast_enabled(q.device.type) \
-        else contextlib.nullcontext()
+    dt, off = _compute_setup([q, k, v, w_u], initial_state)
     B, T, H, D = k.shape
     Dv = v.shape[-1]
     st = initial_state or {}
@@ -102,10 +108,7 @@ def vla_paper_delta_rule_naive(
     initial_state: dict[str, Tensor] | None = None,
 ):
     """The paper's DeltaNet baseline, eq. (4): ``S_t = β_t S_{t-1} + (v_t − S_{t-1} k̂_t) k̂_tᵀ``, step by step."""
-    floats = [q, k, v, beta] + [t for t in (initial_state or {}).values() if t.is_floating_point()]
-    dt = torch.float64 if any(t.dtype == torch.float64 for t in floats) else torch.float32
-    off = torch.autocast(q.device.type, enabled=False) if torch.is_autocast_enabled(q.device.type) \
-        else contextlib.nullcontext()
+    dt, off = _compute_setup([q, k, v, beta], initial_state)
     B, T, H, D = k.shape
     Dv = v.shape[-1]
     st = initial_state or {}
