@@ -6,10 +6,12 @@ Bad arguments print one line on stderr and exit with code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import pkgutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -232,14 +234,21 @@ def cmd_train(args: argparse.Namespace) -> int:
                 dist.destroy_process_group()
 
 
-def _train(args: argparse.Namespace, rank: int, world: int, device: str) -> int:
+@contextlib.contextmanager
+def _finite_checks(args: argparse.Namespace) -> Iterator[None]:
+    """The mixers' non-finite checks on for the command (off with ``--no-check-finite``), restored afterwards."""
     from seqmem.mixers.base import set_check_finite
 
     prev = set_check_finite(not getattr(args, "no_check_finite", False))
     try:
-        return _train_checked(args, rank, world, device)
+        yield
     finally:
         set_check_finite(prev)
+
+
+def _train(args: argparse.Namespace, rank: int, world: int, device: str) -> int:
+    with _finite_checks(args):
+        return _train_checked(args, rank, world, device)
 
 
 def _train_checked(args: argparse.Namespace, rank: int, world: int, device: str) -> int:
@@ -366,15 +375,11 @@ def _train_into(args: argparse.Namespace, rank: int, world: int, device: str, ou
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from seqmem.mixers.base import set_check_finite
     from seqmem.train import evaluate
     from seqmem.train.checkpoint import latest_good_checkpoint, load_weights
 
-    prev = set_check_finite(not getattr(args, "no_check_finite", False))
-    try:
+    with _finite_checks(args):
         return _eval(args, evaluate, latest_good_checkpoint, load_weights)
-    finally:
-        set_check_finite(prev)
 
 
 def _eval(args: argparse.Namespace, evaluate: Any, latest_good_checkpoint: Any, load_weights: Any) -> int:
