@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -11,16 +12,25 @@ from torch import Tensor
 MODES = ("recurrent", "chunk")
 
 
-def check_mode(op: str, mode: str) -> str:
-    if mode not in MODES:
-        raise ValueError(f"{op}: mode must be one of {list(MODES)}, got {mode!r}")
-    return mode
+def check_choice(op: str | None, name: str, value, choices) -> Any:
+    """``value`` if it is one of ``choices``, else "``op: name`` must be one of [...]" (no prefix for op None)."""
+    if value not in choices:
+        raise ValueError(f"{_where(op)}{name} must be one of {list(choices)}, got {value!r}")
+    return value
 
 
-def check_chunk_size(op: str, chunk_size: int) -> int:
+def check_mode(op: str | None, mode: str, modes: tuple[str, ...] = MODES) -> str:
+    return check_choice(op, "mode", mode, modes)
+
+
+def check_chunk_size(op: str | None, chunk_size: int) -> int:
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ValueError(f"{op}: chunk_size must be a positive integer, got {chunk_size!r}")
+        raise ValueError(f"{_where(op)}chunk_size must be a positive integer, got {chunk_size!r}")
     return chunk_size
+
+
+def _where(op: str | None) -> str:
+    return f"{op}: " if op else ""
 
 
 def check_tensor(op: str, name: str, x, shape: tuple, dims: str) -> Tensor:

@@ -13,6 +13,7 @@ import torch
 from numpy.polynomial.legendre import leggauss
 from torch import Tensor
 
+from seqmem.ops._common import check_choice
 from seqmem.ops.hippo.naive import hippo_compress_naive
 
 __all__ = [
@@ -187,8 +188,7 @@ def sample_fractions(kind: str, num: int, alpha: float | None = None, eps: float
       ``eps^{1/(num−1)}`` so that the newest point is ``eps·t`` before the present;
     * ``"midpoint"``: ``x_j = (j + ½) t / num`` (cell centres; our variant).
     """
-    if kind not in SAMPLINGS:
-        raise ValueError(f"sampling must be one of {list(SAMPLINGS)}, got {kind!r}")
+    check_choice(None, "sampling", kind, SAMPLINGS)
     num = _check_n(num)
     j = np.arange(num, dtype=np.float64)
     if kind == "uniform":

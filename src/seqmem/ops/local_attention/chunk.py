@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from seqmem.ops._common import check_chunk_size, check_mode
 from seqmem.ops.local_attention.naive import windowed_softmax_naive
 
 __all__ = ["sliding_window_attention"]
@@ -43,10 +44,8 @@ def join_past(q, k, v, window, past_k, past_v, mode, chunk_size) -> tuple[Tensor
     """Validate the arguments of a sliding-window op; return ``(keys, vals, n_past)`` with the past prepended."""
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be a positive integer, got {window!r}")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    check_mode(None, mode, MODES)
+    check_chunk_size(None, chunk_size)
     if q.dim() != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
         raise ValueError(
             f"q, k must be (batch, time, heads, D) and v (batch, time, heads, Dv); got "

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from seqmem.ops._common import floor
+from seqmem.ops._common import check_choice, check_mode, floor
 from seqmem.ops.ska.naive import ska_naive
 
 __all__ = [
@@ -191,12 +191,9 @@ def _validate(q, k, v, chunk_size, power, eps, norm, spec_iters, operator_form, 
         raise ValueError(f"eps must be > 0, got {eps!r}")
     if isinstance(spec_iters, bool) or not isinstance(spec_iters, int) or spec_iters < 1:
         raise ValueError(f"spec_iters must be a positive integer, got {spec_iters!r}")
-    if norm not in NORMS:
-        raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
-    if operator_form not in OPERATOR_FORMS:
-        raise ValueError(f"operator_form must be one of {OPERATOR_FORMS}, got {operator_form!r}")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    check_choice(None, "norm", norm, NORMS)
+    check_choice(None, "operator_form", operator_form, OPERATOR_FORMS)
+    check_mode(None, mode, MODES)
 
 
 def spectral_koopman_attention(

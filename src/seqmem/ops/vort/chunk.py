@@ -29,20 +29,17 @@ import math
 import torch
 from torch import Tensor
 
-from seqmem.ops._common import floor
+from seqmem.ops._common import check_choice, floor
 from seqmem.ops.fractional import gl_weights, soe_coefficients
 from seqmem.ops.local_attention import join_past, windowed_softmax
 from seqmem.ops.vort.naive import soe_retention_naive
 
-__all__ = ["soe_retention", "local_window_attention", "retrieval_loss", "refine_alpha", "soe_kernel_matrix"]
+__all__ = [
+    "soe_retention", "kv_retention", "local_window_attention", "retrieval_loss", "refine_alpha", "soe_kernel_matrix"
+]
 
 MODES = ("recurrent", "chunk", "parallel")
 NORMALIZERS = ("kernel", "plain")
-
-
-def _check(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
 
 
 def soe_retention(
@@ -73,8 +70,8 @@ def soe_retention(
     o_t = φ(q_t)·G̃_t / (φ(q_t)·b̃_t + ε0) with ε0 added in those units.
     Returns ``(o (batch, time, heads, Dv), state)``.
     """
-    _check("mode", mode, MODES)
-    _check("normalizer", normalizer, NORMALIZERS)
+    check_choice(None, "mode", mode, MODES)
+    check_choice(None, "normalizer", normalizer, NORMALIZERS)
     if q.dim() != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
         raise ValueError(
             f"q, k must be (batch, time, heads, F) and v (batch, time, heads, Dv); got "
@@ -206,6 +203,49 @@ def _chunked(q, k, v, c, cn, xi, G, b, z, m, beta, eps0, strict, n_chunk):
     return torch.cat(outs, 2), G, b, z, m
 
 
+def kv_retention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    decay: Tensor,
+    visible: Tensor,
+    *,
+    scores: str = "features",
+    k_log_scale: Tensor | None = None,
+    normalizer: str = "kernel",
+    eps0: float = 1e-6,
+) -> Tensor:
+    """Keyed retention over a KV cache: eqs. (13)/(16) in parallel form, for kernels with no finite state (the exact
+    GL weights, or exact softmax scores).
+
+    ``q`` (batch, Tq, heads, ·), ``k`` (batch, Tk, heads, ·), ``v`` (batch, Tk, heads, Dv); ``decay``
+    (batch, Tq, Tk) the kernel weights ŵ_{t−i} of each visible pair; ``visible`` (Tq, Tk) bool.
+    ``scores="exact"``: s_ti = exp(q_t·k_i/√d) from raw ``q``, ``k``, stabilised by each row's maximum with ε0
+    rescaled to match (exact).  ``scores="features"``: ``q``, ``k`` are φ(q), φ(k); with ``k_log_scale`` β the keys
+    are φ(k_i)·e^{β_i}, and each row is read in units of its largest visible key scale with ε0 added there, as
+    :func:`soe_retention` does.  Returns o (batch, Tq, heads, Dv)."""
+    check_choice(None, "scores", scores, ("exact", "features"))
+    check_choice(None, "normalizer", normalizer, NORMALIZERS)
+    if scores == "exact":
+        s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+        s = s.masked_fill(~visible, float("-inf"))
+        m = s.amax(-1, keepdim=True).detach()
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # a row that sees nothing
+        P = torch.exp(s - m)
+        eps = eps0 * torch.exp(-m[..., 0])
+    else:
+        P = torch.einsum("bqhf,bkhf->bhqk", q, k) * visible
+        eps = eps0
+        if k_log_scale is not None:
+            rel = k_log_scale.transpose(1, 2)[:, :, None, :].expand_as(P).masked_fill(~visible, float("-inf"))
+            top = rel.amax(-1, keepdim=True)
+            top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row that sees nothing
+            P = P * torch.exp(rel - top)
+    A = P * decay[:, None]
+    den = (P if normalizer == "plain" else A).sum(-1)  # eq. (13) undecayed vs eq. (16) decayed
+    return torch.einsum("bhqk,bkhd->bqhd", A, v) / (den + eps).transpose(1, 2)[..., None]
+
+
 def soe_kernel_matrix(
     t_pos: Tensor, i_pos: Tensor, coef: Tensor, xi: Tensor, coef_now: Tensor | None
 ) -> Tensor:
@@ -265,7 +305,7 @@ def retrieval_loss(
     the ground-truth source token, or −1 where t is not scored.  ŵ is the SOE kernel (differentiable in α) or,
     with ``exact_kernel=True``, the GL weights.  Gradients flow to ``q``, ``k`` and ``alpha``.
     """
-    _check("reduction", reduction, ("mean", "sum"))
+    check_choice(None, "reduction", reduction, ("mean", "sum"))
     B, T, H, d = q.shape
     if alpha.shape != (B, T) or source.shape != (B, T):
         raise ValueError("alpha and source must be (batch, time)")
