@@ -265,3 +265,35 @@ def test_scaled_keys_float32_tracks_float64_and_state_without_m_means_unit_scale
     torch.testing.assert_close(torch.cat([o1, o2], 1), o_all, rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="k_log_scale"):
         soe_retention(q, k, v, c, xi, cn, k_log_scale=beta[:, :-1])
+
+
+@pytest.mark.parametrize("normalizer", ["kernel", "plain"])
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_kv_retention_with_the_soe_kernel_is_soe_retention(normalizer, strict, scaled):
+    """The KV-cache form (any kernel weights) given the SOE kernel's weights is the state form, scaled keys included."""
+    from seqmem.ops import kv_retention, soe_kernel_matrix
+
+    q, k, v, a, beta = scaled_data(40.0)
+    c, xi, cn = soe_coefficients(a, 6, 64)
+    pos = torch.arange(T)
+    visible = pos[None, :] < pos[:, None] if strict else pos[None, :] <= pos[:, None]
+    decay = soe_kernel_matrix(pos, pos, c, xi, None if strict else cn) * visible
+    ls = beta if scaled else None
+    o = kv_retention(q, k, v, decay, visible, k_log_scale=ls, normalizer=normalizer, eps0=1e-3)
+    o_ref, _ = soe_retention(q, k, v, c, xi, cn, k_log_scale=ls, normalizer=normalizer, strict_causal=strict,
+                             eps0=1e-3, mode="recurrent")
+    torch.testing.assert_close(o, o_ref, rtol=1e-9, atol=1e-12)
+
+
+def test_kv_retention_exact_scores_are_softmax_weighted():
+    from seqmem.ops import kv_retention
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 6, 1, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(6)
+    visible = pos[None, :] <= pos[:, None]
+    decay = visible.to(torch.float64)[None]  # no decay: the read-out is causal softmax attention (eps0 = 0)
+    o = kv_retention(q * 30, k, v, decay, visible, scores="exact", eps0=0.0)
+    att = torch.softmax((30 * q[0, :, 0] @ k[0, :, 0].T / 2.0).masked_fill(~visible, float("-inf")), -1)
+    torch.testing.assert_close(o[0, :, 0], att @ v[0, :, 0], rtol=1e-10, atol=1e-12)

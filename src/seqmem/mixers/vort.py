@@ -36,7 +36,14 @@ from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
 from seqmem.ops._common import compute_dtype as _compute_dtype
 from seqmem.ops._common import full_precision as _full_precision
 from seqmem.ops.fractional import CONSTRUCTIONS, gl_weights, soe_coefficients
-from seqmem.ops.vort import local_window_attention, refine_alpha, retrieval_loss, soe_kernel_matrix, soe_retention
+from seqmem.ops.vort import (
+    kv_retention,
+    local_window_attention,
+    refine_alpha,
+    retrieval_loss,
+    soe_kernel_matrix,
+    soe_retention,
+)
 from seqmem.registry import register
 
 KERNELS = ("soe", "gl", "exp", "mixture")
@@ -520,25 +527,11 @@ class VORT(Mixer):
         else:
             now = None if self.strict_causal else C[..., -1]
             D = soe_kernel_matrix(qpos, kpos, C[..., :-1], self._rates(q.dtype), now) * vis
-        if self.feature_map == "exact":  # exp(q·k/√d), stabilised by the row max (exact, eps0 rescaled)
-            s = torch.einsum("bqhd,bkhd->bhqk", q, K) / math.sqrt(self.head_dim)
-            s = s.masked_fill(~vis, float("-inf"))
-            m = s.amax(-1, keepdim=True).detach()
-            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-            P = torch.exp(s - m)
-            eps = self.eps0 * torch.exp(-m[..., 0])
-        else:
-            (fq, _), (fk, sk) = self._features(q), self._features(K)
-            P = torch.einsum("bqhf,bkhf->bhqk", fq, fk) * vis
-            eps = self.eps0
-            if sk is not None:  # FAVOR+ stabilised: row i in units of its largest visible key scale, ε0 added there
-                rel = sk.transpose(1, 2)[:, :, None, :].expand_as(P).masked_fill(~vis, float("-inf"))
-                top = rel.amax(-1, keepdim=True)
-                top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row that sees nothing
-                P = P * torch.exp(rel - top)
-        A = P * D[:, None]
-        den = (P if self.normalizer == "plain" else A).sum(-1)  # eq. (13) undecayed vs eq. (16) decayed
-        return torch.einsum("bhqk,bkhd->bqhd", A, V) / (den + eps).transpose(1, 2)[..., None]
+        kw = dict(normalizer=self.normalizer, eps0=self.eps0)
+        if self.feature_map == "exact":  # exp(q·k/√d) (eq. 13)
+            return kv_retention(q, K, V, D, vis, scores="exact", **kw)
+        (fq, _), (fk, sk) = self._features(q), self._features(K)
+        return kv_retention(fq, fk, V, D, vis, scores="features", k_log_scale=sk, **kw)
 
     def extra_repr(self) -> str:
         return (

@@ -3,6 +3,7 @@ chunked and parallel forms plus the local attention, kernel-matrix and plasticit
 runs either (``mode="recurrent" | "chunk" | "parallel"``)."""
 
 from seqmem.ops.vort.chunk import (
+    kv_retention,
     local_window_attention,
     refine_alpha,
     retrieval_loss,
@@ -10,4 +11,6 @@ from seqmem.ops.vort.chunk import (
     soe_retention,
 )
 
-__all__ = ["soe_retention", "local_window_attention", "retrieval_loss", "refine_alpha", "soe_kernel_matrix"]
+__all__ = [
+    "soe_retention", "kv_retention", "local_window_attention", "retrieval_loss", "refine_alpha", "soe_kernel_matrix"
+]
