@@ -227,19 +227,14 @@ def _run(args) -> int:
     checks.append(claims.table5(swap_rows))
 
     # ---- Table 3: memory scaling at zero added parameters
+    def t3_row(model: str, memory: str, n: int, added: int, paper: Any, ours: dict[str, Any]) -> dict[str, Any]:
+        """A row of Table 3: ``paper`` the paper's (PPL, LongPPL) or None, ``ours`` a :func:`summarise` result."""
+        return {"model": model, "memory": memory, "N / queue": n, "added params": added,
+                "paper PPL": paper[0] if paper else None, "ours PPL": ours["ppl"],
+                "paper LongPPL": paper[1] if paper else None, "ours LongPPL proxy": ours["longppl"]}
+
     ppl_by_n = {c["n1x"]: ppl["Elastic Memory_exp"]}
-    scal_rows = [
-        {
-            "model": "Elastic_exp",
-            "memory": "1x",
-            "N / queue": c["n1x"],
-            "added params": 0,
-            "paper PPL": PAPER_T3[1]["Elastic_exp"][0],
-            "ours PPL": ppl["Elastic Memory_exp"],
-            "paper LongPPL": PAPER_T3[1]["Elastic_exp"][1],
-            "ours LongPPL proxy": results["Elastic Memory_exp"]["longppl"],
-        }
-    ]
+    scal_rows = [t3_row("Elastic_exp", "1x", c["n1x"], 0, PAPER_T3[1]["Elastic_exp"], results["Elastic Memory_exp"])]
     for N in c["scaling"]:
         names, opts = model_specs(dict(c, n1x=N))["Elastic Memory_exp"]
         m = fit(f"Elastic_exp N={N}", names, opts)
@@ -247,49 +242,18 @@ def _run(args) -> int:
         ppl_by_n[N] = r["ppl"]
         mult = N / c["n1x"]
         p = PAPER_T3.get(int(mult)) if mult >= 1 and float(mult).is_integer() else None
-        scal_rows.append(
-            {
-                "model": "Elastic_exp",
-                "memory": f"{mult:g}x",
-                "N / queue": N,
-                "added params": m.num_parameters() - base_params,
-                "paper PPL": p["Elastic_exp"][0] if p else None,
-                "ours PPL": r["ppl"],
-                "paper LongPPL": p["Elastic_exp"][1] if p else None,
-                "ours LongPPL proxy": r["longppl"],
-            }
-        )
+        scal_rows.append(t3_row("Elastic_exp", f"{mult:g}x", N, m.num_parameters() - base_params,
+                                p["Elastic_exp"] if p else None, r))
         models[f"Elastic_exp N={N}"] = m
-    scal_rows.append(
-        {
-            "model": "MemT",
-            "memory": "1x",
-            "N / queue": c["n1x"],
-            "added params": c["n_heads"],
-            "paper PPL": PAPER_T3[1]["MemT"][0],
-            "ours PPL": ppl["Mem. Transformer"],
-            "paper LongPPL": PAPER_T3[1]["MemT"][1],
-            "ours LongPPL proxy": results["Mem. Transformer"]["longppl"],
-        }
-    )
+    scal_rows.append(t3_row("MemT", "1x", c["n1x"], c["n_heads"], PAPER_T3[1]["MemT"], results["Mem. Transformer"]))
     for nq in c["memtrans_scaling"]:
         names, opts = model_specs(dict(c, n1x=nq))["Mem. Transformer"]
         m = fit(f"MemT queue={nq}", names, opts)
         r = summarise(token_losses(m, xt, yt), key, c["block_len"])
         mult = nq / c["n1x"]
         p = PAPER_T3.get(int(mult)) if float(mult).is_integer() else None
-        scal_rows.append(
-            {
-                "model": "MemT",
-                "memory": f"{mult:g}x",
-                "N / queue": nq,
-                "added params": m.num_parameters() - base_params,
-                "paper PPL": p["MemT"][0] if p else None,
-                "ours PPL": r["ppl"],
-                "paper LongPPL": p["MemT"][1] if p else None,
-                "ours LongPPL proxy": r["longppl"],
-            }
-        )
+        scal_rows.append(t3_row("MemT", f"{mult:g}x", nq, m.num_parameters() - base_params,
+                                p["MemT"] if p else None, r))
     md.append(
         write_results(
             out,
