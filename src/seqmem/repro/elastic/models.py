@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from seqmem.mixers.elastic import memory_layer_stack
+from seqmem.repro.elastic.configs import OPTIMISER
 
 
 def model_specs(c: dict[str, Any]) -> dict[str, tuple[list[str], list[dict[str, Any]]]]:
@@ -59,15 +60,12 @@ def build_model(c: dict[str, Any], names: list[str], opts: list[dict[str, Any]])
 def train_cfg(c: dict[str, Any], seed: int):
     from seqmem.train import TrainConfig
 
-    # paper's optimiser (Table 9): AdamW 2e-3, betas (0.9, 0.95), wd 0.1, clip 1, cosine; warmup 5% (not 1%)
+    # paper's optimiser (Table 9): AdamW 2e-3 with OPTIMISER's betas / weight decay / clip / warmup, cosine
     return TrainConfig(
         steps=c["steps"],
         batch_size=c["batch"],
         lr=2e-3,
-        weight_decay=0.1,
-        warmup_frac=0.05,
-        clip=1.0,
-        betas=(0.9, 0.95),
+        **OPTIMISER,
         eval_every=0,
         eval_examples=max(4, c["eval_examples"] // 4),
         eval_batch_size=8,

@@ -11,7 +11,7 @@ import torch
 
 from seqmem.repro.common import fit_lm, write_results
 from seqmem.repro.elastic import checks as claims
-from seqmem.repro.elastic.configs import TOPIC
+from seqmem.repro.elastic.configs import OPTIMISER, TOPIC
 from seqmem.repro.elastic.evaluation import token_losses
 from seqmem.repro.elastic.models import lm_config, model_device, model_specs
 from seqmem.tasks.elastic_topic import ElasticTopicTask
@@ -49,10 +49,7 @@ def topic_check(scale: str, seed: int) -> list[dict[str, Any]]:
             steps=t["steps"],
             batch_size=t["batch"],
             lr=3e-3,
-            weight_decay=0.1,
-            warmup_frac=0.05,
-            clip=1.0,
-            betas=(0.9, 0.95),
+            **OPTIMISER,
             eval_examples=16,
             eval_batch_size=16,
             log_every=max(1, t["steps"] // 5),
