@@ -28,7 +28,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from seqmem.hf.configuration_seqmem import SeqmemConfig
 from seqmem.mixers.base import State
-from seqmem.models.lm import LanguageModel, check_ids
+from seqmem.models.lm import LanguageModel, check_ids, run_blocks
 
 __all__ = ["SeqmemCache", "SeqmemForCausalLM", "SeqmemModel", "from_run"]
 
@@ -205,15 +205,10 @@ class SeqmemPreTrainedModel(PreTrainedModel):
         embed, blocks, norm = self._parts()
         x = embed(ids.long())
         hidden = [x] if want_hidden else None
-        new_states = []
-        for i, blk in enumerate(blocks):
-            x, st = self._run_block(blk, x, None if states is None else states[i])
-            new_states.append(st)
-            if hidden is not None and i < len(blocks) - 1:
-                hidden.append(x)
+        x, new_states = run_blocks(blocks, x, states, self._run_block, hidden)
         h = norm(x)
         if hidden is not None:
-            hidden.append(h)
+            hidden[-1] = h  # the last block's output is reported after the final norm
         return h, new_states, hidden
 
     def _run_masked(

@@ -4,6 +4,7 @@ residual) → final RMSNorm → (tied) head.  One mixer per layer, so hybrids ar
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -100,6 +101,24 @@ class Block(nn.Module):
         return x, state
 
 
+def run_blocks(
+    blocks: Iterable[nn.Module], x: Tensor, state: list[Any] | None,
+    run_block: Callable[[nn.Module, Tensor, Any], tuple[Tensor, Any]] | None = None,
+    outputs: list[Tensor] | None = None,
+) -> tuple[Tensor, list[Any]]:
+    """``x`` through ``blocks`` in order, block ``i`` with ``state[i]`` (``state`` None: fresh states); returns the
+    last output and the new per-layer states.  ``run_block(blk, x, st)`` replaces ``blk(x, st)``; ``outputs``, if
+    given, receives every block's output."""
+    new_state = []
+    for i, blk in enumerate(blocks):
+        st = None if state is None else state[i]
+        x, st = blk(x, st) if run_block is None else run_block(blk, x, st)
+        new_state.append(st)
+        if outputs is not None:
+            outputs.append(x)
+    return x, new_state
+
+
 def check_ids(input_ids: Tensor, vocab_size: int) -> None:
     """Raise unless ``input_ids`` is a non-empty ``(batch, time)`` integer tensor of ids in ``[0, vocab_size)``."""
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
@@ -144,11 +163,7 @@ class LanguageModel(nn.Module):
         check_ids(input_ids, self.cfg.vocab_size)
         if state is not None and (not isinstance(state, list) or len(state) != len(self.blocks)):
             raise ValueError(f"state must be the list of {len(self.blocks)} per-layer states returned by the model")
-        x = self.embed(input_ids.long())
-        new_state = []
-        for i, blk in enumerate(self.blocks):
-            x, st = blk(x, None if state is None else state[i])
-            new_state.append(st)
+        x, new_state = run_blocks(self.blocks, self.embed(input_ids.long()), state)
         return self.head(self.norm(x)), new_state
 
     @torch.no_grad()
