@@ -86,23 +86,20 @@ def _run(args) -> int:
     t_start = time.time()
     md: list[str] = [f"# Elastic Memory reproduction ({scale})\n", f"Command: `{cmd}`\n", f"Scale: {note}\n"]
     checks: list[str] = []
+
+    def table(name: str, rows: list[dict[str, Any]], title: str, scale_note: str = note, **kw: Any) -> None:
+        """Write table ``name`` (JSON and Markdown) and add its Markdown to the report."""
+        md.append(write_results(out, name, rows, title=title, command=cmd, scale_note=scale_note, **kw))
+
     if getattr(args, "only_topic", False):
         tmd, tcheck = _topic_section(out, scale, seed, cmd + " --only-topic")
         print(tcheck)
         return 0
 
     rows12 = table12(c["table12_trials"], seed)
-    md.append(
-        write_results(
-            out,
-            "hippo_table12",
-            rows12,
-            title="Table 12 — HiPPO reconstruction of synthetic signals",
-            command=cmd,
-            scale_note="exact (signal parameters unknown in the paper: amplitudes "
-            "U(0.5,1), 1–5 cycles per window, random phase)",
-        )
-    )
+    table("hippo_table12", rows12, "Table 12 — HiPPO reconstruction of synthetic signals",
+          scale_note="exact (signal parameters unknown in the paper: amplitudes U(0.5,1), 1–5 cycles per window, "
+          "random phase)")
     checks.append(claims.table12(rows12))
     if getattr(args, "skip_lm", False):
         return _finish(out, md, checks, t_start)
@@ -159,32 +156,14 @@ def _run(args) -> int:
                 "ours last-block bpb": r["per_block_loss"][-1] / math.log(2),
             }
         )
-    md.append(
-        write_results(
-            out,
-            "lm_main",
-            rows,
-            title="Table 2 analogue — test PPL and LongPPL proxy",
-            command=cmd,
-            scale_note=note + f"; key tokens {int(key.sum())} strict / "
-            f"{int(key_relaxed.sum())} relaxed of {key.numel()}",
-            extra={"results": results},
-        )
-    )
+    table("lm_main", rows, "Table 2 analogue — test PPL and LongPPL proxy",
+          scale_note=note + f"; key tokens {int(key.sum())} strict / {int(key_relaxed.sum())} relaxed of {key.numel()}",
+          extra={"results": results})
     pb_rows = [
         {"model": n, **{f"b{i}": r["per_block_loss"][i] / math.log(2) for i in range(c["n_blocks"])}}
         for n, r in results.items()
     ]
-    md.append(
-        write_results(
-            out,
-            "per_block",
-            pb_rows,
-            title="Per-block test loss (bits per byte) vs block index",
-            command=cmd,
-            scale_note=note,
-        )
-    )
+    table("per_block", pb_rows, "Per-block test loss (bits per byte) vs block index")
     plot_per_block(results, out / "per_block.png", f"Elastic repro ({scale}): loss vs block index")
 
     ppl = {n: r["ppl"] for n, r in results.items()}
@@ -214,16 +193,7 @@ def _run(args) -> int:
                 "ours LongPPL proxy": r["longppl"],
             }
         )
-    md.append(
-        write_results(
-            out,
-            "sampling_swap",
-            swap_rows,
-            title="Tables 5/6 — test-time sampling swap",
-            command=cmd,
-            scale_note=note,
-        )
-    )
+    table("sampling_swap", swap_rows, "Tables 5/6 — test-time sampling swap")
     checks.append(claims.table5(swap_rows))
 
     # ---- Table 3: memory scaling at zero added parameters
@@ -254,31 +224,13 @@ def _run(args) -> int:
         p = PAPER_T3.get(int(mult)) if float(mult).is_integer() else None
         scal_rows.append(t3_row("MemT", f"{mult:g}x", nq, m.num_parameters() - base_params,
                                 p["MemT"] if p else None, r))
-    md.append(
-        write_results(
-            out,
-            "memory_scaling",
-            scal_rows,
-            title="Table 3 — memory scaling (zero added params)",
-            command=cmd,
-            scale_note=note,
-        )
-    )
+    table("memory_scaling", scal_rows, "Table 3 — memory scaling (zero added params)")
     checks.append(claims.table3(scal_rows))
 
     # ---- Table 13: reconstruction of the trained model's real K/V
     rows13 = table13(models["Elastic Memory_exp"], xt[: c["table13_examples"]], c, ppl_by_n)
-    md.append(
-        write_results(
-            out,
-            "hippo_table13",
-            rows13,
-            title="Table 13 — reconstruction MSE of real memory-layer "
-            "K/V (trained Elastic_exp 1x model; all positions, cell midpoints)",
-            command=cmd,
-            scale_note=note,
-        )
-    )
+    table("hippo_table13", rows13, "Table 13 — reconstruction MSE of real memory-layer K/V (trained Elastic_exp 1x "
+          "model; all positions, cell midpoints)")
     checks.append(claims.table13(rows13))
 
     # ---- Table 8: throughput
@@ -305,17 +257,9 @@ def _run(args) -> int:
             "ours (normalised)": tps_big / tps["Transformer++"],
         }
     )
-    md.append(
-        write_results(
-            out,
-            "throughput",
-            tp_rows,
-            title="Table 8 — training throughput (fwd+bwd+AdamW)",
-            command=cmd,
-            scale_note=note + "; one CPU thread, median of "
-            f"{c['tput_steps']} steps (paper: 8xA800, FlashAttention-2, 100M model)",
-        )
-    )
+    table("throughput", tp_rows, "Table 8 — training throughput (fwd+bwd+AdamW)",
+          scale_note=note + f"; one CPU thread, median of {c['tput_steps']} steps (paper: 8xA800, FlashAttention-2, "
+          "100M model)")
     checks.append(claims.table8(tps, tps_big))
     tmd, tcheck = _topic_section(out, scale, seed, cmd)
     md.append(tmd)
