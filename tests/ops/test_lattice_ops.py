@@ -323,3 +323,26 @@ def test_bad_inputs_raise():
         lattice_scan(q, k, v, gam, l1=-1.0)
     with pytest.raises(ValueError, match="cpp"):
         lattice_scan(q, k, v, gam, objective="dec", l1=0.1, backend="cpp")
+
+
+@pytest.mark.parametrize("objective", ["dec", "enc", "sim"])
+@pytest.mark.parametrize("dtype,tol", [(D64, 1e-11), (torch.float32, 2e-4)])
+def test_chunked_recurrent_reference_equals_chunk_form(objective, dtype, tol):
+    """mode="recurrent" (naive.py, one token at a time) ≡ the chunked products: outputs, states, gradients,
+    from a mid-chunk state (offset and a non-zero accumulated update)."""
+    q, k, v, gam, _, S0 = _inputs(2, 17, 2, 4, 6, D64)
+    _, (Sa, Aa) = lattice_chunked(q[:, :3], k[:, :3], v[:, :3], gam[:, :3], S0, objective=objective, chunk_size=5)
+    args = [x[:, 3:].to(dtype).clone().requires_grad_(True) for x in (q, k, v, gam)]
+    outs = {}
+    for mode in ("recurrent", "chunk"):
+        y, (S, A) = lattice_chunked(*args, Sa.to(dtype), objective=objective, chunk_size=5, initial_update=Aa.to(dtype),
+                                    offset=3, mode=mode)  # fmt: skip
+        grads = torch.autograd.grad((y * torch.linspace(-1, 1, y.shape[-1], dtype=dtype)).sum() + S.sum() + A.sum(),
+                                    args)  # fmt: skip
+        outs[mode] = (y, S, A, grads)
+    for what, a, b in zip(("y", "S", "A"), outs["recurrent"][:3], outs["chunk"][:3]):
+        assert_rel_close(a, b, tol, what)
+    for i, (a, b) in enumerate(zip(outs["recurrent"][3], outs["chunk"][3])):
+        assert_rel_close(a, b, tol, f"grad {i}")
+    with pytest.raises(ValueError, match="mode"):
+        lattice_chunked(*args, Sa.to(dtype), mode="scan")

@@ -289,41 +289,12 @@ class LatticeMinibatchMixer(LatticeMixer):
         offset = int(pos[0]) % self.chunk_size
         q, k, v, gamma, _, cq, ck = self._features(x, state)
         S0, A = state["S"], state["A"]
-        if self.impl == "fast":
-            y, (S0, A) = lattice_chunked(
-                q, k, v, gamma, S0, objective=self.objective, chunk_size=self.chunk_size,
-                initial_update=A, offset=offset,
-            )  # fmt: skip
-        else:
-            y, S0, A = self._reference(q, k, v, gamma, S0, A, offset)
+        y, (S0, A) = lattice_chunked(
+            q, k, v, gamma, S0, objective=self.objective, chunk_size=self.chunk_size, initial_update=A,
+            offset=offset, mode="chunk" if self.impl == "fast" else "recurrent",
+        )  # fmt: skip
         y = y.reshape(B, T, -1) * F.gelu(self.gate_proj(x))
         return self.o_proj(y), {"S": S0, "A": A, "pos": pos + T, "conv_q": cq, "conv_k": ck}
-
-    def _reference(self, q, k, v, gamma, S0, A, offset):
-        """Per token: Δ_t from the chunk-start slots S⁰, U_t = S⁰ + Σ Δ, S_t = U_t/‖U_t‖, y_t = S_t q_t."""
-        T = k.shape[1]
-        if gamma.dim() == 3:
-            gamma = gamma.unsqueeze(-1).expand_as(k)
-        S0 = S0 / S0.norm(dim=-2, keepdim=True)
-        ys, pos = [], offset
-        for t in range(T):
-            kt, vt, gt = k[:, t], v[:, t], gamma[:, t]
-            if self.objective == "dec":
-                h, c = (S0 @ kt.unsqueeze(-1)).squeeze(-1) - vt, kt
-            elif self.objective == "enc":
-                h, c = vt, (S0.transpose(-1, -2) @ vt.unsqueeze(-1)).squeeze(-1) - kt
-            else:
-                h, c = -vt, kt
-            p = (S0.transpose(-1, -2) @ h.unsqueeze(-1)).squeeze(-1)
-            w = gt * c
-            A = A - (h.unsqueeze(-1) * w.unsqueeze(-2) - S0 * (p * w).unsqueeze(-2))
-            U = S0 + A
-            St = U / U.norm(dim=-2, keepdim=True)
-            ys.append((St @ q[:, t].unsqueeze(-1)).squeeze(-1))
-            pos += 1
-            if pos == self.chunk_size:
-                S0, A, pos = St, torch.zeros_like(A), 0
-        return torch.stack(ys, 1), S0, A
 
 
 deprecated_alias("lattice_chunked", "lattice_minibatch")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from seqmem.ops.lattice.naive import lattice_minibatch_naive
 from seqmem.ops.lattice.step import _OSR, _check, _prepare, sphere_retract
 
 __all__ = ["lattice_chunked"]
@@ -27,6 +28,7 @@ def lattice_chunked(
     chunk_size: int = 16,
     initial_update: Tensor | None = None,
     offset: int = 0,
+    mode: str = "chunk",
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """Mini-batch Lattice (NOSR with every gradient of a chunk taken at the chunk-start state; see docs/lattice.md).
 
@@ -40,18 +42,22 @@ def lattice_chunked(
     The per-token states ``U_t`` are never formed: ``y_t`` and the column norms ``‖U_t[:, i]‖`` come from
     causal (C×C) products and cumulative sums (:func:`_chunk_block`), O(C·(d + m) + d·m) work per token and
     head; only the chunk-end state is a (d, m) matrix (a one-token block, as in decoding, forms its one state).
+    ``mode="recurrent"`` runs the per-token reference (``naive.py``) after the same input checks.
     """
+    if mode not in ("recurrent", "chunk"):
+        raise ValueError(f"lattice_chunked: mode must be one of ['recurrent', 'chunk'], got {mode!r}")
+    if mode == "recurrent":
+        _lattice_chunked_checks(q, k, v, gamma, initial_state, objective, chunk_size, initial_update, offset)
+        return lattice_minibatch_naive(q, k, v, gamma, initial_state, objective=objective, chunk_size=chunk_size,
+                                       initial_update=initial_update, offset=offset)  # fmt: skip
     return _lattice_chunked(
         q, k, v, gamma, initial_state, objective=objective, chunk_size=chunk_size,
         initial_update=initial_update, offset=offset, dense=False,
     )  # fmt: skip
 
 
-def _lattice_chunked(
-    q, k, v, gamma, initial_state=None, *, objective="dec", chunk_size=16, initial_update=None, offset=0,
-    dense=False,
-):
-    """:func:`lattice_chunked`; ``dense=True`` uses :func:`_chunk_block_dense` (the per-token states, tests)."""
+def _lattice_chunked_checks(q, k, v, gamma, initial_state, objective, chunk_size, initial_update, offset):
+    """The public op's input checks (both modes); returns ``(B, T, H, m, d)``."""
     if objective not in _OSR:
         raise ValueError(f"lattice_chunked supports objectives {list(_OSR)}, got {objective!r}")
     B, T, H, m, d = _check(q, k, v, gamma, initial_state, objective, True, None, None, "scan", chunk_size)
@@ -61,6 +67,16 @@ def _lattice_chunked(
         not isinstance(initial_update, Tensor) or initial_update.shape != (B, H, d, m)
     ):
         raise ValueError(f"initial_update must be (B, H, d, m)=({B}, {H}, {d}, {m}) or None")
+    return B, T, H, m, d
+
+
+def _lattice_chunked(
+    q, k, v, gamma, initial_state=None, *, objective="dec", chunk_size=16, initial_update=None, offset=0,
+    dense=False,
+):
+    """:func:`lattice_chunked`; ``dense=True`` uses :func:`_chunk_block_dense` (the per-token states, tests)."""
+    B, T, H, m, d = _lattice_chunked_checks(q, k, v, gamma, initial_state, objective, chunk_size, initial_update,
+                                            offset)
     qt, kt, vt, gt, S0, _, _ = _prepare(q, k, v, gamma, initial_state, True, None, None, objective)
     N = B * H
     A = None if initial_update is None else initial_update.reshape(N, d, m)  # None: a zero update

@@ -80,3 +80,48 @@ def lattice_naive(
         # 8. y_t = S_t q_t  (the read-out uses the updated state)                                   (eq. 13)
         ys.append(torch.einsum("bhdm,bhm->bhd", S, qt))
     return torch.stack(ys, 1), S
+
+
+def lattice_minibatch_naive(
+    q: Tensor, k: Tensor, v: Tensor, gamma: Tensor | float, initial_state: Tensor | None = None, *,
+    objective: str = "dec", chunk_size: int = 16, initial_update: Tensor | None = None, offset: int = 0,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """Mini-batch Lattice, one token at a time (``mode="recurrent"`` of :func:`seqmem.ops.lattice_chunked`).
+
+    Every gradient of a chunk is taken at the chunk-start slots S⁰ (a different model from :func:`lattice_naive`):
+    U_t = S⁰ + Σ_{j≤t} Δ_j(S⁰), S_t = U_t / ‖U_t‖ per column, y_t = S_t q_t; the chunk's last S_t starts the next
+    chunk.  Returns ``(y (B, T, H, d), (S⁰ of the current chunk, its accumulated update Σ Δ))``."""
+    B, T, H, m = k.shape
+    d = v.shape[-1]
+    if initial_state is None:
+        S0 = torch.eye(d, m, dtype=k.dtype, device=k.device).expand(B, H, d, m)
+    else:
+        S0 = initial_state
+    S0 = S0 / S0.norm(dim=-2, keepdim=True)  # the slots start on the sphere (eq. 14)
+    A = torch.zeros(B, H, d, m, dtype=k.dtype, device=k.device) if initial_update is None else initial_update
+    if not isinstance(gamma, Tensor):
+        gamma = torch.full((B, T, H), float(gamma), dtype=k.dtype, device=k.device)
+    if gamma.dim() == 3:
+        gamma = gamma.unsqueeze(-1).expand_as(k)
+    ys, pos = [], offset
+    for t in range(T):
+        kt, vt, gt = k[:, t], v[:, t], gamma[:, t]
+        # 1. the objective's residual h and coefficient c, both at the chunk-start slots S⁰     (eqs. 7, 10, 12)
+        if objective == "dec":  # decode v from k: h = S⁰k − v
+            h, c = (S0 @ kt.unsqueeze(-1)).squeeze(-1) - vt, kt
+        elif objective == "enc":  # encode k from v: c = S⁰ᵀv − k
+            h, c = vt, (S0.transpose(-1, -2) @ vt.unsqueeze(-1)).squeeze(-1) - kt
+        else:  # sim: maximise the similarity vᵀS⁰k
+            h, c = -vt, kt
+        # 2. Δ_t = −(h wᵀ − S⁰ diag(S⁰ᵀh ⊙ w)), w = γ ⊙ c: P(s⁰_i) h per column        (eqs. 8, 13)
+        p = (S0.transpose(-1, -2) @ h.unsqueeze(-1)).squeeze(-1)
+        w = gt * c
+        A = A - (h.unsqueeze(-1) * w.unsqueeze(-2) - S0 * (p * w).unsqueeze(-2))
+        # 3. S_t = U_t / ‖U_t‖ with U_t = S⁰ + Σ Δ (eq. 14); y_t = S_t q_t
+        U = S0 + A
+        St = U / U.norm(dim=-2, keepdim=True)
+        ys.append((St @ q[:, t].unsqueeze(-1)).squeeze(-1))
+        pos += 1
+        if pos == chunk_size:  # 4. the chunk is complete: its last state starts the next one
+            S0, A, pos = St, torch.zeros_like(A), 0
+    return torch.stack(ys, 1), (S0, A)
