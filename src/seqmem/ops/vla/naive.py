@@ -30,6 +30,16 @@ def _compute_setup(tensors: list[Tensor], initial_state: dict[str, Tensor] | Non
     return dt, off
 
 
+def _readout(S: Tensor, qt: Tensor, z: Tensor | None, kf: Tensor, eps: float) -> tuple[Tensor, Tensor | None]:
+    """One token's read ``o = S φ(q) / max(φ(q)ᵀ z, ε)`` after ``z ← z + φ(k)`` (``z`` None: ``o = S φ(q)``)."""
+    qf = F.elu(qt) + 1.0
+    o = torch.einsum("bhij,bhj->bhi", S, qf)
+    if z is not None:
+        z = z + kf
+        o = o / torch.clamp((z * qf).sum(-1), min=eps)[..., None]
+    return o, z
+
+
 def vla_attention_naive(
     q: Tensor, k: Tensor, v: Tensor, w_u: Tensor, *, lam0: float = 0.1, u_scale: float | None = None,
     refresh_period: int | None = 20, refresh_eta: float = 1e-3, eps: float = 1e-4, normalizer: str = "paper",
@@ -82,11 +92,7 @@ def vla_attention_naive(
             # 10. S ← S + e α̂ᵀ                                                            (eq. 10, line 22)
             S = S + e[..., :, None] * ah[..., None, :]
             # 11. o = S φ(q) / max(φ(q)ᵀ z, ε),  z ← z + φ(k)                             (eq. 11, lines 25-26)
-            qf = F.elu(qt) + 1.0
-            o = torch.einsum("bhij,bhj->bhi", S, qf)
-            if use_z:
-                z = z + kf
-                o = o / torch.clamp((z * qf).sum(-1), min=eps)[..., None]
+            o, z = _readout(S, qt, z, kf, eps)
             outs.append(o)
             if return_trace:
                 for n, x in (("S", S), ("A", A if A is not None else (eye / lam0).expand(B, H, D, D)),
@@ -126,11 +132,7 @@ def vla_paper_delta_rule_naive(
             # 3. S ← β S + e k̂ᵀ                                                          (eq. 4)
             S = bt[..., None, None] * S + e[..., :, None] * kh[..., None, :]
             # 4. o = S φ(q) / max(φ(q)ᵀ z, ε),  z ← z + φ(k)                             (eq. 11)
-            qf = F.elu(qt) + 1.0
-            o = torch.einsum("bhij,bhj->bhi", S, qf)
-            if use_z:
-                z = z + kf
-                o = o / torch.clamp((z * qf).sum(-1), min=eps)[..., None]
+            o, z = _readout(S, qt, z, kf, eps)
             outs.append(o)
     state = {"S": S}
     if use_z:
