@@ -105,6 +105,13 @@ def fmt(v: Any, digits: int = 3, *, nan: str = "nan", exponent: bool = True) -> 
     return str(v)
 
 
+def table_lines(header: list[str], rows: Iterable[list[str]], numeric: bool = False) -> list[str]:
+    """The lines of a GitHub Markdown table of already formatted cells; with ``numeric`` every column after the
+    first is right-aligned."""
+    rule = "|---|" + "---:|" * (len(header) - 1) if numeric else "|" + "---|" * len(header)
+    return ["| " + " | ".join(header) + " |", rule] + ["| " + " | ".join(cells) + " |" for cells in rows]
+
+
 def mean_std(values: Iterable[float]) -> tuple[float, float]:
     """Mean and *sample* standard deviation (n − 1 in the denominator) of ``values``.
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from seqmem.io import table_lines
 from seqmem.repro.common import atomic_write_text, machine_info
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -253,9 +254,7 @@ def md_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
             return f"{v:.1e}"
         return str(v)
 
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(f(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return "\n".join(table_lines(columns, ([f(r.get(c)) for c in columns] for r in rows))) + "\n"
 
 
 __all__ = ["machine_info"]

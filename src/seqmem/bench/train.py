@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from seqmem.io import time_calls
+from seqmem.io import table_lines, time_calls
 
 
 def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_heads: int = 2, vocab: int = 32,
@@ -47,9 +47,8 @@ def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_head
 
 
 def markdown(rows: list[dict[str, Any]], steps: int = 1000) -> str:
-    lines = ["| mixer | ms / step | tokens / s | s per 1,000 steps | params | peak state |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for r in sorted(rows, key=lambda r: r["seconds_per_step"]):
-        lines.append(f"| `{r['mixer']}` | {r['seconds_per_step'] * 1e3:.1f} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['seconds_per_step'] * steps:.0f} | {r['params']:,} | {r['state']:,} |")
-    return "\n".join(lines) + "\n"
+    header = ["mixer", "ms / step", "tokens / s", "s per 1,000 steps", "params", "peak state"]
+    body = ([f"`{r['mixer']}`", f"{r['seconds_per_step'] * 1e3:.1f}", f"{r['tokens_per_s']:,.0f}",
+             f"{r['seconds_per_step'] * steps:.0f}", f"{r['params']:,}", f"{r['state']:,}"]
+            for r in sorted(rows, key=lambda r: r["seconds_per_step"]))
+    return "\n".join(table_lines(header, body, numeric=True)) + "\n"

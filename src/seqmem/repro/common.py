@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from seqmem.io import atomic_write_bytes, atomic_write_text, fmt, machine_info, mean_std, save_figure
+from seqmem.io import atomic_write_bytes, atomic_write_text, fmt, machine_info, mean_std, save_figure, table_lines
 
 __all__ = [
     "atomic_write_bytes",
@@ -81,10 +81,7 @@ def markdown_table(rows: list[dict[str, Any]], columns: list[str] | None = None)
     if not rows:
         return "(no rows)\n"
     columns = columns or list(rows[0])
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for r in rows:
-        lines.append("| " + " | ".join(fmt(r.get(c)) for c in columns) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(table_lines(columns, ([fmt(r.get(c)) for c in columns] for r in rows))) + "\n"
 
 
 def write_results(

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seqmem.io import atomic_write_text, fmt, machine_info, mean_std, save_figure
+from seqmem.io import atomic_write_text, fmt, machine_info, mean_std, save_figure, table_lines
 from seqmem.sweep.runner import (
     choose_lr,
     group_points,
@@ -130,10 +130,8 @@ def summary_table(spec: SweepSpec, rows: list[dict[str, Any]]) -> str:
 
     mixers = sorted({r["mixer"] for r in rows}, key=lambda m: -score(m))
     head = ["mixer"] + [f"{lab}, " + ", ".join(f"{a} {v}" for a, v in combo) if combo else lab for lab, combo in cols]
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * len(cols)]
-    for m in mixers:
-        lines.append("| " + " | ".join([f"`{m}`"] + [text(cell.get((m, lab, combo))) for lab, combo in cols]) + " |")
-    return "\n".join(lines) + "\n"
+    body = ([f"`{m}`"] + [text(cell.get((m, lab, combo))) for lab, combo in cols] for m in mixers)
+    return "\n".join(table_lines(head, body, numeric=True)) + "\n"
 
 
 def _axis_combos(spec: SweepSpec) -> list[tuple[tuple[str, Any], ...]]:
@@ -183,7 +181,7 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
         axes = spec.model_axes
         head = ["mixer", *axes, "state", "params", "lr*", f"{sel} (mean ± std)", "per seed", "valid by lr", "runs",
                 "note"]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        body = []
         for r in srows:
             per = ", ".join(_fmt(v) for v in r.get("per_seed", {}).values()) or "—"
             lrv = ", ".join(f"{lr}: {_fmt(v)}" for lr, v in r["lr_valid"].items()) or "—"
@@ -203,9 +201,9 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
                 note.append("PARTIAL")
             state = "—" if r["state"] is None else f"{r['state']:,}"
             params = "—" if r["params"] is None else f"{r['params']:,}"
-            lines.append("| " + " | ".join([f"`{r['mixer']}`", *[str(r.get(a)) for a in axes], state, params, lr, ms,
-                                             per, lrv, f"{r['runs_done']}/{r['runs_total']}", "; ".join(note)])
-                         + " |")
+            body.append([f"`{r['mixer']}`", *[str(r.get(a)) for a in axes], state, params, lr, ms, per, lrv,
+                         f"{r['runs_done']}/{r['runs_total']}", "; ".join(note)])
+        lines += table_lines(head, body)
         lines.append("")
     done = sum(r["runs_done"] for r in rows)
     total = sum(r["runs_total"] for r in rows)
