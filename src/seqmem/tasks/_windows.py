@@ -7,14 +7,16 @@ results are reported on ``test`` (``report_split``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from seqmem.data import SPLITS
-from seqmem.tasks.base import Task
+from seqmem.tasks.base import IGNORE_INDEX, Task
 
 
 class SplitWindowsTask(Task):
@@ -36,6 +38,22 @@ class SplitWindowsTask(Task):
             raise ValueError(f"n_buckets must be an integer in [1, seq_len={seq_len}], got {n_buckets!r}")
         if eval_split not in SPLITS:
             raise ValueError(f"eval_split must be one of {', '.join(SPLITS)}, got {eval_split!r}")
+
+    @staticmethod
+    def _mean_ce(logits: Tensor, targets: Tensor) -> Callable[[int, int], float]:
+        """``mean(lo, hi)``: the mean cross-entropy (nats, in float64) over the scored targets at positions
+        ``lo .. hi-1`` (nan where none is scored); raises unless ``logits`` is ``targets``' shape plus a vocab axis."""
+        if logits.dim() != 3 or logits.shape[:-1] != targets.shape:
+            raise ValueError(f"logits {tuple(logits.shape)} do not match targets {tuple(targets.shape)}")
+        ce = F.cross_entropy(logits.double().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                             ignore_index=IGNORE_INDEX, reduction="none").reshape(targets.shape)
+        mask = (targets != IGNORE_INDEX).to(ce.dtype)
+
+        def mean(lo: int, hi: int) -> float:
+            n = float(mask[:, lo:hi].sum())
+            return float((ce[:, lo:hi] * mask[:, lo:hi]).sum()) / n if n else float("nan")
+
+        return mean
 
     def sample_split(
         self, split: str, batch_size: int, generator: torch.Generator | None = None

@@ -22,12 +22,11 @@ import os
 from typing import Any
 
 import numpy as np
-import torch.nn.functional as F
 from torch import Tensor
 
 from seqmem.data import DEFAULT_FRACTIONS, SPLITS, Corpus, load_corpus
 from seqmem.tasks._windows import SplitWindowsTask
-from seqmem.tasks.base import DEFAULT_EVAL_SEED, IGNORE_INDEX, masked_accuracy, register_task
+from seqmem.tasks.base import DEFAULT_EVAL_SEED, masked_accuracy, register_task
 
 __all__ = ["LMTask", "bucket_edges"]
 
@@ -121,21 +120,10 @@ class LMTask(SplitWindowsTask):
 
     def metrics(self, logits: Tensor, targets: Tensor) -> dict[str, float]:
         """``bpb`` overall, ``accuracy``, and ``bpb_pos_<lo>_<hi>`` per position bucket (module docstring)."""
-        if logits.dim() != 3 or logits.shape[:-1] != targets.shape:
-            raise ValueError(f"logits {tuple(logits.shape)} do not match targets {tuple(targets.shape)}")
-        ce = F.cross_entropy(
-            logits.double().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX,
-            reduction="none",
-        ).reshape(targets.shape)
-        mask = (targets != IGNORE_INDEX).to(ce.dtype)
+        mean = self._mean_ce(logits, targets)
         ln2 = math.log(2.0)
-
-        def bpb(lo: int, hi: int) -> float:
-            n = float(mask[:, lo:hi].sum())
-            return float((ce[:, lo:hi] * mask[:, lo:hi]).sum()) / n / ln2 if n else float("nan")
-
-        out = {"bpb": bpb(0, targets.shape[1]), "accuracy": masked_accuracy(logits, targets)[0]}
+        out = {"bpb": mean(0, targets.shape[1]) / ln2, "accuracy": masked_accuracy(logits, targets)[0]}
         if targets.shape[1] == self.seq_len:
             for lo, hi in self.buckets:
-                out[f"bpb_pos_{lo}_{hi - 1}"] = bpb(lo, hi)
+                out[f"bpb_pos_{lo}_{hi - 1}"] = mean(lo, hi) / ln2
         return out

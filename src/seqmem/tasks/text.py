@@ -16,12 +16,11 @@ import math
 from typing import Any
 
 import numpy as np
-import torch.nn.functional as F
 from torch import Tensor
 
 from seqmem.data import DEFAULT_FRACTIONS, SPLITS
 from seqmem.tasks._windows import SplitWindowsTask
-from seqmem.tasks.base import DEFAULT_EVAL_SEED, IGNORE_INDEX, masked_accuracy, register_task
+from seqmem.tasks.base import DEFAULT_EVAL_SEED, masked_accuracy, register_task
 from seqmem.tasks.lm import bucket_edges
 from seqmem.textdata import TextTokenizer, load_documents, load_tokenizer, tokenize_splits
 
@@ -99,16 +98,7 @@ class TextLMTask(SplitWindowsTask):
         return arr
 
     def metrics(self, logits: Tensor, targets: Tensor) -> dict[str, float]:
-        if logits.dim() != 3 or logits.shape[:-1] != targets.shape:
-            raise ValueError(f"logits {tuple(logits.shape)} do not match targets {tuple(targets.shape)}")
-        ce = F.cross_entropy(logits.double().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                             ignore_index=IGNORE_INDEX, reduction="none").reshape(targets.shape)
-        mask = (targets != IGNORE_INDEX).to(ce.dtype)
-
-        def mean(lo: int, hi: int) -> float:
-            n = float(mask[:, lo:hi].sum())
-            return float((ce[:, lo:hi] * mask[:, lo:hi]).sum()) / n if n else float("nan")
-
+        mean = self._mean_ce(logits, targets)
         out = {"bits_per_token": mean(0, targets.shape[1]) / math.log(2.0),
                "accuracy": masked_accuracy(logits, targets)[0]}
         if targets.shape[1] == self.seq_len:
