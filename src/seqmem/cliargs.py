@@ -39,6 +39,11 @@ def parse_options(pairs: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def comma_list(text: str) -> list[str]:
+    """The items of a comma-separated list, stripped, empty ones dropped (``"a, b,"`` → ``["a", "b"]``)."""
+    return [item.strip() for item in str(text).split(",") if item.strip()]
+
+
 def _number(s: str, convert: Callable[[str], Any], ok: Callable[[Any], bool], what: str) -> Any:
     """``convert(s)`` where it succeeds and passes ``ok``, else an argparse error "expected ``what``"."""
     try:

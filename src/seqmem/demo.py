@@ -165,11 +165,11 @@ def add_parser(sub) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     import seqmem
-    from seqmem.cliargs import UsageError
+    from seqmem.cliargs import UsageError, comma_list
     from seqmem.cliargs import check_out_dir as _check_out_dir
 
     names = seqmem.list_mixers()
-    mixers = None if not args.mixers else [m.strip() for m in args.mixers.split(",") if m.strip()]
+    mixers = None if not args.mixers else comma_list(args.mixers)
     unknown = [m for m in mixers or [] if m not in names]
     if unknown:
         raise UsageError(f"unknown mixer(s) {unknown}; registered: {', '.join(names)}")

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from seqmem.cliargs import comma_list
 from seqmem.io import table_lines
 from seqmem.repro.common import atomic_write_text, machine_info
 
@@ -75,7 +76,7 @@ def resolve_mixers(spec: str | None) -> list[str]:
     known = seqmem.list_mixers()
     if spec is None or spec.strip().lower() == "all":
         return known
-    names = [s.strip() for s in spec.split(",") if s.strip()]
+    names = comma_list(spec)
     if not names:
         raise ValueError("--mixers: no mixer names given")
     from seqmem.registry import ALIASES

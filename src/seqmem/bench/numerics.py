@@ -367,6 +367,7 @@ def tables(records: list[dict[str, Any]]) -> str:
 
 # ------------------------------------------------------------------------------------------------------------- CLI
 from seqmem.bench.common import add_mixers_option, add_output_options  # noqa: E402
+from seqmem.cliargs import comma_list  # noqa: E402
 from seqmem.cliargs import positive_float as _pos_float  # noqa: E402
 from seqmem.cliargs import positive_int as _pos_int  # noqa: E402
 
@@ -436,7 +437,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     mixers = resolve_mixers(args.mixers)
     dev = resolve_device(args.device)
-    precs = [s.strip() for s in args.precisions.split(",") if s.strip()]
+    precs = comma_list(args.precisions)
     bad = [s for s in precs if s not in PRECISIONS + EXTRA_PRECISIONS]
     if bad or not precs:
         raise ValueError(f"--precisions: unknown {bad or 'empty list'}; choose from {','.join(PRECISIONS)}")

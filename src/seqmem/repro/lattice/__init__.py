@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from seqmem.cliargs import comma_list
 from seqmem.repro.common import fit_lm, mean_std, write_results
 from seqmem.repro.lattice.configs import CONFIGS, CONTEXT_MODELS, LADDER, MODELS, VNORM
 from seqmem.repro.lattice.configs import SCALES as SCALES  # the CLI reads seqmem.repro.lattice.SCALES
@@ -385,7 +386,7 @@ def _plot_context(main, last, lengths: list[int], path: Path, corpus: str,
 def _parse_models(text: str | None) -> list[str]:
     if text is None:
         return list(CONTEXT_MODELS)
-    names = [t.strip() for t in str(text).split(",") if t.strip()]
+    names = comma_list(text)
     bad = [n for n in names if n not in CONTEXT_MODELS]
     if bad or not names:
         raise ValueError(f"unknown --models {bad or text!r}; valid: {', '.join(CONTEXT_MODELS)}")
@@ -515,7 +516,7 @@ def run(args) -> int:
         cfg["steps"] = int(args.steps)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    exps = [e.strip() for e in getattr(args, "experiments", ",".join(DEFAULT_EXPERIMENTS)).split(",") if e.strip()]
+    exps = comma_list(getattr(args, "experiments", ",".join(DEFAULT_EXPERIMENTS)))
     bad = [e for e in exps if e not in EXPERIMENTS]
     if bad:
         raise ValueError(f"unknown experiment(s) {bad}; valid: {EXPERIMENTS}")

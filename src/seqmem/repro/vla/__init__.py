@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from seqmem.cliargs import comma_list
 from seqmem.repro.common import (
     atomic_write_text,
     fit_lm,
@@ -394,11 +395,11 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, scale: str, cfg: dict[str, Any]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    exps = [e.strip() for e in getattr(args, "experiments", ",".join(EXPERIMENTS)).split(",") if e.strip()]
+    exps = comma_list(getattr(args, "experiments", ",".join(EXPERIMENTS)))
     bad = sorted(set(exps) - set(EXPERIMENTS))
     if bad:
         raise ValueError(f"unknown experiment(s) {bad}; choose from {EXPERIMENTS}")
-    models = [m.strip() for m in getattr(args, "models", ",".join(MODELS)).split(",") if m.strip()]
+    models = comma_list(getattr(args, "models", ",".join(MODELS)))
     bad = sorted(set(models) - set(ALL_MODELS))
     if bad:
         raise ValueError(f"unknown model(s) {bad}; choose from {list(ALL_MODELS)}")
