@@ -142,12 +142,14 @@ def _emit(args: argparse.Namespace, text: str, payload: dict[str, Any]) -> None:
         write_json(args.json, payload)
 
 
-def _header(args: argparse.Namespace, machine: dict[str, Any], title: str) -> str:
+def _header(args: argparse.Namespace, machine: dict[str, Any], title: str, settings: str | None = None) -> str:
+    """Title, command line, machine and ``settings`` (default: those of speed / decode / profile)."""
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if settings is None:
+        settings = (f"d_model={args.d_model}, heads={args.heads}, batch={args.batch}, dtype={args.dtype}, "
+                    f"device={args.device}, --max-seconds {args.max_seconds:g}")
     return (f"## {title}\n\nCommand: `{_command(args)}`\n\nMachine: {machine['cpu']}, {machine['cores']} cores, "
-            f"torch {machine['torch']}, {machine['threads']} thread(s), {when}; "
-            f"d_model={args.d_model}, heads={args.heads}, batch={args.batch}, dtype={args.dtype}, "
-            f"device={args.device}, --max-seconds {args.max_seconds:g}\n\n")
+            f"torch {machine['torch']}, {machine['threads']} thread(s), {when}; {settings}\n\n")
 
 
 def cmd_speed(args: argparse.Namespace) -> int:
@@ -259,12 +261,10 @@ def cmd_train(args: argparse.Namespace) -> int:
                                args.batch_size, args.repeats, args.warmup)
         _log(f"[{i}/{len(mixers)}] {m}: {r['seconds_per_step'] * 1e3:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s")
         rows.append(r)
-    machine = machine_info()
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    text = (f"## Training-step cost (fwd + bwd + AdamW)\n\nCommand: `{_command(args)}`\n\nMachine: {machine['cpu']}, "
-            f"{machine['cores']} cores, torch {machine['torch']}, {args.threads} thread(s), {when}; "
-            f"{args.layers} layers, d_model {args.d_model}, {args.heads} heads, vocab {args.vocab_size}, "
-            f"T = {args.seq_len}, batch {args.batch_size}; median of {args.repeats} steps.\n\n" + markdown(rows))
+    machine = machine_info()  # its thread count is args.threads, set above
+    text = _header(args, machine, "Training-step cost (fwd + bwd + AdamW)",
+                   f"{args.layers} layers, d_model {args.d_model}, {args.heads} heads, vocab {args.vocab_size}, "
+                   f"T = {args.seq_len}, batch {args.batch_size}; median of {args.repeats} steps.") + markdown(rows)
     _emit(args, text, {"machine": machine, "config": {k: v for k, v in vars(args).items()
                                                       if k not in ("func",) and not callable(v)}, "rows": rows})
     return 0
