@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import time
 from typing import Any
@@ -17,6 +16,7 @@ from seqmem.bench.common import (
     add_repeat_options,
     check_writable_dir,
     check_writable_file,
+    command_line,
     md_table,
     parse_lengths,
     resolve_device,
@@ -122,14 +122,7 @@ def _log(msg: str) -> None:
 
 def _command(args: argparse.Namespace) -> str:
     """The equivalent command line, every option spelled out (also when called from Python)."""
-    parts = ["seqmem", "bench", args.bench]
-    for k, v in vars(args).items():
-        if k in ("func", "cmd", "bench") or k.endswith("_parsed") or v is None or v is False:
-            continue
-        parts.append("--" + k.replace("_", "-"))
-        if v is not True:
-            parts.append(shlex.quote(str(v)))
-    return " ".join(parts)
+    return command_line(f"seqmem bench {args.bench}", args)
 
 
 def _emit(args: argparse.Namespace, text: str, payload: dict[str, Any]) -> None:

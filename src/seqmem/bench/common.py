@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import signal
 import statistics
 import threading
@@ -67,6 +68,19 @@ def add_output_options(p: Any, tables: str, plot: bool = False) -> None:
         p.add_argument("--plot", type=Path, default=None, help="write PNG plots to this directory (default: no plots)")
     p.add_argument("--markdown", type=Path, default=None,
                    help=f"write {tables} to this Markdown file (default: printed only)")
+
+
+def command_line(prefix: str, args: Any) -> str:
+    """``prefix`` followed by every option of ``args`` spelled out: the command that repeats the run (also when it
+    was called from Python).  Unset (None) and off (False) options and derived ``*_parsed`` values are left out."""
+    parts = [prefix]
+    for k, v in vars(args).items():
+        if k in ("func", "cmd", "bench") or k.endswith("_parsed") or v is None or v is False:
+            continue
+        parts.append("--" + k.replace("_", "-"))
+        if v is not True:
+            parts.append(shlex.quote(str(v)))
+    return " ".join(parts)
 
 
 def resolve_mixers(spec: str | None) -> list[str]:

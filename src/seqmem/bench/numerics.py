@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import copy
 import math
-import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -366,7 +365,7 @@ def tables(records: list[dict[str, Any]]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------------- CLI
-from seqmem.bench.common import add_mixers_option, add_output_options  # noqa: E402
+from seqmem.bench.common import add_mixers_option, add_output_options, command_line  # noqa: E402
 from seqmem.cliargs import comma_list  # noqa: E402
 from seqmem.cliargs import positive_float as _pos_float  # noqa: E402
 from seqmem.cliargs import positive_int as _pos_int  # noqa: E402
@@ -395,14 +394,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _command(args: argparse.Namespace) -> str:
-    parts = ["python", "-m", "seqmem.bench.numerics"]
-    for k, v in vars(args).items():
-        if k in ("func", "cmd", "bench") or v is None or v is False:
-            continue
-        parts.append("--" + k.replace("_", "-"))
-        if v is not True:
-            parts.append(shlex.quote(str(v)))
-    return " ".join(parts)
+    return command_line("python -m seqmem.bench.numerics", args)
 
 
 def report(payload: dict[str, Any]) -> str:
