@@ -31,6 +31,7 @@ from seqmem.mixers._conv import ShortConv
 from seqmem.mixers._norm import GatedRMSNorm, RMSNorm
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_float, check_positive_int
 from seqmem.ops import delta_rule, gated_delta_rule, linear_attention
+from seqmem.ops._common import compute_dtype
 from seqmem.registry import register
 
 __all__ = ["DeltaNet", "GatedDeltaNet", "LinearAttention"]
@@ -172,7 +173,7 @@ class LinearAttention(_LinearFamily):
                 S0 = torch.cat([S0, state["z"].unsqueeze(-1)], dim=-1)
         # the op computes (and returns the state) in float32 for half inputs; asking for the output in the compute
         # dtype too keeps the undecayed sums' readout (o ~ t, the normaliser φ(q)·z ~ t) out of float16's range
-        cd = torch.float64 if x.dtype == torch.float64 else torch.float32
+        cd = compute_dtype(x)
         o, S = linear_attention(q, k, v.to(cd), initial_state=S0, mode=self.mode, chunk_size=self.chunk_size)
         if self.normalize:
             o = o[..., :-1] / (o[..., -1:] + self.eps)
