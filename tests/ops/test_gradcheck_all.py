@@ -203,6 +203,19 @@ for _normalizer in ("kernel", "plain"):
                 eps0=1e-3)), (q, k, v, c, beta)
 
 
+for _scores in ("features", "exact"):
+    @case("kv_retention", _scores)
+    def _kv_retention(scores=_scores):
+        q, k, v, c, xi, cn = _soe_inputs()
+        pos = torch.arange(6)
+        visible = pos[None, :] <= pos[:, None]
+        beta = _rand(B, 6, H, seed=8) * 2.0 if scores == "features" else None
+        decay = ops.soe_kernel_matrix(pos, pos, c, xi + 0.05, cn) * visible
+        return (lambda q, k, v, d, *b: ops.kv_retention(q, k, v, d, visible, scores=scores,
+                                                         k_log_scale=b[0] if b else None, eps0=1e-3)), (
+            (q, k, v, decay.detach().clone()) + ((beta,) if beta is not None else ()))
+
+
 for _mode in ("recurrent", "chunk"):
     @case("local_window_attention", _mode)
     def _local(mode=_mode):
