@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from conftest import assert_rel_close, rel_err
-from seqmem import build_mixer
 from seqmem.ops import lattice as L
-from seqmem.ops.lattice.minibatch import _lattice_chunked
+from seqmem.ops.lattice.minibatch import _lattice_chunked, lattice_chunked
 
 D64 = torch.float64
 
@@ -34,10 +33,9 @@ def _run(form, ins, A, objective, C, offset, weights):
     """(y, S_chunk_start, update) and the gradients of a random linear loss w.r.t. all inputs."""
     q, k, v, gam, S0 = xs = [x.detach().clone().requires_grad_(True) for x in ins]
     A = None if A is None else A.detach().clone().requires_grad_(True)
-    if form == "reference":  # the mixer's per-token loop (impl="reference")
-        mix = build_mixer("lattice_minibatch", 8, n_heads=2, objective=objective, chunk_size=C, impl="reference")
-        A_in = torch.zeros_like(S0) if A is None else A
-        y, Sc, Au = mix._reference(q, k, v, gam, S0, A_in, offset)
+    if form == "reference":  # the per-token loop (naive.py; the mixer's impl="reference")
+        y, (Sc, Au) = lattice_chunked(q, k, v, gam, S0, objective=objective, chunk_size=C, initial_update=A,
+                                      offset=offset, mode="recurrent")  # fmt: skip
     else:
         y, (Sc, Au) = _lattice_chunked(
             q, k, v, gam, S0, objective=objective, chunk_size=C, initial_update=A, offset=offset,
