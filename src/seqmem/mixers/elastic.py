@@ -109,6 +109,8 @@ class BlockAttention(Mixer):
         self.rope_base = float(rope_base)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
+        # decode: (state key tensor, its version, its rotated keys) for the states of the last step (see _forward)
+        self._krot_cache: tuple[tuple[Tensor, int | None, Tensor], ...] = ()
 
     # -- memory hooks (overridden by the memory mixers)
     # ---------------------------------------------------------
@@ -164,14 +166,14 @@ class BlockAttention(Mixer):
         # decoding within a block: the cached keys were rotated by an earlier step (same tensor, unmodified); two
         # entries: the state a step returned (the next step's input) and the state it was given (a step repeated
         # from one state, as when sampling several continuations)
-        cache, self._krot_cache = getattr(self, "_krot_cache", ()), ()
+        cache, self._krot_cache = self._krot_cache, ()
         krot_prefix = None
         for key_tensor, version, krot in cache:
             if c > 0 and key_tensor is kc and version == _version(kc):
                 krot_prefix = krot
-        self._last_krot = None
+        k_rot = None
         if self.impl == "fast":
-            y, mem = self._fast(q, K, V, c, start, mem, krot_prefix)
+            y, mem, k_rot = self._fast(q, K, V, c, start, mem, krot_prefix)
         else:
             y, mem = self._reference(q, K, V, c, start, mem)
         y = self.out(y.reshape(b, t, d))
@@ -183,16 +185,17 @@ class BlockAttention(Mixer):
             "pos": torch.full((b,), start + t, dtype=torch.long, device=x.device),
             **mem,
         }
-        if self._last_krot is not None and keep == n and not torch.is_grad_enabled():
-            self._krot_cache = ((new_state["k"], _version(new_state["k"]), self._last_krot),) + (
-                ((kc, _version(kc), self._last_krot[:, :c]),) if c > 0 else ())
+        if k_rot is not None and keep == n and not torch.is_grad_enabled():
+            self._krot_cache = ((new_state["k"], _version(new_state["k"]), k_rot),) + (
+                ((kc, _version(kc), k_rot[:, :c]),) if c > 0 else ())
         return y, new_state
 
     # -- fast: all blocks at once
     # ---------------------------------------------------------------------------------
     def _fast(self, q: Tensor, K: Tensor, V: Tensor, c: int, start: int, mem: State,
-              krot_prefix: Tensor | None = None) -> tuple[Tensor, State]:
-        """``krot_prefix``: the first ``c`` keys already rotated (a decode step within one block), or ``None``."""
+              krot_prefix: Tensor | None = None) -> tuple[Tensor, State, Tensor | None]:
+        """``(y, memory, rotated keys)``; the rotated keys (b, c + t, h, dh) only when every query lies in one block
+        (else ``None``).  ``krot_prefix``: the first ``c`` keys already rotated (a decode step), or ``None``."""
         b, t, h, dh = q.shape
         L = self.block_len
         n = c + t
@@ -220,12 +223,10 @@ class BlockAttention(Mixer):
             k_rot = torch.cat([krot_prefix, self._rope(Kp[:, 0, c:], kpos[c:])], 1)[:, None]
         else:
             k_rot = self._rope(Kp.reshape(b * nb, lk, h, dh), kpos).view(b, nb, lk, h, dh)
-        if nb == 1:
-            self._last_krot = k_rot[:, 0]
         y = self._attend_fast(q_rot, Qp, k_rot, Vp, ctx, off)
         if nb == 1:
-            return y[:, 0], mem
-        return y.reshape(b, nb * L, h, dh)[:, c : c + t], mem
+            return y[:, 0], mem, k_rot[:, 0]
+        return y.reshape(b, nb * L, h, dh)[:, c : c + t], mem, None
 
     def _attend_fast(
         self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, off: int = 0
