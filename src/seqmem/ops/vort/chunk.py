@@ -157,36 +157,38 @@ def _chunked(q, k, v, c, cn, xi, G, b, z, m, beta, eps0, strict, n_chunk):
         if not strict:
             D = D + torch.diag_embed(cnc)
         QK = qc @ kc.transpose(-1, -2)
+        carry = None  # e^{m − M_i} ≤ 1: the state before the chunk (units e^{m}) as read by row i (units e^{M_i})
         if scaled:
             bc = parts[5]
             M, M_end = _running_offsets(bc, m, strict)  # (b, h, n), (b, h)
             # key j seen from row i in units of e^{M_i}: e^{β_j − M_i} ≤ 1 where visible (masked before exp)
             rel = torch.where(mask, bc[..., None, :] - M[..., :, None], torch.full_like(QK, float("-inf")))
             QK = QK * torch.exp(rel)
+            if m is not None:  # m exists exactly when the state G, b does
+                carry = torch.exp(m[..., None] - M)[..., None]
         A = QK * D
         num = A @ vc
         den = A.sum(-1)
         if G is not None:  # contribution of the state before the chunk (None: zero)
             dq = torch.exp(-xi[None, :] * (r[:, None] + 1))  # (n, S): decay from the previous state to row r
             qd = (qc[..., None, :] * dq[:, :, None]).flatten(-2)  # (b, h, n, S·F)
-            if scaled:  # the state is in units of e^{m}, row i in units of e^{M_i}
-                qd = qd * torch.exp(m[..., None] - M)[..., None]
+            if carry is not None:
+                qd = qd * carry
             num = num + qd @ G.flatten(2, 3)
             if z is None:
                 den = den + (qd @ b.flatten(2)[..., None])[..., 0]
         if z is not None:
-            zq = qc if not scaled or G is None else qc * torch.exp(m[..., None] - M)[..., None]
+            zq = qc if carry is None else qc * carry
             den = (QK * mask).sum(-1) + (zq @ z[..., None])[..., 0]
         outs.append(num / (den + eps0)[..., None])
         # carry the state to the chunk end
         kw = kc
         if scaled:
             kw = kc * torch.exp(bc - M_end[..., None])[..., None]  # keys in units of e^{M_end}
-            if G is not None:
+            if m is not None:  # re-express the state (G, b, z) in units of e^{M_end}
                 rs = torch.exp(m - M_end)  # ≤ 1
                 G, b = rs[..., None, None, None] * G, rs[..., None, None] * b
-            if z is not None:
-                z = torch.exp(m - M_end)[..., None] * z if m is not None else z
+                z = None if z is None else rs[..., None] * z
             m = M_end
         if z is not None:
             z = z + kw.sum(2)
