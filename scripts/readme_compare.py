@@ -10,11 +10,11 @@ table, stop the script with exit code 2 and leave README.md untouched (the READM
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
+
+from seqmem.io import atomic_write_text
 
 BEGIN, END = "<!-- compare-table:begin -->", "<!-- compare-table:end -->"
 
@@ -52,10 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"readme_compare: {e}", file=sys.stderr)
         return 2
-    fd, tmp = tempfile.mkstemp(dir=a.readme.parent, prefix=".readme-")
-    with os.fdopen(fd, "w") as f:
-        f.write(new)
-    os.replace(tmp, a.readme)
+    atomic_write_text(a.readme, new)
     return 0
 
 
