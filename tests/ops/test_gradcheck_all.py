@@ -330,15 +330,18 @@ for _obj, _norm, _l1 in LATTICE_SCAN_CASES:
         def _lattice_scan(obj=_obj, norm=_norm, l1=_l1, mode=_mode, backend=_backend):
             q, k, v, gam, S0, mu = _lattice_inputs(forget=True)
             return (lambda q, k, v, g, S0, mu: ops.lattice_scan(
-                q, k, v, g, S0, objective=obj, normalize=norm, forget=mu, l1=l1, mode=mode, chunk_size=2,
+                q, k, v, g, {"S": S0}, objective=obj, normalize=norm, forget=mu, l1=l1, mode=mode, chunk_size=2,
                 backend=backend)), (q, k, v, gam, S0, mu)
 
 for _obj in ("dec", "enc", "sim"):
-    @case("lattice_chunked", _obj)
-    def _lattice_chunked(obj=_obj):
-        q, k, v, gam, S0, _ = _lattice_inputs(t=6)
-        return (lambda q, k, v, g, S0: ops.lattice_chunked(q, k, v, g, S0, objective=obj, chunk_size=4)), (
-            q, k, v, gam, S0)
+    for _mode in ("recurrent", "chunk"):
+        @case("lattice_minibatch", f"{_obj}-{_mode}")
+        def _lattice_minibatch(obj=_obj, mode=_mode):
+            q, k, v, gam, S0, _ = _lattice_inputs(t=6)
+            A0 = 0.1 * _rand(*S0.shape, seed=9)  # resumes mid-chunk: a non-zero update, position 1 of 4
+            return (lambda q, k, v, g, S0, A0: ops.lattice_minibatch(
+                q, k, v, g, {"S": S0, "A": A0, "pos": torch.ones(B, dtype=torch.long)}, objective=obj, chunk_size=4,
+                mode=mode)), (q, k, v, gam, S0, A0)
 
 for _obj, _norm in (("dec", True), ("enc", True), ("sim", True), ("delta", False), ("ttt", False)):
     @case("lattice_step", f"{_obj}{'' if _norm else '-unnormalised'}")

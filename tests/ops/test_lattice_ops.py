@@ -9,7 +9,7 @@ import torch
 from conftest import assert_rel_close
 from seqmem.ops.lattice import _cpp as _lattice_cpp
 from seqmem.ops.lattice import (
-    lattice_chunked,
+    lattice_minibatch,
     lattice_scan,
     lattice_step,
     orthonormal_slots,
@@ -110,7 +110,7 @@ def test_slots_stay_unit_norm(dtype, steps, tol):
     v = torch.randn(B, steps, H, d, generator=g, dtype=dtype)
     gam = torch.rand(B, steps, H, generator=g, dtype=dtype)
     for obj in ("dec", "enc", "sim"):
-        _, S = lattice_scan(q, k, v, gam, objective=obj, chunk_size=256)
+        S = lattice_scan(q, k, v, gam, objective=obj, chunk_size=256)[1]["S"]
         assert (S.norm(dim=-2) - 1).abs().max() < tol, obj
 
 
@@ -204,8 +204,9 @@ def test_scan_equals_reference_float64(objective, normalize, l1, per_slot, forge
     wy, wS = torch.randn(B, T, H, d, generator=g, dtype=D64), torch.randn(B, H, d, m, generator=g, dtype=D64)
     res = {}
     for mode in ("recurrent", "scan"):
-        y, S = lattice_scan(q, k, v, gam, S0, objective=objective, normalize=normalize, forget=mu, l1=l1,
-                            mode=mode, chunk_size=5, backend=backend)  # fmt: skip
+        y, st = lattice_scan(q, k, v, gam, {"S": S0}, objective=objective, normalize=normalize, forget=mu, l1=l1,
+                             mode=mode, chunk_size=5, backend=backend)  # fmt: skip
+        S = st["S"]
         grads = torch.autograd.grad((y * wy).sum() + (S * wS).sum(), ins)
         res[mode] = (y, S, grads)
     (yr, Sr, gr), (yf, Sf, gf) = res["recurrent"], res["scan"]
@@ -223,7 +224,7 @@ def test_scan_equals_reference_float32(backend, objective):
     q, k, v, gam, _, S0 = _inputs(B, T, H, m, d, torch.float32)
     out = {}
     for mode in ("recurrent", "scan"):
-        y, S = lattice_scan(q, k, v, gam, S0, objective=objective, mode=mode, chunk_size=8, backend=backend)
+        y, S = lattice_scan(q, k, v, gam, {"S": S0}, objective=objective, mode=mode, chunk_size=8, backend=backend)
         out[mode] = (y, S, torch.autograd.grad(y.pow(2).sum(), [q, k, v, gam]))
     assert_rel_close(out["scan"][0], out["recurrent"][0], 1e-5, "y f32")
     for a, b in zip(out["scan"][2], out["recurrent"][2]):
@@ -234,21 +235,24 @@ def test_gradcheck_tiny():
     q, k, v, gam, mu, S0 = _inputs(1, 6, 1, 3, 4, D64, per_slot=True, forget=True)
     for backend in BACKENDS:
         assert torch.autograd.gradcheck(
-            lambda *a, be=backend: lattice_scan(*a[:4], a[5], forget=a[4], chunk_size=4, backend=be)[0],
+            lambda *a, be=backend: lattice_scan(*a[:4], {"S": a[5]}, forget=a[4], chunk_size=4, backend=be)[0],
             (q, k, v, gam, mu, S0),
         )
 
 
 def test_scan_is_causal_and_streams():
     q, k, v, gam, _, S0 = _inputs(2, 30, 2, 4, 4, D64)
-    y, S = lattice_scan(q, k, v, gam, S0, chunk_size=7)
-    y1, S1 = lattice_scan(q[:, :13], k[:, :13], v[:, :13], gam[:, :13], S0, chunk_size=7)
+    y, S = lattice_scan(q, k, v, gam, {"S": S0}, chunk_size=7)
+    y1, S1 = lattice_scan(q[:, :13], k[:, :13], v[:, :13], gam[:, :13], {"S": S0}, chunk_size=7)
     y2, S2 = lattice_scan(q[:, 13:], k[:, 13:], v[:, 13:], gam[:, 13:], S1, chunk_size=7)
     assert_rel_close(torch.cat([y1, y2], 1), y, 1e-13, "two pieces")
-    assert_rel_close(S2, S, 1e-13, "final state")
+    assert_rel_close(S2["S"], S["S"], 1e-13, "final state")
+    with pytest.warns(DeprecationWarning, match=r"\{'S': tensor\}"):  # the former bare-tensor state
+        y_old, S_old = lattice_scan(q, k, v, gam, S0, chunk_size=7)
+    assert_rel_close(y_old, y, 1e-15, "bare tensor state")
     v2 = v.detach().clone()
     v2[:, 20:] += 1.0
-    y3, _ = lattice_scan(q, k, v2, gam, S0)
+    y3, _ = lattice_scan(q, k, v2, gam, {"S": S0})
     assert_rel_close(y3[:, :20], y[:, :20], 1e-14, "future input changed the past")
     assert (y3[:, 20:] - y[:, 20:]).abs().max() > 1e-3
 
@@ -266,7 +270,7 @@ def test_fast_scan_memory_is_chunk_frugal():
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            y, _ = lattice_scan(q, k, v, gam, S0, mode=mode, chunk_size=32)
+            y, _ = lattice_scan(q, k, v, gam, {"S": S0}, mode=mode, chunk_size=32)
         saved[mode] = total[0]
     per_token_states = T * B * H * d * m
     assert saved["recurrent"] > per_token_states  # autograd through the loop keeps every state
@@ -277,25 +281,29 @@ def test_fast_scan_memory_is_chunk_frugal():
 # mini-batch approximation (docs/lattice.md)
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("objective", ["dec", "enc", "sim"])
-def test_chunked_with_chunk_one_is_exact_and_larger_chunks_differ(objective):
+def test_minibatch_with_chunk_one_is_exact_and_larger_chunks_differ(objective):
     q, k, v, gam, _, S0 = _inputs(2, 24, 2, 4, 6, D64)
-    y, S = lattice_scan(q, k, v, gam, S0, objective=objective)
-    y1, (S1, A1) = lattice_chunked(q, k, v, gam, S0, objective=objective, chunk_size=1)
+    y, S = lattice_scan(q, k, v, gam, {"S": S0}, objective=objective)
+    y1, st1 = lattice_minibatch(q, k, v, gam, _mb_state(S0), objective=objective, chunk_size=1)
     assert_rel_close(y1, y, 1e-12, "C=1")
-    assert_rel_close(sphere_retract(S1 + A1), S, 1e-12, "C=1 state")
-    y4, _ = lattice_chunked(q, k, v, gam, S0, objective=objective, chunk_size=4)
+    assert_rel_close(sphere_retract(st1["S"] + st1["A"]), S["S"], 1e-12, "C=1 state")
+    y4, _ = lattice_minibatch(q, k, v, gam, _mb_state(S0), objective=objective, chunk_size=4)
     y4, y = y4.detach(), y.detach()
     assert float((y4 - y).abs().max() / y.abs().max()) > 1e-3  # a different model
 
 
-def test_chunked_streams_across_partial_chunks():
+def _mb_state(S0, pos=0):
+    """A lattice_minibatch state at the start of a chunk: slots S0, no update, ``pos`` tokens seen."""
+    return {"S": S0, "A": torch.zeros_like(S0), "pos": torch.full((S0.shape[0],), pos)}
+
+
+def test_minibatch_streams_across_partial_chunks():
     q, k, v, gam, _, S0 = _inputs(1, 21, 2, 4, 4, D64)
-    y, (Sc, A) = lattice_chunked(q, k, v, gam, S0, chunk_size=6)
-    ya, (Sa, Aa) = lattice_chunked(q[:, :9], k[:, :9], v[:, :9], gam[:, :9], S0, chunk_size=6)
-    yb, (Sb, Ab) = lattice_chunked(q[:, 9:], k[:, 9:], v[:, 9:], gam[:, 9:], Sa, chunk_size=6,
-                                   initial_update=Aa, offset=3)  # fmt: skip
-    assert_rel_close(torch.cat([ya, yb], 1), y, 1e-13, "chunked split")
-    assert_rel_close(Sb, Sc, 1e-13, "chunk-start state")
+    y, full = lattice_minibatch(q, k, v, gam, _mb_state(S0), chunk_size=6)
+    ya, sta = lattice_minibatch(q[:, :9], k[:, :9], v[:, :9], gam[:, :9], _mb_state(S0), chunk_size=6)
+    yb, stb = lattice_minibatch(q[:, 9:], k[:, 9:], v[:, 9:], gam[:, 9:], sta, chunk_size=6)
+    assert_rel_close(torch.cat([ya, yb], 1), y, 1e-13, "minibatch split")
+    assert_rel_close(stb["S"], full["S"], 1e-13, "chunk-start state")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -314,7 +322,9 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="gamma"):
         lattice_scan(q, k, v, gam[:, :3])
     with pytest.raises(ValueError, match="initial_state"):
-        lattice_scan(q, k, v, gam, S0[:, :, :2])
+        lattice_scan(q, k, v, gam, {"S": S0[:, :, :2]})
+    with pytest.raises(ValueError, match="keys"):
+        lattice_scan(q, k, v, gam, {"S0": S0})
     with pytest.raises(ValueError, match="chunk_size"):
         lattice_scan(q, k, v, gam, chunk_size=0)
     with pytest.raises(ValueError, match="backend"):
@@ -327,16 +337,18 @@ def test_bad_inputs_raise():
 
 @pytest.mark.parametrize("objective", ["dec", "enc", "sim"])
 @pytest.mark.parametrize("dtype,tol", [(D64, 1e-11), (torch.float32, 2e-4)])
-def test_chunked_recurrent_reference_equals_chunk_form(objective, dtype, tol):
+def test_minibatch_recurrent_reference_equals_chunk_form(objective, dtype, tol):
     """mode="recurrent" (naive.py, one token at a time) ≡ the chunked products: outputs, states, gradients,
     from a mid-chunk state (offset and a non-zero accumulated update)."""
     q, k, v, gam, _, S0 = _inputs(2, 17, 2, 4, 6, D64)
-    _, (Sa, Aa) = lattice_chunked(q[:, :3], k[:, :3], v[:, :3], gam[:, :3], S0, objective=objective, chunk_size=5)
+    _, sta = lattice_minibatch(q[:, :3], k[:, :3], v[:, :3], gam[:, :3], _mb_state(S0), objective=objective,
+                               chunk_size=5)  # fmt: skip
+    sta = {n: t.to(dtype) if t.is_floating_point() else t for n, t in sta.items()}
     args = [x[:, 3:].to(dtype).clone().requires_grad_(True) for x in (q, k, v, gam)]
     outs = {}
     for mode in ("recurrent", "chunk"):
-        y, (S, A) = lattice_chunked(*args, Sa.to(dtype), objective=objective, chunk_size=5, initial_update=Aa.to(dtype),
-                                    offset=3, mode=mode)  # fmt: skip
+        y, st = lattice_minibatch(*args, sta, objective=objective, chunk_size=5, mode=mode)
+        S, A = st["S"], st["A"]
         grads = torch.autograd.grad((y * torch.linspace(-1, 1, y.shape[-1], dtype=dtype)).sum() + S.sum() + A.sum(),
                                     args)  # fmt: skip
         outs[mode] = (y, S, A, grads)
@@ -345,4 +357,4 @@ def test_chunked_recurrent_reference_equals_chunk_form(objective, dtype, tol):
     for i, (a, b) in enumerate(zip(outs["recurrent"][3], outs["chunk"][3])):
         assert_rel_close(a, b, tol, f"grad {i}")
     with pytest.raises(ValueError, match="mode"):
-        lattice_chunked(*args, Sa.to(dtype), mode="scan")
+        lattice_minibatch(*args, sta, mode="scan")

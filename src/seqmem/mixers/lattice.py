@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from seqmem.mixers._conv import ShortConv
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
-from seqmem.ops.lattice import LATTICE_OBJECTIVES, lattice_chunked, lattice_scan, orthonormal_slots
+from seqmem.ops.lattice import LATTICE_OBJECTIVES, lattice_minibatch, lattice_scan, orthonormal_slots
 from seqmem.registry import deprecated_alias, register
 
 #: mixer options of the Table 4 ablation ladder and of the TTT baseline, all in the Lattice block
@@ -176,13 +176,13 @@ class LatticeMixer(Mixer):
         if state is None:
             state = self.initial_state(B, x.dtype, x.device)
         q, k, v, gamma, mu, cq, ck = self._features(x, state)
-        y, S = lattice_scan(
-            q, k, v, gamma, state["S"], objective=self.objective, normalize=self.normalize, forget=mu,
+        y, st = lattice_scan(
+            q, k, v, gamma, {"S": state["S"]}, objective=self.objective, normalize=self.normalize, forget=mu,
             l1=self.l1 if self.l1 > 0 else None, chunk_size=self.chunk_size,
             mode="recurrent" if self.impl == "reference" else "scan",
         )  # fmt: skip
         y = y.reshape(B, T, -1) * F.gelu(self.gate_proj(x))  # GeLU post-gate
-        return self.o_proj(y), {"S": S, "conv_q": cq, "conv_k": ck}
+        return self.o_proj(y), {"S": st["S"], "conv_q": cq, "conv_k": ck}
 
     def extra_repr(self) -> str:
         return (
@@ -241,7 +241,7 @@ class LatticeMinibatchMixer(LatticeMixer):
     from the sequence start, so the state also holds the chunk-start slots, the partial-chunk update and a position
     counter.
     ``impl="reference"``: a per-token loop with the same mini-batch semantics; ``impl="fast"``: the op's
-    causal-product form (:func:`seqmem.ops.lattice_chunked`; never forms the per-token states).
+    causal-product form (:func:`seqmem.ops.lattice_minibatch`; never forms the per-token states).
     """
 
     single_token_impl: ClassVar[str] = "reference"  # decode step: the per-token form is cheaper at T = 1
@@ -283,18 +283,13 @@ class LatticeMinibatchMixer(LatticeMixer):
         B, T, _ = x.shape
         if state is None:
             state = self.initial_state(B, x.dtype, x.device)
-        pos = state["pos"]
-        if not bool((pos == pos[0]).all()):
-            raise ValueError("lattice_minibatch: all sequences of a batch must be at the same position")
-        offset = int(pos[0]) % self.chunk_size
         q, k, v, gamma, _, cq, ck = self._features(x, state)
-        S0, A = state["S"], state["A"]
-        y, (S0, A) = lattice_chunked(
-            q, k, v, gamma, S0, objective=self.objective, chunk_size=self.chunk_size, initial_update=A,
-            offset=offset, mode="chunk" if self.impl == "fast" else "recurrent",
+        y, st = lattice_minibatch(
+            q, k, v, gamma, {n: state[n] for n in ("S", "A", "pos")}, objective=self.objective,
+            chunk_size=self.chunk_size, mode="chunk" if self.impl == "fast" else "recurrent",
         )  # fmt: skip
         y = y.reshape(B, T, -1) * F.gelu(self.gate_proj(x))
-        return self.o_proj(y), {"S": S0, "A": A, "pos": pos + T, "conv_q": cq, "conv_k": ck}
+        return self.o_proj(y), {**st, "conv_q": cq, "conv_k": ck}
 
 
 deprecated_alias("lattice_chunked", "lattice_minibatch")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any
 
 import torch
@@ -105,6 +106,23 @@ def check_qkv_op(
         check_tensor(op, "initial_state", initial_state, (b, h, dk, dv), "batch, heads, d_k, d_v")
     check_same_device(op, q=q, k=k, v=v, initial_state=initial_state, **gates)
     return b, t, h, dk, dv, check_scale(op, scale, dk)
+
+
+def state_dict(op: str, initial_state, key: str = "S") -> dict | None:
+    """``initial_state`` as the op's state dict: a bare tensor (the former form) becomes ``{key: tensor}``, with a
+    DeprecationWarning naming the dict to pass instead; anything else is returned as it is (checked by the op)."""
+    if isinstance(initial_state, Tensor):
+        warnings.warn(f"{op}: a tensor initial_state is deprecated; pass the state dict {{{key!r}: tensor}} "
+                      "(the form the op returns)", DeprecationWarning, stacklevel=3)
+        return {key: initial_state}
+    return initial_state
+
+
+def check_state_keys(op: str, state, keys: tuple[str, ...]) -> None:
+    """Raise unless ``state`` is None or a dict whose keys are exactly ``keys``."""
+    if state is not None and (not isinstance(state, dict) or set(state) != set(keys)):
+        got = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"{op}: initial_state must be a dict with keys {sorted(keys)}, got {got}")
 
 
 def to_chunks(x: Tensor, chunk_size: int) -> Tensor:

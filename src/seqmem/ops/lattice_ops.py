@@ -4,6 +4,7 @@
 from seqmem.ops.lattice import (  # noqa: F401
     LATTICE_OBJECTIVES,
     lattice_chunked,
+    lattice_minibatch,
     lattice_scan,
     lattice_step,
     orthonormal_slots,

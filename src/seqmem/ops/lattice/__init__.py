@@ -30,13 +30,13 @@ Files:
   of O(T·d·m)); it runs in a fused C++ kernel (``_kernel.cpp``, loaded by ``_cpp.py``, built on first use) or,
   without a compiler, in PyTorch.  The update is non-linear in the state, so there is NO exact chunk-parallel
   form.
-* ``minibatch.py``: :func:`lattice_chunked`, the TTT-style mini-batch approximation (docs/lattice.md): a
-  different model, equal to the scan only for ``chunk_size=1``.
+* ``minibatch.py``: :func:`lattice_minibatch` (formerly ``lattice_chunked``, a deprecated alias), the TTT-style
+  mini-batch approximation (docs/lattice.md): a different model, equal to the scan only for ``chunk_size=1``.
 * ``step.py``: the building blocks (:func:`lattice_step`, :func:`sphere_retract`, :func:`soft_threshold`,
   :func:`orthonormal_slots`) and the argument checks of the fast forms.
 """
 
-from seqmem.ops.lattice.minibatch import lattice_chunked
+from seqmem.ops.lattice.minibatch import lattice_chunked, lattice_minibatch  # noqa: F401  (lattice_chunked: deprecated)
 from seqmem.ops.lattice.scan import lattice_scan
 from seqmem.ops.lattice.step import (
     LATTICE_OBJECTIVES,
@@ -48,7 +48,7 @@ from seqmem.ops.lattice.step import (
 
 __all__ = [
     "LATTICE_OBJECTIVES",
-    "lattice_chunked",
+    "lattice_minibatch",
     "lattice_scan",
     "lattice_step",
     "orthonormal_slots",

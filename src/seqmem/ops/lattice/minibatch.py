@@ -1,22 +1,99 @@
-"""Lattice, the mini-batch approximation :func:`lattice_chunked` (docs/lattice.md): every gradient of a chunk is
+"""Lattice, the mini-batch approximation :func:`lattice_minibatch` (docs/lattice.md): every gradient of a chunk is
 taken at the chunk-start state, as in TTT's mini-batch training.  A DIFFERENT model from
-:func:`seqmem.ops.lattice_scan`, equal to it only for ``chunk_size=1``.
+:func:`seqmem.ops.lattice_scan`, equal to it only for ``chunk_size=1``.  ``lattice_chunked`` is its former name
+(deprecated; it keeps the former arguments and tuple state).
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
+from seqmem.ops._common import check_state_keys, state_dict
 from seqmem.ops.lattice.naive import lattice_minibatch_naive
 from seqmem.ops.lattice.step import _OSR, _check, _prepare, sphere_retract
 
-__all__ = ["lattice_chunked"]
+__all__ = ["lattice_minibatch"]
+
+STATE_KEYS = ("S", "A", "pos")
 
 
 # ------------------------------------------------------------------------------------------------------------
 # TTT-style mini-batch approximation (docs/lattice.md): a DIFFERENT model, equal to the scan only for chunk_size=1
 # ------------------------------------------------------------------------------------------------------------
+def lattice_minibatch(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    gamma: Tensor | float,
+    initial_state: dict[str, Tensor] | None = None,
+    *,
+    objective: str = "dec",
+    chunk_size: int = 16,
+    mode: str = "chunk",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Mini-batch Lattice (NOSR with every gradient of a chunk taken at the chunk-start state; see docs/lattice.md).
+
+    Within a chunk ``U_t = S⁰ + Σ_{j≤t} Δ_j(S⁰)``, ``S_t = colnormalize(U_t)``, ``y_t = S_t q_t``; the next
+    chunk starts from ``S_C``.  A DIFFERENT model from :func:`lattice_scan` (equal only for ``chunk_size=1``).
+    Chunks are counted from the sequence start, so the state carries the position.  Returns ``(y, state)``.
+
+    State (``initial_state`` and the returned one; None starts from the identity slots at position 0):
+
+    * ``"S"``: the chunk-start slots ``S⁰`` (B, H, d, m);
+    * ``"A"``: the update ``Σ_j Δ_j(S⁰)`` accumulated in the current chunk so far (B, H, d, m); the slots after
+      the last token are ``sphere_retract(S + A)``;
+    * ``"pos"``: tokens seen so far (B,) int64, equal modulo ``chunk_size`` across the batch.
+
+    A bare ``S⁰`` tensor (the former form) still works, with a DeprecationWarning (a zero update at position 0).
+
+    The per-token states ``U_t`` are never formed: ``y_t`` and the column norms ``‖U_t[:, i]‖`` come from
+    causal (C×C) products and cumulative sums (:func:`_chunk_block`), O(C·(d + m) + d·m) work per token and
+    head; only the chunk-end state is a (d, m) matrix (a one-token block, as in decoding, forms its one state).
+    ``mode="recurrent"`` runs the per-token reference (``naive.py``) after the same input checks.
+    """
+    if mode not in ("recurrent", "chunk"):
+        raise ValueError(f"lattice_minibatch: mode must be one of ['recurrent', 'chunk'], got {mode!r}")
+    state = state_dict("lattice_minibatch", initial_state)
+    if state is not None and set(state) == {"S"}:  # the former bare S⁰: a zero update at position 0
+        state = {"S": state["S"], "A": None, "pos": None}
+    check_state_keys("lattice_minibatch", state, STATE_KEYS)
+    S0, A, offset = _state_parts(q, k, v, state, chunk_size)
+    if mode == "recurrent":
+        _lattice_minibatch_checks(q, k, v, gamma, S0, objective, chunk_size, A, offset)
+        y, (S0, A) = lattice_minibatch_naive(q, k, v, gamma, S0, objective=objective, chunk_size=chunk_size,
+                                             initial_update=A, offset=offset)  # fmt: skip
+    else:
+        y, (S0, A) = _lattice_minibatch(
+            q, k, v, gamma, S0, objective=objective, chunk_size=chunk_size, initial_update=A, offset=offset,
+            dense=False,
+        )  # fmt: skip
+    pos = torch.full((k.shape[0],), offset, dtype=torch.long, device=k.device) if state is None or \
+        state["pos"] is None else state["pos"]
+    return y, {"S": S0, "A": A, "pos": pos + k.shape[1]}
+
+
+def _state_parts(q, k, v, state, chunk_size) -> tuple[Tensor | None, Tensor | None, int]:
+    """``(S⁰, A, offset in the current chunk)`` of a state dict (None: identity slots, zero update, offset 0)."""
+    if state is None:
+        return None, None, 0
+    pos = state["pos"]
+    if pos is None:
+        return state["S"], state["A"], 0
+    B = k.shape[0] if isinstance(k, Tensor) and k.dim() == 4 else None
+    if not isinstance(pos, Tensor) or pos.dtype != torch.long or pos.shape != (B,):
+        got = getattr(pos, "shape", pos)
+        raise ValueError(f"lattice_minibatch: initial_state['pos'] must be an int64 (batch={B},) tensor, got {got}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    off = pos % chunk_size
+    if B and not bool((off == off[0]).all()):
+        raise ValueError("lattice_minibatch: all sequences of a batch must be at the same position in their chunk")
+    return state["S"], state["A"], int(off[0]) if B else 0
+
+
 def lattice_chunked(
     q: Tensor,
     k: Tensor,
@@ -30,52 +107,46 @@ def lattice_chunked(
     offset: int = 0,
     mode: str = "chunk",
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """Mini-batch Lattice (NOSR with every gradient of a chunk taken at the chunk-start state; see docs/lattice.md).
-
-    Within a chunk ``U_t = S⁰ + Σ_{j≤t} Δ_j(S⁰)``, ``S_t = colnormalize(U_t)``, ``y_t = S_t q_t``; the next
-    chunk starts from ``S_C``.  A DIFFERENT model from :func:`lattice_scan` (equal only for ``chunk_size=1``).
-    Chunks are counted from the sequence start: to continue a stream, pass the chunk-start state as
-    ``initial_state``, the update accumulated in the current partial chunk as ``initial_update`` and the
-    number of tokens already in that chunk as ``offset``.  Returns ``(y, (S_chunk_start, update))``; the
-    state after the last token is ``sphere_retract(S_chunk_start + update)``.
-
-    The per-token states ``U_t`` are never formed: ``y_t`` and the column norms ``‖U_t[:, i]‖`` come from
-    causal (C×C) products and cumulative sums (:func:`_chunk_block`), O(C·(d + m) + d·m) work per token and
-    head; only the chunk-end state is a (d, m) matrix (a one-token block, as in decoding, forms its one state).
-    ``mode="recurrent"`` runs the per-token reference (``naive.py``) after the same input checks.
-    """
+    """Deprecated name of :func:`lattice_minibatch`, with the former arguments and state: ``initial_state`` the
+    chunk-start slots, ``initial_update`` the update of the current chunk, ``offset`` the tokens already in it;
+    returns ``(y, (S_chunk_start, update))``."""
+    warnings.warn("lattice_chunked is deprecated; use lattice_minibatch (state dict {'S', 'A', 'pos'})",
+                  DeprecationWarning, stacklevel=2)
     if mode not in ("recurrent", "chunk"):
         raise ValueError(f"lattice_chunked: mode must be one of ['recurrent', 'chunk'], got {mode!r}")
     if mode == "recurrent":
-        _lattice_chunked_checks(q, k, v, gamma, initial_state, objective, chunk_size, initial_update, offset)
+        _lattice_minibatch_checks(q, k, v, gamma, initial_state, objective, chunk_size, initial_update, offset)
         return lattice_minibatch_naive(q, k, v, gamma, initial_state, objective=objective, chunk_size=chunk_size,
                                        initial_update=initial_update, offset=offset)  # fmt: skip
-    return _lattice_chunked(
+    return _lattice_minibatch(
         q, k, v, gamma, initial_state, objective=objective, chunk_size=chunk_size,
         initial_update=initial_update, offset=offset, dense=False,
     )  # fmt: skip
 
 
-def _lattice_chunked_checks(q, k, v, gamma, initial_state, objective, chunk_size, initial_update, offset):
+def _lattice_minibatch_checks(q, k, v, gamma, initial_state, objective, chunk_size, initial_update, offset):
     """The public op's input checks (both modes); returns ``(B, T, H, m, d)``."""
     if objective not in _OSR:
-        raise ValueError(f"lattice_chunked supports objectives {list(_OSR)}, got {objective!r}")
+        raise ValueError(f"lattice_minibatch supports objectives {list(_OSR)}, got {objective!r}")
     B, T, H, m, d = _check(q, k, v, gamma, initial_state, objective, True, None, None, "scan", chunk_size)
     if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < chunk_size:
         raise ValueError(f"offset must be an integer in [0, chunk_size={chunk_size}), got {offset!r}")
     if initial_update is not None and (
         not isinstance(initial_update, Tensor) or initial_update.shape != (B, H, d, m)
     ):
-        raise ValueError(f"initial_update must be (B, H, d, m)=({B}, {H}, {d}, {m}) or None")
+        raise ValueError(f"the update (initial_state['A'], or initial_update) must be (B, H, d, m)=({B}, {H}, {d}, "
+                         f"{m}) or None")
     return B, T, H, m, d
 
 
-def _lattice_chunked(
+def _lattice_minibatch(
     q, k, v, gamma, initial_state=None, *, objective="dec", chunk_size=16, initial_update=None, offset=0,
     dense=False,
 ):
-    """:func:`lattice_chunked`; ``dense=True`` uses :func:`_chunk_block_dense` (the per-token states, tests)."""
-    B, T, H, m, d = _lattice_chunked_checks(q, k, v, gamma, initial_state, objective, chunk_size, initial_update,
+    """The chunked form of :func:`lattice_minibatch` on the former arguments (``initial_state`` the chunk-start
+    slots, ``initial_update``, ``offset``); ``dense=True`` uses :func:`_chunk_block_dense` (the per-token states,
+    tests).  Returns ``(y, (S_chunk_start, update))``."""
+    B, T, H, m, d = _lattice_minibatch_checks(q, k, v, gamma, initial_state, objective, chunk_size, initial_update,
                                             offset)
     qt, kt, vt, gt, S0, _, _ = _prepare(q, k, v, gamma, initial_state, True, None, None, objective)
     N = B * H

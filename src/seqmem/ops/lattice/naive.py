@@ -86,7 +86,7 @@ def lattice_minibatch_naive(
     q: Tensor, k: Tensor, v: Tensor, gamma: Tensor | float, initial_state: Tensor | None = None, *,
     objective: str = "dec", chunk_size: int = 16, initial_update: Tensor | None = None, offset: int = 0,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """Mini-batch Lattice, one token at a time (``mode="recurrent"`` of :func:`seqmem.ops.lattice_chunked`).
+    """Mini-batch Lattice, one token at a time (``mode="recurrent"`` of :func:`seqmem.ops.lattice_minibatch`).
 
     Every gradient of a chunk is taken at the chunk-start slots S⁰ (a different model from :func:`lattice_naive`):
     U_t = S⁰ + Σ_{j≤t} Δ_j(S⁰), S_t = U_t / ‖U_t‖ per column, y_t = S_t q_t; the chunk's last S_t starts the next

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from seqmem.ops._common import check_state_keys, state_dict
 from seqmem.ops.lattice import _cpp as _lattice_cpp
 from seqmem.ops.lattice.naive import lattice_naive
 from seqmem.ops.lattice.step import _OSR, _check, _prepare, lattice_step, sphere_retract
@@ -28,7 +29,7 @@ def lattice_scan(
     k: Tensor,
     v: Tensor,
     gamma: Tensor | float,
-    initial_state: Tensor | None = None,
+    initial_state: dict[str, Tensor] | None = None,
     *,
     objective: str = "dec",
     normalize: bool = True,
@@ -38,11 +39,16 @@ def lattice_scan(
     chunk_size: int = 64,
     eps: float = 1e-12,
     backend: str = "auto",
-) -> tuple[Tensor, Tensor]:
-    """The Lattice / OSR recurrence over a sequence.  Returns ``(y (B,T,H,d), S_T (B,H,d,m))``.
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The Lattice / OSR recurrence over a sequence.  Returns ``(y (B,T,H,d), state)``.
+
+    State (``initial_state`` and the returned one):
+
+    * ``"S"``: the memory slots ``S_t`` (B, H, d, m), column ``i`` is slot ``s_i``.
 
     ``initial_state=None`` starts from the identity slots ``I_{d×m}`` (orthonormal); mixers pass their own
-    random orthonormal ``S_0``.  With ``normalize`` (eq. 14) the initial slots are projected onto the sphere.
+    random orthonormal ``S_0``; a bare ``S_0`` tensor (the former form) still works, with a DeprecationWarning.
+    With ``normalize`` (eq. 14) the initial slots are projected onto the sphere.
     ``mode="recurrent"``: per-token loop under autograd (the reference, ``naive.py``).  ``mode="scan"``: the
     same model with a hand-derived backward that recomputes the states per chunk of ``chunk_size`` tokens.
     The C++ kernel covers dec/enc/sim with or without the sphere projection, and delta and ttt without it, each
@@ -51,17 +57,21 @@ def lattice_scan(
     memory-frugal, not faster.  ``backend``: ``"cpp"`` = the fused C++ kernel (CPU, float32/64),
     ``"torch"`` = the PyTorch hand-VJP scan, ``"auto"`` = cpp where available, else torch.
     """
-    B, T, H, m, d = _check(q, k, v, gamma, initial_state, objective, normalize, forget, l1, mode, chunk_size)
+    state = state_dict("lattice_scan", initial_state)
+    check_state_keys("lattice_scan", state, ("S",))
+    S_in = None if state is None else state["S"]
+    B, T, H, m, d = _check(q, k, v, gamma, S_in, objective, normalize, forget, l1, mode, chunk_size)
     if backend not in ("auto", "cpp", "torch"):
         raise ValueError(f"backend must be 'auto', 'cpp' or 'torch', got {backend!r}")
     if mode == "recurrent":
-        return lattice_naive(q, k, v, gamma, initial_state, objective=objective, normalize=normalize,
-                             forget=forget, l1=l1, eps=eps)  # fmt: skip
+        y, S = lattice_naive(q, k, v, gamma, S_in, objective=objective, normalize=normalize, forget=forget, l1=l1,
+                             eps=eps)  # fmt: skip
+        return y, {"S": S}
     if backend != "torch":
-        out = _cpp_scan(q, k, v, gamma, initial_state, objective, normalize, forget, l1, chunk_size, backend)
+        out = _cpp_scan(q, k, v, gamma, S_in, objective, normalize, forget, l1, chunk_size, backend)
         if out is not None:
-            return out
-    qt, kt, vt, gt, S0, mu, lam = _prepare(q, k, v, gamma, initial_state, normalize, forget, l1, objective)
+            return out[0], {"S": out[1]}
+    qt, kt, vt, gt, S0, mu, lam = _prepare(q, k, v, gamma, S_in, normalize, forget, l1, objective)
     fast = lam is None and ((objective in _OSR and normalize) or (objective == "delta" and not normalize))
     if fast:
         mu4 = None if mu is None else mu[:, :, None, None]
@@ -71,7 +81,7 @@ def lattice_scan(
         y = y.squeeze(-1)
     else:
         y, S = _checkpointed_scan(qt, kt, vt, gt, S0, mu, lam, objective, normalize, chunk_size, eps)
-    return y.reshape(T, B, H, d).transpose(0, 1), S.reshape(B, H, d, m)
+    return y.reshape(T, B, H, d).transpose(0, 1), {"S": S.reshape(B, H, d, m)}
 
 
 def _cpp_scan(q, k, v, gamma, initial_state, objective, normalize, forget, l1, chunk_size, backend):

@@ -118,7 +118,7 @@ def _check(q, k, v, gamma, initial_state, objective, normalize, forget, l1, mode
     if objective not in LATTICE_OBJECTIVES:
         raise ValueError(f"objective must be one of {list(LATTICE_OBJECTIVES)}, got {objective!r}")
     if mode not in _MODES:
-        hint = " (non-linear recurrence: no exact chunk form; see lattice_chunked)" if mode == "chunk" else ""
+        hint = " (non-linear recurrence: no exact chunk form; see lattice_minibatch)" if mode == "chunk" else ""
         raise ValueError(f"mode must be one of {list(_MODES)}, got {mode!r}{hint}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() != 4:
@@ -153,7 +153,7 @@ def _check(q, k, v, gamma, initial_state, objective, normalize, forget, l1, mode
         not isinstance(initial_state, Tensor) or initial_state.shape != (B, H, d, m)
     ):
         got = getattr(initial_state, "shape", initial_state)
-        raise ValueError(f"initial_state must be (B, H, d, m)=({B}, {H}, {d}, {m}), got {got}")
+        raise ValueError(f"initial_state['S'] must be (B, H, d, m)=({B}, {H}, {d}, {m}), got {got}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     return B, T, H, m, d

@@ -218,6 +218,17 @@ def spectral_koopman_attention(
     ``pos // chunk_size``.  Statistics are accumulated in at least float32.  ``mode="recurrent"`` is the
     per-token loop (App. F steps per token, commits at chunk boundaries; ``naive.py``); ``mode="chunk"`` the
     parallel form (exclusive prefix sums + collapse).
+
+    State (``initial_state`` and the returned one; None = :func:`ska_init_state`), raw (unnormalised) sums:
+
+    * ``"G"``: committed key Gram ``Σ z_t z_tᵀ`` (B, H, r, r), eq. (4), without the ridge ``εI``;
+    * ``"M"``: committed lag-one cross term ``Σ z_t z_{t-1}ᵀ`` (B, H, r, r), eq. (5);
+    * ``"Cv"``: committed value cross term ``Σ v_t z_tᵀ`` (B, H, P, r), eq. (6);
+    * ``"z_prev"``: the last key seen (B, H, r), the ``z_{t-1}`` of the next ``M`` term;
+    * ``"m"``: the key norm the committed statistics are read with (B, H) (see ``norm``);
+    * ``"G_pend"``, ``"M_pend"``, ``"Cv_pend"``: the same sums over the current partial chunk, not yet read;
+    * ``"m_pend"``: the running key-norm maximum including the partial chunk (B, H);
+    * ``"pos"``: tokens seen so far (B,) int64, equal across the batch.
     """
     _validate(q, k, v, chunk_size, power, eps, norm, spec_iters, operator_form, mode)
     if initial_state is not None:

@@ -261,6 +261,13 @@ def vla_attention(
     ablation), ``normalizer="none"`` (o = S φ(q)).
     Returns ``(o (B,T,H,Dv), state)``; with ``return_trace`` (recurrent mode only) also a dict of per-step
     tensors (S, A, alpha_hat, k_hat, e, delta, each (B, T, H, ...)).
+
+    State (``initial_state`` and the returned one; None = ``S = 0``, ``A = I/lam0``, ``z = 0``, ``pos = 0``):
+
+    * ``"S"``: the memory ``S_t`` (B, H, Dv, D), read as ``S_t φ(q_t)``;
+    * ``"A"``: the inverse penalty ``A_t = P_t⁻¹`` kept by Sherman-Morrison (B, H, D, D); absent with ``fixed_A``;
+    * ``"z"``: the normaliser ``Σ φ(k_s)`` (B, H, D); absent with ``normalizer="none"``;
+    * ``"pos"``: tokens seen so far (B,) int64 (it times the ``refresh_period`` refresh).
     float16 / bfloat16 inputs are computed in float32 with autocast off (the state is float32; ``o`` is in
     ``v``'s dtype); float32 and float64 are computed as given.
     """
@@ -378,8 +385,13 @@ def vla_paper_delta_rule(
     β_t ∈ (0, 1) (B, T, H) is a per-step *decay* of the old state (as the paper defines it; canonical
     DeltaNet uses β as a write strength instead).  Keys k̂ = L2norm(ELU(k)+1) (with unnormalised keys eq. 4
     diverges), readout as VLA: ``S_t φ(q_t) / max(φ(q_t)ᵀ Σ φ(k_s), ε)``.
-    State ``{"S": (B,H,Dv,D), "z": (B,H,D)}``; float16 / bfloat16 inputs are computed (and the state kept) in
-    float32 with autocast off, ``o`` is in ``v``'s dtype.
+    State (``initial_state`` and the returned one; None = zeros):
+
+    * ``"S"``: the memory ``S_t`` (B, H, Dv, D);
+    * ``"z"``: the normaliser ``Σ φ(k_s)`` (B, H, D); absent with ``normalizer="none"``.
+
+    float16 / bfloat16 inputs are computed (and the state kept) in float32 with autocast off, ``o`` is in ``v``'s
+    dtype.
     """
     fn = "vla_paper_delta_rule"
     B, T, H, D = _check_inputs(q, k, v, mode, chunk_size, normalizer, eps, fn)

@@ -64,11 +64,17 @@ def soe_retention(
     ``v`` (batch, time, heads, Dv); ``coef`` (batch, time, S') or (batch, time, heads, S') per-token channel
     weights c_s(α_t); ``xi`` (S',) non-negative decay rates (λ_s = e^{-ξ_s}); ``coef_now``
     (batch, time[, heads]) the lag-0-only weight (or None).  ``k_log_scale`` (batch, time, heads), optional: the
-    keys are φ(k_t) = k_t·e^{β_t}.  State: ``G`` (batch, heads, S', F, Dv), ``b`` (batch, heads, S', F), for
-    ``normalizer="plain"`` ``z`` (batch, heads, F), and with ``k_log_scale`` ``m`` (batch, heads): G, b, z are then
-    in units of e^{m}, m the running maximum of β (a state without ``m`` is read as m = 0), and the read-out is
-    o_t = φ(q_t)·G̃_t / (φ(q_t)·b̃_t + ε0) with ε0 added in those units.
-    Returns ``(o (batch, time, heads, Dv), state)``.
+    keys are φ(k_t) = k_t·e^{β_t}.  Returns ``(o (batch, time, heads, Dv), state)``.
+
+    State (``initial_state`` and the returned one; None = zeros):
+
+    * ``"G"``: the channel sums ``G_t^(s) = Σ_i e^{-ξ_s(t-i)} c_s(α_i) φ(k_i) v_iᵀ`` (batch, heads, S', F, Dv);
+    * ``"b"``: the channel sums ``b_t^(s) = Σ_i e^{-ξ_s(t-i)} c_s(α_i) φ(k_i)`` (batch, heads, S', F);
+    * ``"z"``: the undecayed key sum ``Σ_i φ(k_i)`` (batch, heads, F); only for ``normalizer="plain"``;
+    * ``"m"``: the running maximum of β (batch, heads); only with ``k_log_scale``.
+
+    With ``k_log_scale``, G, b, z are in units of e^{m} (a state without ``m`` is read as m = 0), and the read-out
+    is o_t = φ(q_t)·G̃_t / (φ(q_t)·b̃_t + ε0) with ε0 added in those units.
     """
     check_choice(None, "mode", mode, MODES)
     check_choice(None, "normalizer", normalizer, NORMALIZERS)

@@ -1,5 +1,6 @@
-"""lattice_chunked (mini-batch Lattice, docs/lattice.md): the cheap form (no per-token (C, N, d, m) states) equals the
-dense per-token-state form and the mixer's per-token loop, outputs and gradients, in float64 and float32."""
+"""lattice_minibatch (mini-batch Lattice, docs/lattice.md): the cheap form (no per-token (C, N, d, m) states) equals
+the dense per-token-state form and the mixer's per-token loop, outputs and gradients, in float64 and float32; its
+former name lattice_chunked still works, with a DeprecationWarning."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from conftest import assert_rel_close, rel_err
 from seqmem.ops import lattice as L
-from seqmem.ops.lattice.minibatch import _lattice_chunked, lattice_chunked
+from seqmem.ops.lattice.minibatch import _lattice_minibatch, lattice_minibatch
 
 D64 = torch.float64
 
@@ -34,10 +35,11 @@ def _run(form, ins, A, objective, C, offset, weights):
     q, k, v, gam, S0 = xs = [x.detach().clone().requires_grad_(True) for x in ins]
     A = None if A is None else A.detach().clone().requires_grad_(True)
     if form == "reference":  # the per-token loop (naive.py; the mixer's impl="reference")
-        y, (Sc, Au) = lattice_chunked(q, k, v, gam, S0, objective=objective, chunk_size=C, initial_update=A,
-                                      offset=offset, mode="recurrent")  # fmt: skip
+        st = {"S": S0, "A": torch.zeros_like(S0) if A is None else A, "pos": torch.full((S0.shape[0],), offset)}
+        y, st = lattice_minibatch(q, k, v, gam, st, objective=objective, chunk_size=C, mode="recurrent")
+        Sc, Au = st["S"], st["A"]
     else:
-        y, (Sc, Au) = _lattice_chunked(
+        y, (Sc, Au) = _lattice_minibatch(
             q, k, v, gam, S0, objective=objective, chunk_size=C, initial_update=A, offset=offset,
             dense=form == "dense",
         )  # fmt: skip
@@ -67,7 +69,8 @@ def test_cheap_form_equals_dense_and_per_token_reference_fp64(objective, C, offs
     A = None
     if A_kind == "stream":  # the update a previous call left in this chunk: columns orthogonal to the slots
         pre = _inputs(B, offset, H, m, d, seed=11)
-        _, (_, A) = L.lattice_chunked(*pre[:4], ins[4], objective=objective, chunk_size=C)
+        A = L.lattice_minibatch(*pre[:4], {"S": ins[4], "A": torch.zeros_like(ins[4]), "pos": torch.zeros(B).long()},
+                                objective=objective, chunk_size=C)[1]["A"]
     elif A_kind == "random":
         A = 0.3 * torch.randn(B, H, d, m, generator=torch.Generator().manual_seed(5), dtype=D64)
     w = _weights(B, T, H, m, d)
@@ -84,24 +87,44 @@ def test_cheap_form_equals_dense_and_per_token_reference_fp64(objective, C, offs
 
 def test_chunk_one_equals_the_exact_scan():
     q, k, v, gam, S0 = _inputs(2, 7, 2, 4, 6)
-    y, S = L.lattice_scan(q, k, v, gam, S0)
-    y1, (S1, A1) = L.lattice_chunked(q, k, v, gam, S0, chunk_size=1)
+    y, st = L.lattice_scan(q, k, v, gam, {"S": S0})
+    y1, st1 = L.lattice_minibatch(q, k, v, gam, {"S": S0, "A": torch.zeros_like(S0), "pos": torch.zeros(2).long()},
+                                  chunk_size=1)
     assert_rel_close(y1, y, 1e-12, "C=1 output")
-    assert_rel_close(L.sphere_retract(S1 + A1), S, 1e-12, "C=1 state")
+    assert_rel_close(L.sphere_retract(st1["S"] + st1["A"]), st["S"], 1e-12, "C=1 state")
 
 
 def test_split_calls_equal_one_call():
     q, k, v, gam, S0 = _inputs(1, 23, 2, 4, 6)
-    y, (Sc, A) = L.lattice_chunked(q, k, v, gam, S0, chunk_size=5)
-    parts, S, Au, off = [], S0, None, 0
+    st0 = {"S": S0, "A": torch.zeros_like(S0), "pos": torch.zeros(1).long()}
+    y, full = L.lattice_minibatch(q, k, v, gam, st0, chunk_size=5)
+    parts, st = [], st0
     for a, b in ((0, 3), (3, 4), (4, 12), (12, 23)):
-        yp, (S, Au) = L.lattice_chunked(q[:, a:b], k[:, a:b], v[:, a:b], gam[:, a:b], S, chunk_size=5,
-                                        initial_update=Au, offset=off)  # fmt: skip
+        yp, st = L.lattice_minibatch(q[:, a:b], k[:, a:b], v[:, a:b], gam[:, a:b], st, chunk_size=5)
         parts.append(yp)
-        off = (off + b - a) % 5
     assert_rel_close(torch.cat(parts, 1), y, 1e-12, "split output")
-    assert_rel_close(S, Sc, 1e-12, "split chunk-start state")
-    assert_rel_close(Au, A, 1e-12, "split update")
+    assert_rel_close(st["S"], full["S"], 1e-12, "split chunk-start state")
+    assert_rel_close(st["A"], full["A"], 1e-12, "split update")
+    assert st["pos"].tolist() == full["pos"].tolist() == [23]
+
+
+def test_former_name_and_forms_warn_and_agree():
+    """lattice_chunked (the former name, tuple state, offset/initial_update) and a bare S⁰ tensor still work."""
+    q, k, v, gam, S0 = _inputs(1, 9, 2, 4, 6)
+    y, st = L.lattice_minibatch(q, k, v, gam, {"S": S0, "A": torch.zeros_like(S0), "pos": torch.zeros(1).long()},
+                                chunk_size=4)
+    with pytest.warns(DeprecationWarning, match="use lattice_minibatch"):
+        y_old, (S_old, A_old) = L.lattice_chunked(q, k, v, gam, S0, chunk_size=4)
+    with pytest.warns(DeprecationWarning, match=r"pass the state dict \{'S': tensor\}"):
+        y_bare, st_bare = L.lattice_minibatch(q, k, v, gam, S0, chunk_size=4)
+    for a in (y_old, y_bare):
+        assert_rel_close(a, y, 1e-14, "output")
+    assert_rel_close(S_old, st["S"], 1e-14, "former chunk-start state")
+    assert_rel_close(A_old, st["A"], 1e-14, "former update")
+    assert st_bare["pos"].tolist() == [9]
+    import seqmem.ops as ops
+
+    assert "lattice_chunked" not in ops.__all__ and ops.lattice_chunked is L.lattice_chunked
 
 
 def test_never_saves_per_token_states():
@@ -117,7 +140,7 @@ def test_never_saves_per_token_states():
     for form in ("new", "dense"):
         sizes.clear()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            _lattice_chunked(*xs, chunk_size=C, dense=form == "dense")
+            _lattice_minibatch(*xs, chunk_size=C, dense=form == "dense")
         if form == "new":
             assert max(sizes) < C * B * H * d * m, max(sizes)
             assert max(sizes) <= B * T * H * max(d, m), max(sizes)  # inputs-sized at most
@@ -149,9 +172,16 @@ def test_float32_matches_float64_like_the_dense_form(objective):
 
 def test_bad_arguments_raise():
     q, k, v, gam, S0 = _inputs(1, 4, 2, 4, 6)
+    st = {"S": S0, "A": torch.zeros_like(S0), "pos": torch.zeros(1).long()}
     with pytest.raises(ValueError, match="objectives"):
-        L.lattice_chunked(q, k, v, gam, S0, objective="ttt")
-    with pytest.raises(ValueError, match="offset"):
+        L.lattice_minibatch(q, k, v, gam, st, objective="ttt")
+    with pytest.raises(ValueError, match="keys"):
+        L.lattice_minibatch(q, k, v, gam, {"S": S0, "A": S0})
+    with pytest.raises(ValueError, match="pos"):
+        L.lattice_minibatch(q, k, v, gam, {**st, "pos": torch.zeros(2).long()})
+    with pytest.raises(ValueError, match="update"):
+        L.lattice_minibatch(q, k, v, gam, {**st, "A": torch.zeros(1, 2, 6, 3, dtype=D64)})
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="offset"):
         L.lattice_chunked(q, k, v, gam, S0, chunk_size=4, offset=4)
-    with pytest.raises(ValueError, match="initial_update"):
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="initial_update"):
         L.lattice_chunked(q, k, v, gam, S0, initial_update=torch.zeros(1, 2, 6, 3, dtype=D64))
