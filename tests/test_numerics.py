@@ -302,10 +302,20 @@ def test_gated_deltanet_zero_rows_at_large_scale_are_its_saturated_gates():
 def test_rms_norm_does_not_overflow_and_is_bit_identical_below_the_bound():
     """``rms_norm`` rescales rows whose sum of squares could overflow by a power of two (exact); other rows give
     exactly the plain formula's bits, and gradients are the plain formula's."""
-    from seqmem.mixers._norm import rms_norm
+    from seqmem.mixers._norm import _rms_norm_scaled, rms_norm
 
     def plain(x, eps=1e-5):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+    # the scaled form (every device but the CPU, and the CPU's fallback) gives the plain bits for rows below the
+    # bound even when other rows of the same tensor overflow
+    g = torch.Generator().manual_seed(1)
+    mixed = torch.randn(8, 64, generator=g)
+    mixed[::2] *= 1e25
+    assert torch.isinf(mixed.pow(2).mean(-1)).any()
+    assert torch.equal(rms_norm(mixed, None, 1e-5)[1::2], plain(mixed[1::2]))
+    assert torch.equal(_rms_norm_scaled(mixed, None, 1e-5)[1::2], plain(mixed[1::2]))
+    assert torch.isfinite(rms_norm(mixed, None, 1e-5)).all() and (rms_norm(mixed, None, 1e-5) != 0).any(-1).all()
 
     g = torch.Generator().manual_seed(0)
     base = torch.randn(300, 64, generator=g, dtype=torch.float64)
@@ -314,6 +324,7 @@ def test_rms_norm_does_not_overflow_and_is_bit_identical_below_the_bound():
         for s in scales:
             x = (base * s).to(dt)
             assert torch.equal(rms_norm(x, None, 1e-5), plain(x)), (dt, s)
+            assert torch.equal(_rms_norm_scaled(x, None, 1e-5), plain(x)), (dt, s)
         want = plain(base, 0.0)
         got = rms_norm((base * big).to(dt), None, 1e-5).double()
         assert not (plain((base * big).to(dt)) != 0).any(-1).all()  # the plain formula zeroes rows here

@@ -17,7 +17,20 @@ def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     divided by a power of two ``s`` (its max then lies in [1, 2)) and normalised as ``(x/s) / sqrt(mean((x/s)^2) +
     eps/s^2)``: the same function (``s`` cancels), and dividing by a power of two is exact.  Rows below that bound
     are not scaled, so their result is bit-identical to the plain formula.
+
+    On the CPU (where reading a flag back costs no pipeline stall) the plain formula runs first and the scaled form
+    only when some row's mean of squares is not finite: the guard's extra passes cost as much as the norm itself.
     """
+    if x.device.type == "cpu" and not torch.compiler.is_compiling():
+        ms = x.pow(2).mean(-1, keepdim=True)
+        if bool(torch.isfinite(ms).all()):
+            y = x * torch.rsqrt(ms + eps)
+            return y if weight is None else y * weight
+    return _rms_norm_scaled(x, weight, eps)
+
+
+def _rms_norm_scaled(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+    """:func:`rms_norm` with rows that could overflow ``mean(x^2)`` scaled by a power of two first."""
     with torch.no_grad():
         _, e = torch.frexp(x.detach().abs().amax(-1, keepdim=True))  # max = m·2^e, m in [0.5, 1)
         # below 2^top the sum of d squares stays under the dtype's max (2^maxexp): d·2^(2·top) < 2^(maxexp - 1)
