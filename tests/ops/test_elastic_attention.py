@@ -12,12 +12,14 @@ from seqmem.ops import trapezoidal_attention
 D64 = torch.float64
 
 
-def _inputs(b=2, nb=3, lq=4, lk=5, M=3, h=2, d=4, seed=0):
+def _inputs(b=2, nb=3, lq=4, lk=5, M=3, h=2, d=4, seed=0, visible="random"):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, nb, lq, h, d, generator=g, dtype=D64)
     k, v = (torch.randn(b, nb, lk, h, d, generator=g, dtype=D64) for _ in range(2))
     km, vm = (torch.randn(b, nb, M, h, d, generator=g, dtype=D64) for _ in range(2))
     valid = torch.rand(b, nb, M, generator=g) < 0.7
+    if visible == "blocks":  # whole blocks visible or not, as in the Elastic / Melodi mixers
+        valid = torch.tensor([False, True, False, True, True])[:nb, None].expand(b, nb, M).clone()
     valid[:, 0] = False  # block 0: the memory is empty
     return [x.requires_grad_(True) for x in (q, k, v, km, vm)], valid
 
@@ -37,10 +39,16 @@ def _dense(q, k, v, km, vm, valid, offset):
     return torch.stack(outs, 1)
 
 
+@pytest.mark.parametrize("square", [False, True])
 @pytest.mark.parametrize("offset", [0, 1])
-@pytest.mark.parametrize("memory", [True, False])
-def test_chunk_equals_reference_and_dense(offset, memory):
-    ins, valid = _inputs()
+@pytest.mark.parametrize("memory", [True, False, "blocks"])
+def test_chunk_equals_reference_and_dense(offset, memory, square):
+    """Square blocks at offset 0 take the causal (flash) path, the rest the masked SDPA call: both are checked;
+    ``memory="blocks"``: whole blocks' memory visible or not (the grouped path, blocks out of order)."""
+    if square and offset:
+        pytest.skip("a square block starts at offset 0")
+    ins, valid = _inputs(nb=5 if memory == "blocks" else 3, lk=4 if square else 5,
+                         visible="blocks" if memory == "blocks" else "random")  # fmt: skip
     q, k, v, km, vm = ins
     mem = (km, vm, valid) if memory else (None, None, None)
     q_ = q[:, :, : q.shape[2] - offset] if offset else q  # the queries of a block's last lq - offset positions

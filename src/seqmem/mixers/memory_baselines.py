@@ -115,21 +115,36 @@ class Memorizing(BlockAttention):
         mv = torch.cat([mem["mem_v"], v.reshape(b, L, -1)], 1)[:, -self.n_queue :]
         return {"mem_k": mk, "mem_v": mv}
 
-    def _gate(self, a_mem: Tensor, a_loc: Tensor, has_mem: Tensor) -> Tensor:
-        g = torch.sigmoid(self.mem_gate)[:, None]  # (h, 1), broadcast over head_dim
-        return torch.where(has_mem, g * a_mem + (1 - g) * a_loc, a_loc)
-
     def _attend_fast(
         self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, off: int = 0
     ) -> Tensor:
+        """Local attention for all blocks, then per run of blocks with the same number ``f`` of filled queue slots
+        (the newest ``f``; the same in every sequence) one unmasked SDPA call of the queries against those slots,
+        gated in; blocks with an empty queue keep ``A_local``."""
         a_loc = super()._attend_fast(q_rot, q_raw, k_rot, v, {}, off)
-        scale = self.head_dim**-0.5
-        s = torch.einsum("bnlhd,bnmhd->bnhlm", q_raw, ctx["k"]) * scale
-        valid = ctx["valid"][:, :, None, None, :]  # (b, nb, 1, 1, M)
-        s = s.masked_fill(~valid, torch.finfo(s.dtype).min)
-        a_mem = torch.einsum("bnhlm,bnmhd->bnlhd", torch.softmax(s, -1), ctx["v"])
-        has_mem = ctx["valid"].any(-1)[:, :, None, None, None]
-        return self._gate(a_mem, a_loc, has_mem)
+        b, nb, lq, h, dh = q_raw.shape
+        M = self.n_queue
+        filled = ctx["valid"][0].sum(-1).tolist()  # (nb,) filled slots per block
+        parts, j = [], 0
+        while j < nb:
+            e = j + 1
+            while e < nb and filled[e] == filled[j]:
+                e += 1
+            f, n = filled[j], b * (e - j)
+            if f == 0:
+                parts.append(a_loc[:, j:e])
+            else:
+                qm = q_raw[:, j:e].reshape(n, lq, h, dh).transpose(1, 2)
+                km = ctx["k"][:, j:e, M - f :].reshape(n, f, h, dh).transpose(1, 2)
+                vm = ctx["v"][:, j:e, M - f :].reshape(n, f, h, dh).transpose(1, 2)
+                a_mem = F.scaled_dot_product_attention(qm, km, vm).transpose(1, 2).reshape(b, e - j, lq, h, dh)
+                parts.append(self._mix(a_mem, a_loc[:, j:e]))
+            j = e
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+    def _mix(self, a_mem: Tensor, a_loc: Tensor) -> Tensor:
+        g = torch.sigmoid(self.mem_gate)[:, None]  # (h, 1), broadcast over head_dim
+        return g * a_mem + (1 - g) * a_loc
 
     def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
         a_loc = super()._attend_token(q_rot, q_raw, k_rot, v, {})
@@ -140,7 +155,7 @@ class Memorizing(BlockAttention):
         s = torch.einsum("bhd,bmhd->bhm", q_raw, ctx["k"]) * scale
         s = s.masked_fill(~valid[:, None, :], float("-inf"))
         a_mem = torch.einsum("bhm,bmhd->bhd", torch.softmax(s, -1), ctx["v"])
-        return self._gate(a_mem, a_loc, torch.ones((), dtype=torch.bool, device=s.device))
+        return self._mix(a_mem, a_loc)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", n_queue={self.n_queue}"

@@ -1,6 +1,14 @@
-"""Elastic Memory's trapezoidal attention, all blocks at once: one masked ``scaled_dot_product_attention`` call
-over ``[memory tokens; block keys]`` of every block (the mixer's ``impl="fast"``); ``mode="recurrent"`` runs the
-per-query reference in ``naive.py``."""
+"""Elastic Memory's trapezoidal attention, all blocks at once (the mixer's ``impl="fast"``); ``mode="recurrent"``
+runs the per-query reference in ``naive.py``.
+
+Square blocks (``offset == 0``, as many queries as keys) take SDPA's causal path (``is_causal=True``, no mask
+tensor, no materialised scores; the flash kernel on CPU): the blocks without memory as one batched causal call
+over ``(batch · blocks)`` sequences, the blocks whose memory is wholly visible as a second one in which each
+sequence is ``[M memory tokens; block]`` with ``M`` zero queries in front — row ``M + i`` of that causal square
+sees all ``M`` memory keys and block keys ``0..i``, which is exactly the joint softmax of Eq. 10 (the zero rows
+are dropped).  Other blocks (a partly visible memory) and non-square blocks (queries starting inside a block, as
+in decoding) use one SDPA call with an explicit mask over ``[memory; block]``.
+"""
 
 from __future__ import annotations
 
@@ -61,7 +69,8 @@ def trapezoidal_attention(
         mem_valid: ``(batch, blocks, M)`` bool, False where the memory is empty (block 0).
         offset: in-block position of the first query.
         scale: score scale, default ``dim ** -0.5``.
-        mode: ``"chunk"`` (one masked SDPA call) or ``"recurrent"`` (one query at a time, the reference).
+        mode: ``"chunk"`` (batched SDPA calls, see the module docstring) or ``"recurrent"`` (one query at a time,
+            the reference).
 
     Returns:
         ``(batch, blocks, lq, heads, dim)``.
@@ -69,6 +78,69 @@ def trapezoidal_attention(
     _check(q, k, v, k_mem, v_mem, mem_valid, offset, mode)
     if mode == "recurrent":
         return trapezoidal_attention_naive(q, k, v, k_mem, v_mem, mem_valid, offset, scale)
+    if offset != 0 or q.shape[2] != k.shape[2]:
+        return _masked(q, k, v, k_mem, v_mem, mem_valid, offset, scale)
+    nb = q.shape[1]
+    if k_mem is None:
+        return causal_blocks(q, k, v, scale)
+    full = mem_valid.flatten(2).transpose(0, 1).reshape(nb, -1)  # (blocks, batch · M)
+    kind = torch.where(full.all(1), 1, torch.where(full.any(1), 2, 0)).tolist()  # 0 none, 1 all, 2 partly visible
+    groups = [[j for j in range(nb) if kind[j] == g] for g in (0, 1, 2)]
+    parts, order = [], []
+    for g, idx in enumerate(groups):
+        if not idx:
+            continue
+        sel = _block_selector(idx)
+        if g == 0:
+            parts.append(causal_blocks(sel(q), sel(k), sel(v), scale))
+        elif g == 1:
+            parts.append(_with_memory(sel(q), sel(k), sel(v), sel(k_mem), sel(v_mem), scale))
+        else:
+            parts.append(_masked(sel(q), sel(k), sel(v), sel(k_mem), sel(v_mem), sel(mem_valid), 0, scale))
+        order += idx
+    y = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+    if order != sorted(order):
+        y = y[:, torch.tensor(order, device=y.device).argsort()]
+    return y
+
+
+def _block_selector(idx: list[int]):
+    """``z -> z[:, idx]`` (blocks on dim 1); a slice view when ``idx`` is a contiguous run."""
+    if idx[-1] - idx[0] + 1 == len(idx):
+        return lambda z: z[:, idx[0] : idx[-1] + 1]
+    index = torch.tensor(idx)
+    return lambda z: z[:, index.to(z.device)]
+
+
+def causal_blocks(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
+    """Causal softmax attention inside each block: ``(batch, blocks, L, heads, dim)`` tensors, one batched SDPA
+    call with ``is_causal=True`` over the ``batch · blocks`` sequences."""
+    b, nb, L, h, d = q.shape
+    y = _sdpa_causal(q.reshape(b * nb, L, h, d), k.reshape(b * nb, L, h, d), v.reshape(b * nb, L, h, -1), scale)
+    return y.view(b, nb, L, h, -1)
+
+
+def _sdpa_causal(q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor:
+    """(n, L, h, d) -> (n, L, h, dv); query i sees keys 0..i."""
+    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                       scale=scale)  # fmt: skip
+    return y.transpose(1, 2)
+
+
+def _with_memory(q: Tensor, k: Tensor, v: Tensor, km: Tensor, vm: Tensor, scale: float | None) -> Tensor:
+    """Joint softmax over ``[memory; causal block]`` for blocks whose memory is wholly visible: per block, the
+    causal square over ``[M zero queries; queries]`` × ``[memory; keys]``, whose last ``L`` rows are the block's."""
+    b, nb, L, h, d = q.shape
+    M = km.shape[2]
+    n = b * nb
+    qq = torch.cat([q.new_zeros(n, M, h, d), q.reshape(n, L, h, d)], 1)
+    kk = torch.cat([km.reshape(n, M, h, d), k.reshape(n, L, h, d)], 1)
+    vv = torch.cat([vm.reshape(n, M, h, -1), v.reshape(n, L, h, -1)], 1)
+    return _sdpa_causal(qq, kk, vv, scale)[:, M:].reshape(b, nb, L, h, -1)
+
+
+def _masked(q, k, v, k_mem, v_mem, mem_valid, offset, scale) -> Tensor:
+    """One SDPA call with an explicit mask over ``[memory; block]`` (any offset, any memory visibility)."""
     qh, kh, vh = (z.permute(0, 3, 1, 2, 4) for z in (q, k, v))  # (b, h, nb, L, d)
     b, _, nb, lq, _ = qh.shape
     lk = kh.shape[3]
