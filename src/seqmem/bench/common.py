@@ -250,6 +250,14 @@ def base_record(bench: str, mixer: str, impl: str, seq_len: int, args: Any, devi
     }
 
 
+def build_failed_records(bench: str, mixer: str, impls: list[str], seq_lens: list[int], error: Exception, args: Any,
+                         device: torch.device, dtype: torch.dtype, machine: dict[str, Any]) -> list[dict[str, Any]]:
+    """One ``status="error"`` record per (impl, length) for a mixer that could not be built (reported, not fatal)."""
+    note = f"build failed: {type(error).__name__}: {error}"[:300]
+    return [{**base_record(bench, mixer, impl, n, args, device, dtype, machine), "status": "error", "note": note}
+            for n in seq_lens for impl in impls]
+
+
 def md_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     def f(v: Any) -> str:
         if v is None:

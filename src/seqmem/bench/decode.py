@@ -19,7 +19,15 @@ from typing import Any
 
 import torch
 
-from seqmem.bench.common import CapExceeded, base_record, fmt_len, measure, summarize_times, time_limit
+from seqmem.bench.common import (
+    CapExceeded,
+    base_record,
+    build_failed_records,
+    fmt_len,
+    measure,
+    summarize_times,
+    time_limit,
+)
 from seqmem.bench.speed import build, impls_of
 from seqmem.mixers.base import count_state
 
@@ -47,11 +55,7 @@ def run_decode(args: Any, device: torch.device, dtype: torch.dtype, mixers: list
                 s.load_state_dict(builder.state_dict())
                 steppers[impl] = s
         except Exception as e:
-            for n in contexts:
-                for impl in impls:
-                    rec = base_record("decode", name, impl, n, args, device, dtype, machine)
-                    rec.update(status="error", note=f"build failed: {type(e).__name__}: {e}"[:300])
-                    records.append(rec)
+            records += build_failed_records("decode", name, impls, contexts, e, args, device, dtype, machine)
             log(f"decode {name}: build failed: {e}")
             continue
         gen = torch.Generator(device="cpu").manual_seed(args.seed)

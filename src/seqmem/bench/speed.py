@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from seqmem.bench.common import base_record, fmt_len, measure, summarize_times, synchronize
+from seqmem.bench.common import base_record, build_failed_records, fmt_len, measure, summarize_times, synchronize
 from seqmem.bench.flops import count_flops, gemm_peak
 from seqmem.registry import build_mixer
 
@@ -64,10 +64,7 @@ def run_speed(args: Any, device: torch.device, dtype: torch.dtype, mixers: list[
             try:
                 m = build(name, args, impl, device, dtype)
             except Exception as e:  # a mixer that cannot be built at this width is reported, not fatal
-                for n in lens:
-                    rec = base_record("speed", name, impl, n, args, device, dtype, machine)
-                    rec.update(status="error", note=f"build failed: {type(e).__name__}: {e}"[:300])
-                    records.append(rec)
+                records += build_failed_records("speed", name, [impl], lens, e, args, device, dtype, machine)
                 log(f"speed {name} {impl}: build failed: {e}")
                 continue
             blocked: str | None = None

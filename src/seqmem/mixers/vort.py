@@ -262,22 +262,21 @@ class VORT(Mixer):
 
     # -- options --
     @contextlib.contextmanager
-    def entity_flags(self, e: Tensor):
-        """Within this context, use ``e`` (batch, time) in [0, 1] as the entity flag of eq. (11)."""
-        self._entity_override = e
+    def _overriding(self, attr: str, value: Tensor):
+        """Within this context, ``self.<attr>`` is ``value`` (None again after it)."""
+        setattr(self, attr, value)
         try:
             yield self
         finally:
-            self._entity_override = None
+            setattr(self, attr, None)
 
-    @contextlib.contextmanager
-    def alpha_override(self, alpha: Tensor):
+    def entity_flags(self, e: Tensor) -> contextlib.AbstractContextManager:
+        """Within this context, use ``e`` (batch, time) in [0, 1] as the entity flag of eq. (11)."""
+        return self._overriding("_entity_override", e)
+
+    def alpha_override(self, alpha: Tensor) -> contextlib.AbstractContextManager:
         """Within this context, use ``alpha`` (batch, time) in [δ, 1] as the per-token orders (e.g. refined α)."""
-        self._alpha_override_t = alpha
-        try:
-            yield self
-        finally:
-            self._alpha_override_t = None
+        return self._overriding("_alpha_override_t", alpha)
 
     def retrieval_loss(self, x: Tensor, source: Tensor, exact_kernel: bool = False) -> Tensor:
         """Plasticity objective L_ret (eq. 24) of this layer on a whole sequence ``x`` (batch, time, d_model).
@@ -548,6 +547,7 @@ class VORT(Mixer):
         numerics_full=((8.5e-07, 9.5e-07), (1.4e-02, 1.4e-02), (1.9e-03, 2.0e-03)),
     ),
     description="power-law (GL) keyed retention via SOE, one global α = 0.7 (VORT Tables 1–2)",
+    alpha_mode="fixed", alpha=0.7, local_window=0,
 )
 class VORTFixedAlpha(VORT):
     """The paper's 'Power-Law' model: VORT retrieval with one fixed global α (no routing, no local attention)."""
@@ -556,20 +556,6 @@ class VORTFixedAlpha(VORT):
         {"chunk_size": 8, "n_soe": 6, "horizon": 64, "n_features": 8},
         {"kernel": "gl", "feature_map": "exact", "strict_causal": True},
     ]
-
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int = 4,
-        impl: str = "fast",
-        alpha_mode: str = "fixed",
-        alpha: float = 0.7,
-        local_window: int = 0,
-        **kw,
-    ) -> None:
-        super().__init__(
-            d_model, n_heads, impl, alpha_mode=alpha_mode, alpha=alpha, local_window=local_window, **kw
-        )
 
 
 @register(
@@ -580,6 +566,7 @@ class VORTFixedAlpha(VORT):
         numerics_full=((8.3e-07, 8.3e-07), (1.4e-02, 1.4e-02), (2.0e-03, 1.9e-03)),
     ),
     description="keyed retention with one fixed exponential decay e^{-λj} (VORT 'Exponential')",
+    kernel="exp", alpha_mode="fixed", local_window=0,
 )
 class ExpDecay(VORT):
     """The paper's 'Exponential' baseline: the same retrieval with one fixed decay rate λ = decay_rate."""
@@ -588,20 +575,6 @@ class ExpDecay(VORT):
         {"chunk_size": 8, "feature_map": "elu", "decay_rate": 0.05},
         {"chunk_size": 8, "n_features": 8, "normalizer": "plain", "local_window": 4},
     ]
-
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int = 4,
-        impl: str = "fast",
-        kernel: str = "exp",
-        alpha_mode: str = "fixed",
-        local_window: int = 0,
-        **kw,
-    ) -> None:
-        super().__init__(
-            d_model, n_heads, impl, kernel=kernel, alpha_mode=alpha_mode, local_window=local_window, **kw
-        )
 
 
 @register(
@@ -612,6 +585,7 @@ class ExpDecay(VORT):
         numerics_full=((1.1e-06, 1.1e-06), (1.4e-02, 1.4e-02), (2.2e-03, 2.2e-03)),
     ),
     description="keyed retention with a learned mixture of exponentials (VORT 'Mixture-5')",
+    kernel="mixture", alpha_mode="fixed", local_window=0,
 )
 class ExpMixture(VORT):
     """The paper's 'Mixture-5' baseline: Σ_m π_m e^{−λ_m j}, π_m = softplus(θ_m), λ_m = exp(η_m), learned."""
@@ -620,17 +594,3 @@ class ExpMixture(VORT):
         {"chunk_size": 8, "n_features": 8, "horizon": 64},
         {"chunk_size": 8, "feature_map": "elu", "mixture_init": "fit", "horizon": 64},
     ]
-
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int = 4,
-        impl: str = "fast",
-        kernel: str = "mixture",
-        alpha_mode: str = "fixed",
-        local_window: int = 0,
-        **kw,
-    ) -> None:
-        super().__init__(
-            d_model, n_heads, impl, kernel=kernel, alpha_mode=alpha_mode, local_window=local_window, **kw
-        )

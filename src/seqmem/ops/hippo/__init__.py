@@ -28,30 +28,11 @@ one-matmul (``"direct"``) forms.  ``seqmem.ops.hippo.compress`` / ``reconstruct`
 :func:`hippo_compress` / :func:`hippo_reconstruct`.
 """
 
-from seqmem.ops.hippo.chunk import (
-    SAMPLINGS,  # noqa: F401  (the sampling rules, read by the elastic mixer)
-    hippo_compress,
-    hippo_reconstruct,
-    legs_block,
-    legs_block_bank,
-    legs_input_kernel,
-    legs_matrices,
-    legs_reconstruction_matrix,
-    legs_transition,
-    sample_fractions,
-)
+from seqmem.ops.hippo import chunk as _chunk
+from seqmem.ops.hippo.chunk import *  # noqa: F403  (the public functions: every name in chunk.__all__)
+from seqmem.ops.hippo.chunk import SAMPLINGS, hippo_compress, hippo_reconstruct  # noqa: F401  (SAMPLINGS: the elastic mixer's)
 
-__all__ = [
-    "legs_matrices",
-    "legs_transition",
-    "legs_input_kernel",
-    "legs_block",
-    "legs_block_bank",
-    "sample_fractions",
-    "legs_reconstruction_matrix",
-    "hippo_compress",
-    "hippo_reconstruct",
-]
+__all__ = list(_chunk.__all__)
 
 compress = hippo_compress
 reconstruct = hippo_reconstruct

@@ -218,13 +218,15 @@ def legs_reconstruction_matrix(N: int, fractions, dtype: torch.dtype = torch.flo
     return torch.tensor(R.T.copy(), dtype=dtype)
 
 
+def _batched(name: str, x: Tensor) -> Tensor:
+    """A floating-point ``x`` as (batch, ·, channels): (n,) -> (1, n, 1), (n, c) -> (1, n, c); else unchanged."""
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point torch.Tensor")
+    return x[None, :, None] if x.dim() == 1 else x[None] if x.dim() == 2 else x
+
+
 def _check_signal(signal: Tensor) -> Tensor:
-    if not isinstance(signal, Tensor) or not signal.is_floating_point():
-        raise ValueError("signal must be a floating-point torch.Tensor")
-    if signal.dim() == 1:
-        signal = signal[None, :, None]
-    elif signal.dim() == 2:
-        signal = signal[None]
+    signal = _batched("signal", signal)
     if signal.dim() != 3 or signal.shape[1] == 0:
         raise ValueError(
             "signal must have shape (time,), (time, channels) or (batch, time, channels), "
@@ -303,12 +305,7 @@ def hippo_reconstruct(
     ``num``
     points (see :func:`sample_fractions`).  Returns (batch, n_points, channels).
     """
-    if not isinstance(coeffs, Tensor) or not coeffs.is_floating_point():
-        raise ValueError("coeffs must be a floating-point torch.Tensor")
-    if coeffs.dim() == 1:
-        coeffs = coeffs[None, :, None]
-    elif coeffs.dim() == 2:
-        coeffs = coeffs[None]
+    coeffs = _batched("coeffs", coeffs)
     if coeffs.dim() != 3:
         raise ValueError(f"coeffs must have shape (batch, N, channels), got {tuple(coeffs.shape)}")
     if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):

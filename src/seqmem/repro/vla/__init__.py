@@ -71,7 +71,9 @@ def _scale_note(scale: str, cfg: dict[str, Any], extra: str = "") -> str:
             f"eval {cfg['eval_examples']} examples" + (f"; {extra}" if extra else ""))
 
 
-def _plot(path: Path, draw) -> None:
+def _plot(path: Path, draw, xlabel: str, ylabel: str, *, title: str | None = None, logx: bool = False,
+          logy: bool = False, legend_size: int = 7) -> None:
+    """A 6×4 figure: ``draw(ax)`` plots the labelled curves, then the axes get their labels, scales and legend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,6 +81,15 @@ def _plot(path: Path, draw) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     draw(ax)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=legend_size)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
     plt.close(fig)
@@ -176,13 +187,9 @@ def exp_stability(out: Path, scale: str, cfg: dict[str, Any], command: str) -> l
     def draw(ax):
         for name, c in curves.items():
             ax.plot(ts, c, label=name)
-        ax.set_yscale("log")
-        ax.set_xlabel("position t")
-        ax.set_ylabel("‖S_t‖_F (mean over batch)")
-        ax.set_title("State norm, untrained head, N(0,1) inputs")
-        ax.legend(fontsize=7)
 
-    _plot(out / "stability.png", draw)
+    _plot(out / "stability.png", draw, "position t", "‖S_t‖_F (mean over batch)", logy=True,
+          title="State norm, untrained head, N(0,1) inputs")
     return rows
 
 
@@ -259,13 +266,8 @@ def exp_latency(out: Path, scale: str, cfg: dict[str, Any], command: str) -> lis
             pts = [(T, times[(name, T)]) for T in lc["Ts"] if (name, T) in times]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=name)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("T")
-        ax.set_ylabel("forward latency (ms)")
-        ax.legend(fontsize=7)
 
-    _plot(out / "latency.png", draw)
+    _plot(out / "latency.png", draw, "T", "forward latency (ms)", logx=True, logy=True)
     return rows
 
 
@@ -339,11 +341,8 @@ def exp_capacity(out, scale, cfg, command, models, lrs, runs):
                 ax.plot(*zip(*pts), marker="o", label=f"{mk} lr={lr:g}")
         ns = sorted({r["n"] for r in rows})
         ax.plot(ns, [1 / n for n in ns], "k--", label="1/n (bag-of-values level)")
-        ax.set_xlabel("n pairs")
-        ax.set_ylabel("per-query accuracy")
-        ax.legend(fontsize=6)
 
-    _plot(out / "mqar_capacity.png", draw)
+    _plot(out / "mqar_capacity.png", draw, "n pairs", "per-query accuracy", legend_size=6)
     return rows
 
 

@@ -337,6 +337,25 @@ def run(args: argparse.Namespace) -> int:
         return _run(args, exps)
 
 
+def _retrieval_table(key: str, cfg: dict[str, Any]) -> tuple[str, list, dict, tuple[float, float], str, str]:
+    """Table 1 (Zipf lags) or Table 2 (entity copy) at this scale: ``(name, tasks, the paper's numbers, lag-bin
+    edges, note, short note)``; the bins are the paper's scaled by ``n / n_paper``."""
+    if key == "table1":
+        n, n_paper, bins, paper, name = cfg["n1"], 10_000, (100, 1000), PAPER_T1, "table1_zipf"
+        tasks: list = [ZipfLagRetrieval(seq_len=n, beta=b, n_queries=cfg["q1"]) for b in cfg["betas"]]
+        what, train, short_what = (f"β∈{cfg['betas']} (paper 1.0/1.5/2.0), {cfg['q1']} queries/seq",
+                                   " (paper 5,000×20 epochs)", "")
+    else:
+        n, n_paper, bins, paper, name = cfg["n2"], 8_000, (200, 2000), PAPER_T2, "table2_entity"
+        tasks = [EntityLabelCopy(seq_len=n, n_entities=cfg["E"], mentions=cfg["M"])]
+        what, train, short_what = f"E={cfg['E']} (paper 20), {cfg['M']} mentions/entity", "", f", E={cfg['E']}"
+    f = n / n_paper
+    note = (f"n={n} (paper {n_paper:,}), bins scaled ×{f:g}, {what}, {cfg['steps']}×{cfg['batch']} train seqs{train}, "
+            f"d={cfg['d']}, d_φ={cfg['feats']}, {cfg['n_test']} test seqs, 1 seed")
+    short = f"n={n}, bins ×{f:g}{short_what}, {cfg['steps']}×{cfg['batch']} seqs"
+    return name, tasks, paper, (bins[0] * f, bins[1] * f), note, short
+
+
 def _run(args: argparse.Namespace, exps: list[str]) -> int:
     cfg = CONFIGS[args.scale]
     out = Path(args.out)
@@ -347,28 +366,11 @@ def _run(args: argparse.Namespace, exps: list[str]) -> int:
     summary: dict[str, Any] = {"scale": args.scale, "config": cfg}
     if "kernel" in exps:
         summary["kernel"] = kernel_experiment(out, command)
-    if "table1" in exps:
-        n = cfg["n1"]
-        f = n / 10_000
-        edges = (100 * f, 1000 * f)
-        note = (f"n={n} (paper 10,000), bins scaled ×{f:g}, β∈{cfg['betas']} (paper 1.0/1.5/2.0), "
-                f"{cfg['q1']} queries/seq, {cfg['steps']}×{cfg['batch']} train seqs (paper 5,000×20 epochs), "
-                f"d={cfg['d']}, d_φ={cfg['feats']}, {cfg['n_test']} test seqs, 1 seed")
-        tasks = [ZipfLagRetrieval(seq_len=n, beta=b, n_queries=cfg["q1"]) for b in cfg["betas"]]
-        short = f"n={n}, bins ×{f:g}, {cfg['steps']}×{cfg['batch']} seqs"
-        summary["table1"] = retrieval_experiment("table1_zipf", tasks, cfg, edges, PAPER_T1, out, seed, command,
-                                                 note, short)["best_exp"]
-    if "table2" in exps:
-        n = cfg["n2"]
-        f = n / 8_000
-        edges = (200 * f, 2000 * f)
-        note = (f"n={n} (paper 8,000), bins scaled ×{f:g}, E={cfg['E']} (paper 20), {cfg['M']} mentions/entity, "
-                f"{cfg['steps']}×{cfg['batch']} train seqs, d={cfg['d']}, d_φ={cfg['feats']}, "
-                f"{cfg['n_test']} test seqs, 1 seed")
-        tasks = [EntityLabelCopy(seq_len=n, n_entities=cfg["E"], mentions=cfg["M"])]
-        short = f"n={n}, bins ×{f:g}, E={cfg['E']}, {cfg['steps']}×{cfg['batch']} seqs"
-        summary["table2"] = retrieval_experiment("table2_entity", tasks, cfg, edges, PAPER_T2, out, seed, command,
-                                                 note, short)["best_exp"]
+    for key in ("table1", "table2"):
+        if key in exps:
+            name, tasks, paper, edges, note, short = _retrieval_table(key, cfg)
+            summary[key] = retrieval_experiment(name, tasks, cfg, edges, paper, out, seed, command, note,
+                                                short)["best_exp"]
     if "table3" in exps:
         summary["table3"] = lm_experiment(args.scale, out, seed, command)
     summary["seconds"] = time.time() - t0
