@@ -5,6 +5,7 @@ Nothing here imports the rest of seqmem, so training, sweeps, reproductions and 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import os
@@ -41,9 +42,10 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+@functools.cache
 def import_submodules(package: str) -> None:
     """Import every module of ``package`` except ``base`` and private ``_`` ones (the registries of mixers and tasks
-    fill themselves from the decorators these modules run)."""
+    fill themselves from the decorators these modules run); once per package (a failed import is retried)."""
     pkg = importlib.import_module(package)
     for mod in pkgutil.iter_modules(pkg.__path__):
         if not mod.name.startswith("_") and mod.name != "base":

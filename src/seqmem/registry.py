@@ -53,7 +53,6 @@ def did_you_mean(word: str, choices: Any) -> str:
 _REGISTRY: dict[str, MixerEntry] = {}
 #: Deprecated names -> current names (still built, with a DeprecationWarning, so older run.json files load).
 ALIASES: dict[str, str] = {}
-_LOADED = False
 
 
 def _summary(doc: str) -> str:
@@ -108,10 +107,7 @@ def mixer_facts(name: str) -> dict[str, Any]:
 
 
 def _load_all() -> None:
-    global _LOADED
-    if not _LOADED:
-        import_submodules("seqmem.mixers")
-        _LOADED = True
+    import_submodules("seqmem.mixers")  # once (cached)
 
 
 def list_mixers() -> list[str]:

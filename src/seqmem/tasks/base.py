@@ -148,7 +148,6 @@ class Task:
 
 # --- registry ------------------------------------------------------------------------------------------
 _TASKS: dict[str, type[Task]] = {}
-_LOADED = False
 
 
 def register_task(name: str):
@@ -166,10 +165,7 @@ def register_task(name: str):
 
 
 def _load_all() -> None:
-    global _LOADED
-    if not _LOADED:
-        import_submodules("seqmem.tasks")
-        _LOADED = True
+    import_submodules("seqmem.tasks")  # once (cached)
 
 
 def list_tasks() -> list[str]:

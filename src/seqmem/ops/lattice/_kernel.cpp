@@ -161,6 +161,27 @@ void fwd(int obj, int64_t N, int64_t T, int64_t d, int64_t m, int64_t chunk, con
   }
 }
 
+// The backward of the OSR update's -h w^T term and of the slots' overlap with X (X = the state's cotangent G, or gU
+// after the sphere projection): xs_i = sum_a X[a,i] S[a,i], gw_i = -sum_a X[a,i] h_a, gh_a = -sum_i X[a,i] w_i.
+template <typename F>
+inline void osr_back(int64_t d, int64_t m, const F* X, const F* S, const F* h, const F* w, F* xs, F* gw, F* gh) {
+  for (int64_t i = 0; i < m; ++i) {
+    xs[i] = 0;
+    gw[i] = 0;
+  }
+  for (int64_t a = 0; a < d; ++a) {
+    const F* Xa = X + a * m;
+    const F* Sa = S + a * m;
+    F acc = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      xs[i] += Xa[i] * Sa[i];
+      gw[i] -= Xa[i] * h[a];
+      acc += Xa[i] * w[i];
+    }
+    gh[a] = -acc;
+  }
+}
+
 template <typename F>
 void bwd(int obj, int64_t N, int64_t T, int64_t d, int64_t m, int64_t chunk, const F* bounds, const F* q,
          const F* k, const F* v, const F* g, const F* mu, const F* gy, const F* gSend, F* gS0, F* gq, F* gk, F* gv,
@@ -206,21 +227,7 @@ void bwd(int obj, int64_t N, int64_t T, int64_t d, int64_t m, int64_t chunk, con
           std::vector<F>& gb = ga;  // g_b, then reused
           std::vector<F> gr(m), gc(m), sh(m);
           F gm = 0;
-          for (int64_t i = 0; i < m; ++i) {
-            gb[i] = 0;
-            gw[i] = 0;
-          }
-          for (int64_t a = 0; a < d; ++a) {
-            const F* Ga = &G[a * m];
-            const F* Sa = Si + a * m;
-            F acc = 0;
-            for (int64_t i = 0; i < m; ++i) {
-              gb[i] += Ga[i] * Sa[i];
-              gw[i] -= Ga[i] * h[a];
-              acc += Ga[i] * w[i];
-            }
-            gh[a] = -acc;
-          }
+          osr_back<F>(d, m, G.data(), Si, h, w, gb.data(), gw.data(), gh.data());
           for (int64_t i = 0; i < m; ++i) {
             gm += gb[i];
             const F ai = p[i] * w[i];
@@ -368,21 +375,7 @@ void bwd(int obj, int64_t N, int64_t T, int64_t d, int64_t m, int64_t chunk, con
           for (int64_t i = 0; i < m; ++i) ga[i] += G[a * m + i] * So[a * m + i];
         for (int64_t a = 0; a < d; ++a)
           for (int64_t i = 0; i < m; ++i) gU[a * m + i] = (G[a * m + i] - So[a * m + i] * ga[i]) / rho[i];
-        for (int64_t i = 0; i < m; ++i) {
-          ga[i] = 0;
-          gw[i] = 0;
-        }
-        for (int64_t a = 0; a < d; ++a) {
-          const F* Ua = &gU[a * m];
-          const F* Sa = Si + a * m;
-          F acc = 0;
-          for (int64_t i = 0; i < m; ++i) {
-            ga[i] += Ua[i] * Sa[i];
-            gw[i] -= Ua[i] * h[a];
-            acc += Ua[i] * w[i];
-          }
-          gh[a] = -acc;
-        }
+        osr_back<F>(d, m, gU.data(), Si, h, w, ga.data(), gw.data(), gh.data());
         F gm = 0;
         for (int64_t i = 0; i < m; ++i) {
           gw[i] += ga[i] * p[i];
