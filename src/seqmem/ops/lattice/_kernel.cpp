@@ -19,6 +19,17 @@ struct Saved {
 };
 
 // One forward step: S_in (d,m) -> S_out (d,m). Writes h, p, w, b, rho at the given pointers (may be scratch).
+// S' = mu S - h w^T with w = g * k (the ttt and delta updates)
+template <typename F>
+inline void decay_rank1(int64_t d, int64_t m, const F* S, F* So, const F* g, const F* k, const F* h, F* w, F mu) {
+  for (int64_t i = 0; i < m; ++i) w[i] = g[i] * k[i];
+  for (int64_t a = 0; a < d; ++a) {
+    const F* Sa = S + a * m;
+    F* Oa = So + a * m;
+    for (int64_t i = 0; i < m; ++i) Oa[i] = mu * Sa[i] - h[a] * w[i];
+  }
+}
+
 template <typename F>
 inline void step_fwd(int obj, int64_t d, int64_t m, const F* S, F* So, const F* k, const F* v, const F* g, F mu,
                      F* h, F* p, F* w, F* b, F* rho) {
@@ -42,12 +53,7 @@ inline void step_fwd(int obj, int64_t d, int64_t m, const F* S, F* So, const F* 
     }
     b[0] = nz;
     rho[0] = c;
-    for (int64_t i = 0; i < m; ++i) w[i] = g[i] * k[i];
-    for (int64_t a = 0; a < d; ++a) {
-      const F* Sa = S + a * m;
-      F* Oa = So + a * m;
-      for (int64_t i = 0; i < m; ++i) Oa[i] = mu * Sa[i] - h[a] * w[i];
-    }
+    decay_rank1<F>(d, m, S, So, g, k, h, w, mu);
     return;
   }
   if (obj >= 5) {  // plain OSR: r = 1/|s_i|, Sb = S diag(r); rho <- r, b <- mu + a r
@@ -95,12 +101,7 @@ inline void step_fwd(int obj, int64_t d, int64_t m, const F* S, F* So, const F* 
     for (int64_t a = 0; a < d; ++a) h[a] = -v[a];
   }
   if (obj == 3) {  // delta: S' = mu S - h (g k)^T
-    for (int64_t i = 0; i < m; ++i) w[i] = g[i] * k[i];
-    for (int64_t a = 0; a < d; ++a) {
-      const F* Sa = S + a * m;
-      F* Oa = So + a * m;
-      for (int64_t i = 0; i < m; ++i) Oa[i] = mu * Sa[i] - h[a] * w[i];
-    }
+    decay_rank1<F>(d, m, S, So, g, k, h, w, mu);
     return;
   }
   for (int64_t i = 0; i < m; ++i) p[i] = 0;
