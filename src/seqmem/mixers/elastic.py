@@ -161,8 +161,8 @@ class BlockAttention(Mixer):
                 )
         q, k, v = self.qkv(x).view(b, t, 3, h, dh).unbind(2)
         c = kc.shape[1]
-        K = torch.cat([kc.view(b, c, h, dh), k], 1)
-        V = torch.cat([vc.view(b, c, h, dh), v], 1)
+        K = torch.cat([kc.view(b, c, h, dh), k], 1) if c else k
+        V = torch.cat([vc.view(b, c, h, dh), v], 1) if c else v
         # decoding within a block: the cached keys were rotated by an earlier step (same tensor, unmodified); two
         # entries: the state a step returned (the next step's input) and the state it was given (a step repeated
         # from one state, as when sampling several continuations)
@@ -205,16 +205,12 @@ class BlockAttention(Mixer):
             Kp, Vp, Qp, off = K[:, None], V[:, None], q[:, None], c
         else:  # several blocks: pad to whole blocks, queries at their in-block slots
             pad = nb * L - n
-            Kp = F.pad(K, (0, 0, 0, 0, 0, pad)).view(b, nb, L, h, dh)
-            Vp = F.pad(V, (0, 0, 0, 0, 0, pad)).view(b, nb, L, h, dh)
-            Qp = F.pad(q, (0, 0, 0, 0, c, pad)).view(b, nb, L, h, dh)
-            off = 0
-        ctxs = []
-        for j in range(nb):  # sequential scan of the memory over blocks (cheap: a few matmuls per block)
-            ctxs.append(self._mem_context(mem, b0 + j))
-            if (j + 1) * L <= n:
-                mem = self._mem_update(mem, Kp[:, j], Vp[:, j], b0 + j, reference=False)
-        ctx = {key: torch.stack([cx[key] for cx in ctxs], 1) for key in ctxs[0]}
+
+            def blocks(z: Tensor, front: int = 0) -> Tensor:  # no copy when nothing is padded
+                return (F.pad(z, (0, 0, 0, 0, front, pad)) if front or pad else z).view(b, nb, L, h, dh)
+
+            Kp, Vp, Qp, off = blocks(K), blocks(V), blocks(q, c), 0
+        ctx, mem = self._mem_scan(mem, Kp, Vp, b0, min(nb, n // L))
         lq, lk = Qp.shape[2], Kp.shape[2]
         qpos = torch.arange(off, off + lq, device=q.device)
         kpos = torch.arange(lk, device=q.device)
@@ -227,6 +223,17 @@ class BlockAttention(Mixer):
         if nb == 1:
             return y[:, 0], mem, k_rot[:, 0]
         return y.reshape(b, nb * L, h, dh)[:, c : c + t], mem, None
+
+    def _mem_scan(self, mem: State, Kp: Tensor, Vp: Tensor, b0: int, done: int) -> tuple[Ctx, State]:
+        """What every block reads, stacked on dim 1, and the memory after the ``done`` complete blocks: a
+        sequential scan over the blocks of ``Kp``, ``Vp`` (batch, blocks, L, heads, head_dim), the first being
+        block ``b0``.  A memory mixer may override it with a batched form of the same numbers."""
+        ctxs = []
+        for j in range(Kp.shape[1]):
+            ctxs.append(self._mem_context(mem, b0 + j))
+            if j < done:
+                mem = self._mem_update(mem, Kp[:, j], Vp[:, j], b0 + j, reference=False)
+        return {key: torch.stack([cx[key] for cx in ctxs], 1) for key in ctxs[0]}, mem
 
     def _attend_fast(
         self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, off: int = 0
@@ -389,6 +396,35 @@ class Elastic(BlockAttention):
         }
         self._ctx_cache = None if torch.is_grad_enabled() else (C, version, blk, ctx)
         return ctx
+
+    def _mem_scan(self, mem: State, Kp: Tensor, Vp: Tensor, b0: int, done: int) -> tuple[Ctx, State]:
+        """Batched Eq. 6 and Eq. 8: the input terms ``K̄_j F_j`` of all complete blocks in one batched matmul,
+        then the (cheap) recurrence ``C_{j+1} = P_j C_j + K̄_j F_j``, then the memory tokens ``R C_j`` of every
+        block in one more; block 0's memory is empty and is not reconstructed."""
+        b, nb, L = Kp.shape[:3]
+        if nb == 1:
+            return super()._mem_scan(mem, Kp, Vp, b0, done)
+        C = mem["mem"]
+        Cs = [C]
+        if done:
+            Fb = torch.cat([Kp[:, :done].reshape(b, done, L, -1), Vp[:, :done].reshape(b, done, L, -1)], -1)
+            mats = [self._block_mats(b0 + j, C) for j in range(done)]
+            inputs = torch.stack([Kb for _, Kb in mats]) @ Fb  # (b, done, N, 2 d_model)
+            for j, (P, _) in enumerate(mats):
+                C = P @ C + inputs[:, j]
+                Cs.append(C)
+        hist = Cs[: nb] if b0 > 0 else Cs[1:nb]  # the memory each block reads (block 0: empty)
+        tok = self._recon(C) @ torch.stack(hist, 1)  # (b, blocks read, L_mem, 2 d_model)
+        if b0 == 0:
+            tok = torch.cat([tok.new_zeros(b, 1, *tok.shape[2:]), tok], 1)
+        h, dh, M = self.n_heads, self.head_dim, tok.shape[2]
+        blk = torch.arange(b0, b0 + nb, device=C.device)
+        ctx = {
+            "k": tok[..., : self.d_model].reshape(b, nb, M, h, dh),
+            "v": tok[..., self.d_model :].reshape(b, nb, M, h, dh),
+            "valid": (blk > 0)[None, :, None].expand(b, nb, M),
+        }
+        return ctx, {"mem": C}
 
     def _mem_update(self, mem: State, k_raw: Tensor, v: Tensor, blk: int, reference: bool) -> State:
         b, L = k_raw.shape[:2]
