@@ -407,9 +407,10 @@ class Elastic(BlockAttention):
         C = mem["mem"]
         Cs = [C]
         if done:
-            Fb = torch.cat([Kp[:, :done].reshape(b, done, L, -1), Vp[:, :done].reshape(b, done, L, -1)], -1)
             mats = [self._block_mats(b0 + j, C) for j in range(done)]
-            inputs = torch.stack([Kb for _, Kb in mats]) @ Fb  # (b, done, N, 2 d_model)
+            Kbar = torch.stack([Kb for _, Kb in mats])  # (done, N, L); K̄ [K_raw, V] = [K̄ K_raw, K̄ V]
+            kf, vf = (z[:, :done].reshape(b, done, L, -1) for z in (Kp, Vp))
+            inputs = torch.cat([Kbar @ kf, Kbar @ vf], -1)  # (b, done, N, 2 d_model)
             for j, (P, _) in enumerate(mats):
                 C = P @ C + inputs[:, j]
                 Cs.append(C)
