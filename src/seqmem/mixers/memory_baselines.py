@@ -46,6 +46,12 @@ def _elu1(x: Tensor) -> Tensor:
     return F.elu(x) + 1.0
 
 
+def _gate(logit: Tensor, a_mem: Tensor, a_loc: Tensor) -> Tensor:
+    """``σ(g_h) A_mem + (1 − σ(g_h)) A_local`` with one gate logit per head (heads on dim −2)."""
+    g = torch.sigmoid(logit)[:, None]  # (h, 1), broadcast over head_dim
+    return g * a_mem + (1 - g) * a_loc
+
+
 @register(
     "memorizing",
     facts=dict(
@@ -138,13 +144,9 @@ class Memorizing(BlockAttention):
                 km = ctx["k"][:, j:e, M - f :].reshape(n, f, h, dh).transpose(1, 2)
                 vm = ctx["v"][:, j:e, M - f :].reshape(n, f, h, dh).transpose(1, 2)
                 a_mem = F.scaled_dot_product_attention(qm, km, vm).transpose(1, 2).reshape(b, e - j, lq, h, dh)
-                parts.append(self._mix(a_mem, a_loc[:, j:e]))
+                parts.append(_gate(self.mem_gate, a_mem, a_loc[:, j:e]))
             j = e
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
-
-    def _mix(self, a_mem: Tensor, a_loc: Tensor) -> Tensor:
-        g = torch.sigmoid(self.mem_gate)[:, None]  # (h, 1), broadcast over head_dim
-        return g * a_mem + (1 - g) * a_loc
 
     def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
         a_loc = super()._attend_token(q_rot, q_raw, k_rot, v, {})
@@ -155,7 +157,7 @@ class Memorizing(BlockAttention):
         s = torch.einsum("bhd,bmhd->bhm", q_raw, ctx["k"]) * scale
         s = s.masked_fill(~valid[:, None, :], float("-inf"))
         a_mem = torch.einsum("bhm,bmhd->bhd", torch.softmax(s, -1), ctx["v"])
-        return self._mix(a_mem, a_loc)
+        return _gate(self.mem_gate, a_mem, a_loc)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", n_queue={self.n_queue}"
@@ -246,14 +248,12 @@ class Infini(BlockAttention):
     ) -> Tensor:
         a_loc = super()._attend_fast(q_rot, q_raw, k_rot, v, {}, off)
         a_mem = self._mem_out(q_raw, ctx, "bnlhk,bnhkv->bnlhv", "bnlhk,bnhk->bnlh", a_loc)
-        g = torch.sigmoid(self.mem_gate)[:, None]
-        return g * a_mem + (1 - g) * a_loc
+        return _gate(self.mem_gate, a_mem, a_loc)
 
     def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
         a_loc = super()._attend_token(q_rot, q_raw, k_rot, v, {})
         a_mem = self._mem_out(q_raw, ctx, "bhk,bhkv->bhv", "bhk,bhk->bh", a_loc)
-        g = torch.sigmoid(self.mem_gate)[:, None]
-        return g * a_mem + (1 - g) * a_loc
+        return _gate(self.mem_gate, a_mem, a_loc)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", update={self.update!r}"
