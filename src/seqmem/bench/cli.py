@@ -11,7 +11,7 @@ import torch
 
 from seqmem.bench.common import (
     DTYPES,
-    add_mixers_option,
+    add_model_options,
     add_output_options,
     add_repeat_options,
     check_writable_dir,
@@ -31,11 +31,9 @@ from seqmem.clihelp import add_deprecated_alias
 
 
 def _common(p: argparse.ArgumentParser, repeats: int, warmup: int, impl: str) -> None:
-    add_mixers_option(p)
+    add_model_options(p, d_model=256, heads=4)
     p.add_argument("--lengths", default=None,
                    help="comma-separated lengths, k = 1024 (e.g. 1k,2k,4k; default: the benchmark's own list)")
-    p.add_argument("--d-model", type=_pos_int, default=256, help="model width")
-    p.add_argument("--heads", type=_pos_int, default=4, help="heads")
     p.add_argument("--batch-size", dest="batch", type=_pos_int, default=1, help="sequences per call")
     add_deprecated_alias(p, "--batch", "--batch-size")
     add_repeat_options(p, repeats, warmup, "timed repeats per measurement", "untimed warm-up calls per measurement")
@@ -79,10 +77,8 @@ def add_parser(sub: Any) -> None:
 
     tr = bsub.add_parser("train", help="seconds and tokens/s of one training step (fwd+bwd+AdamW) of a small LM "
                                        "per mixer: experiment budgets")
-    add_mixers_option(tr)
-    tr.add_argument("--d-model", type=_pos_int, default=128, help="model width")
+    add_model_options(tr, d_model=128, heads=2)
     tr.add_argument("--layers", type=_pos_int, default=2, help="layers")
-    tr.add_argument("--heads", type=_pos_int, default=2, help="heads")
     tr.add_argument("--vocab-size", type=_pos_int, default=32, help="vocabulary")
     tr.add_argument("--seq-len", type=_pos_int, default=32, help="tokens per sequence")
     tr.add_argument("--batch-size", type=_pos_int, default=32, help="sequences per step")

@@ -53,6 +53,15 @@ def add_mixers_option(p: Any) -> None:
     p.add_argument("--mixers", default=None, help="comma-separated mixer names (default: every registered mixer)")
 
 
+def add_model_options(p: Any, d_model: int, heads: int) -> None:
+    """``--mixers`` and the width of what they build: ``--d-model`` and ``--heads``."""
+    from seqmem.cliargs import positive_int
+
+    add_mixers_option(p)
+    p.add_argument("--d-model", type=positive_int, default=d_model, help="model width")
+    p.add_argument("--heads", type=positive_int, default=heads, help="heads")
+
+
 def add_repeat_options(p: Any, repeats: int, warmup: int, repeats_help: str, warmup_help: str) -> None:
     """``--repeats`` (timed, at least 1) and ``--warmup`` (untimed, 0 allowed)."""
     from seqmem.cliargs import nonnegative_int, positive_int

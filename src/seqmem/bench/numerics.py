@@ -365,7 +365,7 @@ def tables(records: list[dict[str, Any]]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------------- CLI
-from seqmem.bench.common import add_mixers_option, add_output_options, command_line  # noqa: E402
+from seqmem.bench.common import add_model_options, add_output_options, command_line  # noqa: E402
 from seqmem.cliargs import comma_list  # noqa: E402
 from seqmem.cliargs import positive_float as _pos_float  # noqa: E402
 from seqmem.cliargs import positive_int as _pos_int  # noqa: E402
@@ -373,12 +373,10 @@ from seqmem.cliargs import positive_int as _pos_int  # noqa: E402
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``seqmem bench numerics``."""
-    add_mixers_option(p)
+    add_model_options(p, d_model=32, heads=2)
     p.add_argument("--length", type=_pos_int, default=65536, help="tokens of the random input (batch 1)")
     p.add_argument("--piece", type=_pos_int, default=4096, help="tokens per streamed piece")
     p.add_argument("--tail", type=_pos_int, default=4096, help="tokens of the first/last error windows")
-    p.add_argument("--d-model", type=_pos_int, default=32, help="model width")
-    p.add_argument("--heads", type=_pos_int, default=2, help="heads")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")
     p.add_argument("--precisions", default=",".join(PRECISIONS),
                    help=f"comma-separated subset of {','.join(PRECISIONS)} (float64 always runs: it is the reference)")
