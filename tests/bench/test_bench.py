@@ -41,6 +41,15 @@ def test_speed_end_to_end(tmp_path, capsys):
         assert r["tokens_per_s"] == pytest.approx(r["seq_len"] / (r["median_ms"] / 1e3))
         if r["impl"] == "fast":
             assert r["flops"] > 0 and 0 < r["frac_of_peak"]
+            assert 0 < r["linear_ms"]  # the projections alone ...
+        else:
+            assert "linear_ms" not in r
+    # ... give the floor column: attention's time over the projections' time
+    for s in data["summary"]:
+        fast = next(r for r in recs if (r["mixer"], r["impl"], str(r["seq_len"])) == (s["mixer"], "fast", s["T"]))
+        attn = next(r for r in recs if (r["mixer"], r["impl"], str(r["seq_len"])) == ("attention", "fast", s["T"]))
+        assert s["floor"] == pytest.approx(attn["median_ms"] / fast["linear_ms"])
+    assert "floor@16k" in data["targets"][0]
     # attention's ratio to itself is 1; the reference speed-up is the ratio of the two medians
     row = next(s for s in data["summary"] if s["mixer"] == "attention" and s["T"] == "128")
     assert row["attn/mixer"] == pytest.approx(1.0)
@@ -70,6 +79,14 @@ def test_profile_lists_top_ops(tmp_path, capsys):
     res = json.loads(js.read_text())["results"]
     assert len(res) == 1 and len(res[0]["top"]) == 5 and res[0]["op_calls"] > 0
     assert "| op | calls | self_ms |" in capsys.readouterr().out
+
+
+def test_speed_no_floor_skips_the_projections(tmp_path):
+    js = tmp_path / "s.json"
+    assert main(["bench", "speed", *TINY, "--impl", "fast", "--no-flops", "--no-floor", "--gemm-sizes", "64",
+                 "--json", str(js)]) == 0
+    data = json.loads(js.read_text())
+    assert all("linear_ms" not in r for r in data["records"]) and all(s["floor"] is None for s in data["summary"])
 
 
 def test_time_cap_reports_not_run(tmp_path):

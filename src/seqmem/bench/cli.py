@@ -62,6 +62,8 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--ref-warmup", type=_nonneg_int, default=None,
                    help="warm-up calls for impl=reference (default: --warmup)")
     s.add_argument("--no-flops", action="store_true", help="skip the FLOP count (GFLOP/s, %% of GEMM peak)")
+    s.add_argument("--no-floor", action="store_true",
+                   help="skip timing each layer's nn.Linear projections alone (the 'floor' column)")
     s.add_argument("--gemm-sizes", default="512,1024,2048",
                    help="sizes n of the n×n GEMMs measuring the peak (the best rate counts)")
     s.set_defaults(func=cmd_speed)
@@ -162,9 +164,11 @@ def cmd_speed(args: argparse.Namespace) -> int:
     text += "### Forward+backward time per length\n\n"
     text += ("fast_ms / ref_ms: median ms (or why not measured); fast/ref: speed-up of impl=fast over "
              "impl=reference; attn/mixer: attention's time over this mixer's (> 1: the mixer is faster); "
+             "floor: attention's time over the time of this layer's nn.Linear projections alone (forward+backward, "
+             "same length) — the most any form of this layer can beat attention by; "
              "%peak: counted matrix GFLOP/s over the GEMM peak.\n\n")
-    text += md_table(rows, ["mixer", "T", "fast_ms", "spread_%", "ref_ms", "fast/ref", "attn/mixer", "ktok/s",
-                            "GFLOP/s", "%peak"])
+    text += md_table(rows, ["mixer", "T", "fast_ms", "spread_%", "ref_ms", "fast/ref", "attn/mixer", "floor",
+                            "ktok/s", "GFLOP/s", "%peak"])
     text += "\n### Targets (issue #8 §4 (a), (b), (d))\n\n"
     text += md_table(targets, list(targets[0]) if targets else ["mixer"])
     payload = {"bench": "speed", "command": _command(args), "machine": machine, "gemm_peak": peak,

@@ -49,6 +49,30 @@ def _step_fn(m: torch.nn.Module, x: torch.Tensor, g: torch.Tensor) -> Callable[[
     return step
 
 
+def _linears_fn(m: torch.nn.Module, batch: int, n: int, device: torch.device, dtype: torch.dtype,
+                gen: torch.Generator) -> Callable[[], None] | None:
+    """Forward+backward of the layer's ``nn.Linear`` projections alone, on inputs of the layer's length.
+
+    The projections are work every form of the layer must do, so ``attention / this`` bounds how much faster than
+    attention the layer can be (the "projection floor"); None if the layer has no ``nn.Linear``.
+    """
+    lins = [mod for mod in m.modules() if isinstance(mod, torch.nn.Linear)]
+    if not lins:
+        return None
+    xs = [torch.randn(batch, n, lin.in_features, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+          for lin in lins]
+    gs = [torch.randn(batch, n, lin.out_features, generator=gen).to(device=device, dtype=dtype) for lin in lins]
+
+    def step() -> None:
+        for lin, xi, gi in zip(lins, xs, gs):
+            for p in lin.parameters():
+                p.grad = None
+            xi.grad = None
+            lin(xi).backward(gi)
+
+    return step
+
+
 def run_speed(args: Any, device: torch.device, dtype: torch.dtype, mixers: list[str], lengths: list[int],
               ref_lengths: list[int], machine: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
     """Measure every (mixer, impl, length); return ``{"peak": ..., "records": [...]}``."""
@@ -108,6 +132,15 @@ def run_speed(args: Any, device: torch.device, dtype: torch.dtype, mixers: list[
                             rec.update(flops=fl, flops_by_op=by_op, gflops_per_s=fl / (st["median_ms"] / 1e3) / 1e9)
                         except Exception as e:  # a counting failure must not lose the timing
                             rec.update(flops=None, note=f"FLOP count failed: {type(e).__name__}: {e}"[:300])
+                    lin = _linears_fn(m, args.batch, n, device, dtype, gen) if impl == "fast" else None
+                    if lin is not None and not getattr(args, "no_floor", False):
+                        try:
+                            lr = measure(lin, warmup=1, repeats=repeats, max_seconds=cap, device=device)
+                        except Exception as e:  # the floor is a side measurement: never lose the timing
+                            lr = {"status": "error", "note": f"{type(e).__name__}: {e}"[:300]}
+                        if lr["status"] == "ok":
+                            rec["linear_ms"] = summarize_times(lr["times_ms"])["median_ms"]
+                    del lin
                     log(f"speed {name:<20} {impl:<9} T={fmt_len(n):>5}: {st['median_ms']:10.2f} ms "
                         f"(spread {100 * st['spread']:.0f}%, {rec['tokens_per_s']:,.0f} tok/s, "
                         f"{time.perf_counter() - t0:.1f} s)")
@@ -176,6 +209,8 @@ def summarize_speed(records: list[dict[str, Any]], target_lengths: tuple[int, in
                 row["ref_ms"] = all_recs[("reference", n)]["status"]
             row["fast/ref"] = rf["median_ms"] / f["median_ms"] if f and rf else None
             row["attn/mixer"] = attn[n] / f["median_ms"] if f and n in attn else None
+            # the projection floor: attention's time over the time of this layer's nn.Linear projections alone
+            row["floor"] = attn[n] / f["linear_ms"] if f and n in attn and f.get("linear_ms") else None
             row["ktok/s"] = f["tokens_per_s"] / 1e3 if f else None
             row["GFLOP/s"] = f.get("gflops_per_s") if f else None
             row["%peak"] = 100 * f["frac_of_peak"] if f and f.get("frac_of_peak") is not None else None
@@ -186,6 +221,8 @@ def summarize_speed(records: list[dict[str, Any]], target_lengths: tuple[int, in
         r2 = attn[t_b] / fast[t_b]["median_ms"] if t_b in attn and t_b in fast else None
         r16 = attn[t_long] / fast[t_long]["median_ms"] if t_long in attn and t_long in fast else None
         pk = fast[t_long].get("frac_of_peak") if t_long in fast else None
+        fl16 = (attn[t_long] / fast[t_long]["linear_ms"]
+                if t_long in attn and t_long in fast and fast[t_long].get("linear_ms") else None)
 
         def verdict(v: float | None, thr: float) -> str:
             return "not measured" if v is None else ("met" if v >= thr else "missed")
@@ -194,6 +231,7 @@ def summarize_speed(records: list[dict[str, Any]], target_lengths: tuple[int, in
             "mixer": name,
             f"fast/ref@{fmt_len(t_a)}": sp, "(a)": verdict(sp, 10.0),
             f"attn/mixer@{fmt_len(t_b)}": r2, f"attn/mixer@{fmt_len(t_long)}": r16,
+            f"floor@{fmt_len(t_long)}": None if name == "attention" else fl16,
             "(b)": "—" if name == "attention" else (
                 "not measured" if r2 is None or r16 is None else ("met" if r2 > 1 and r16 >= 10 else "missed")),
             "crossover": cx["text"] + (f" (≈{cx['estimate']:.0f})" if cx["estimate"] else ""),
