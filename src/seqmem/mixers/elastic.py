@@ -222,17 +222,19 @@ class BlockAttention(Mixer):
         y = self._attend_fast(q_rot, Qp, k_rot, Vp, ctx, off)
         if nb == 1:
             return y[:, 0], mem, k_rot[:, 0]
-        return y.reshape(b, nb * L, h, dh)[:, c : c + t], mem, None
+        y = y.reshape(b, nb * L, h, dh)
+        return (y if c == 0 and t == nb * L else y[:, c : c + t]), mem, None
 
     def _mem_scan(self, mem: State, Kp: Tensor, Vp: Tensor, b0: int, done: int) -> tuple[Ctx, State]:
         """What every block reads, stacked on dim 1, and the memory after the ``done`` complete blocks: a
         sequential scan over the blocks of ``Kp``, ``Vp`` (batch, blocks, L, heads, head_dim), the first being
         block ``b0``.  A memory mixer may override it with a batched form of the same numbers."""
         ctxs = []
+        Ks, Vs = Kp.unbind(1), Vp.unbind(1)  # one unbind, not a slice per block (each would zero-fill a gradient)
         for j in range(Kp.shape[1]):
             ctxs.append(self._mem_context(mem, b0 + j))
             if j < done:
-                mem = self._mem_update(mem, Kp[:, j], Vp[:, j], b0 + j, reference=False)
+                mem = self._mem_update(mem, Ks[j], Vs[j], b0 + j, reference=False)
         return {key: torch.stack([cx[key] for cx in ctxs], 1) for key in ctxs[0]}, mem
 
     def _attend_fast(

@@ -39,6 +39,7 @@ from seqmem.mixers.base import State, check_positive_int
 from seqmem.mixers.elastic import BlockAttention, Ctx
 from seqmem.ops._common import compute_dtype as _compute_dtype
 from seqmem.ops._common import full_precision as _full_precision
+from seqmem.ops.elastic.chunk import block_runs
 from seqmem.registry import register
 
 
@@ -130,22 +131,18 @@ class Memorizing(BlockAttention):
         a_loc = super()._attend_fast(q_rot, q_raw, k_rot, v, {}, off)
         b, nb, lq, h, dh = q_raw.shape
         M = self.n_queue
-        filled = ctx["valid"][0].sum(-1).tolist()  # (nb,) filled slots per block
-        parts, j = [], 0
-        while j < nb:
-            e = j + 1
-            while e < nb and filled[e] == filled[j]:
-                e += 1
-            f, n = filled[j], b * (e - j)
+        runs = block_runs(ctx["valid"][0].sum(-1).tolist())  # filled slots per block: the same in every row
+        sizes = [n for _, n in runs]
+        parts = []
+        for (f, n), a_j, q_j, k_j, v_j in zip(runs, *(z.split(sizes, 1) for z in (a_loc, q_raw, ctx["k"], ctx["v"]))):
             if f == 0:
-                parts.append(a_loc[:, j:e])
-            else:
-                qm = q_raw[:, j:e].reshape(n, lq, h, dh).transpose(1, 2)
-                km = ctx["k"][:, j:e, M - f :].reshape(n, f, h, dh).transpose(1, 2)
-                vm = ctx["v"][:, j:e, M - f :].reshape(n, f, h, dh).transpose(1, 2)
-                a_mem = F.scaled_dot_product_attention(qm, km, vm).transpose(1, 2).reshape(b, e - j, lq, h, dh)
-                parts.append(_gate(self.mem_gate, a_mem, a_loc[:, j:e]))
-            j = e
+                parts.append(a_j)
+                continue
+            qm = q_j.reshape(b * n, lq, h, dh).transpose(1, 2)
+            km = k_j[:, :, M - f :].reshape(b * n, f, h, dh).transpose(1, 2)
+            vm = v_j[:, :, M - f :].reshape(b * n, f, h, dh).transpose(1, 2)
+            a_mem = F.scaled_dot_product_attention(qm, km, vm).transpose(1, 2).reshape(b, n, lq, h, dh)
+            parts.append(_gate(self.mem_gate, a_mem, a_j))
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
     def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:

@@ -2,12 +2,13 @@
 runs the per-query reference in ``naive.py``.
 
 Square blocks (``offset == 0``, as many queries as keys) take SDPA's causal path (``is_causal=True``, no mask
-tensor, no materialised scores; the flash kernel on CPU): the blocks without memory as one batched causal call
-over ``(batch · blocks)`` sequences, the blocks whose memory is wholly visible as a second one in which each
-sequence is ``[M memory tokens; block]`` with ``M`` zero queries in front — row ``M + i`` of that causal square
-sees all ``M`` memory keys and block keys ``0..i``, which is exactly the joint softmax of Eq. 10 (the zero rows
-are dropped).  Other blocks (a partly visible memory) and non-square blocks (queries starting inside a block, as
-in decoding) use one SDPA call with an explicit mask over ``[memory; block]``.
+tensor, no materialised scores; the flash kernel on CPU), one batched call per run of consecutive blocks alike:
+blocks without memory as causal attention over ``(batch · blocks)`` sequences; blocks whose memory is wholly
+visible as a causal call in which each sequence is ``[M memory tokens; block]`` with ``M`` zero queries in
+front — row ``M + i`` of that causal square sees all ``M`` memory keys and block keys ``0..i``, which is exactly
+the joint softmax of Eq. 10 (the zero rows are dropped).  Other blocks (a partly visible memory) and non-square
+blocks (queries starting inside a block, as in decoding) use one SDPA call with an explicit mask over
+``[memory; block]``.
 """
 
 from __future__ import annotations
@@ -85,31 +86,29 @@ def trapezoidal_attention(
         return causal_blocks(q, k, v, scale)
     full = mem_valid.flatten(2).transpose(0, 1).reshape(nb, -1)  # (blocks, batch · M)
     kind = torch.where(full.all(1), 1, torch.where(full.any(1), 2, 0)).tolist()  # 0 none, 1 all, 2 partly visible
-    groups = [[j for j in range(nb) if kind[j] == g] for g in (0, 1, 2)]
-    parts, order = [], []
-    for g, idx in enumerate(groups):
-        if not idx:
-            continue
-        sel = _block_selector(idx)
+    runs = block_runs(kind)
+    sizes = [n for _, n in runs]
+    pieces = zip(*(z.split(sizes, 1) for z in (q, k, v, k_mem, v_mem, mem_valid)))  # split: no zero-filled grads
+    parts = []
+    for (g, _), (qj, kj, vj, kmj, vmj, validj) in zip(runs, pieces):
         if g == 0:
-            parts.append(causal_blocks(sel(q), sel(k), sel(v), scale))
+            parts.append(causal_blocks(qj, kj, vj, scale))
         elif g == 1:
-            parts.append(_with_memory(sel(q), sel(k), sel(v), sel(k_mem), sel(v_mem), scale))
+            parts.append(_with_memory(qj, kj, vj, kmj, vmj, scale))
         else:
-            parts.append(_masked(sel(q), sel(k), sel(v), sel(k_mem), sel(v_mem), sel(mem_valid), 0, scale))
-        order += idx
-    y = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
-    if order != sorted(order):
-        y = y[:, torch.tensor(order, device=y.device).argsort()]
-    return y
+            parts.append(_masked(qj, kj, vj, kmj, vmj, validj, 0, scale))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
-def _block_selector(idx: list[int]):
-    """``z -> z[:, idx]`` (blocks on dim 1); a slice view when ``idx`` is a contiguous run."""
-    if idx[-1] - idx[0] + 1 == len(idx):
-        return lambda z: z[:, idx[0] : idx[-1] + 1]
-    index = torch.tensor(idx)
-    return lambda z: z[:, index.to(z.device)]
+def block_runs(values: list) -> list[tuple]:
+    """Runs of equal consecutive values: ``[(value, length), ...]`` (blocks handled alike form one batched call)."""
+    runs: list[tuple] = []
+    for x in values:
+        if runs and runs[-1][0] == x:
+            runs[-1] = (x, runs[-1][1] + 1)
+        else:
+            runs.append((x, 1))
+    return runs
 
 
 def causal_blocks(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
@@ -136,7 +135,7 @@ def _with_memory(q: Tensor, k: Tensor, v: Tensor, km: Tensor, vm: Tensor, scale:
     qq = torch.cat([q.new_zeros(n, M, h, d), q.reshape(n, L, h, d)], 1)
     kk = torch.cat([km.reshape(n, M, h, d), k.reshape(n, L, h, d)], 1)
     vv = torch.cat([vm.reshape(n, M, h, -1), v.reshape(n, L, h, -1)], 1)
-    return _sdpa_causal(qq, kk, vv, scale)[:, M:].reshape(b, nb, L, h, -1)
+    return _sdpa_causal(qq, kk, vv, scale).split([M, L], 1)[1].reshape(b, nb, L, h, -1)
 
 
 def _masked(q, k, v, k_mem, v_mem, mem_valid, offset, scale) -> Tensor:
