@@ -2,15 +2,7 @@
 chunked and parallel forms plus the local attention, kernel-matrix and plasticity ops; :func:`soe_retention`
 runs either (``mode="recurrent" | "chunk" | "parallel"``)."""
 
-from seqmem.ops.vort.chunk import (
-    kv_retention,
-    local_window_attention,
-    refine_alpha,
-    retrieval_loss,
-    soe_kernel_matrix,
-    soe_retention,
-)
+from seqmem.ops.vort import chunk as _chunk
+from seqmem.ops.vort.chunk import *  # noqa: F403  (the public ops: every name in chunk.__all__)
 
-__all__ = [
-    "soe_retention", "kv_retention", "local_window_attention", "retrieval_loss", "refine_alpha", "soe_kernel_matrix"
-]
+__all__ = list(_chunk.__all__)
