@@ -46,13 +46,52 @@ def causal_conv1d(
     # F.conv1d(groups=C) on CPU (whose depthwise backward dominated the DeltaNet layer) and needs no transposes.
     t = x.shape[1]
     w = weight[:, 0, :].to(x.dtype)  # (C, K)
-    y = xp[:, :t] * w[:, 0]
-    for j in range(1, k):
-        y = y + xp[:, j : j + t] * w[:, j]
+    if torch.is_grad_enabled() and (xp.requires_grad or w.requires_grad):
+        y = _ShiftedMultiplyAdd.apply(xp, w, t)
+    else:
+        y = _shifted_multiply_add(xp, w, t)
     if bias is not None:
         y = y + bias.to(x.dtype)
     new_cache = xp[:, xp.shape[1] - (k - 1) :]
     return y, new_cache
+
+
+def _shifted_multiply_add(xp: Tensor, w: Tensor, t: int) -> Tensor:
+    """``y[:, i] = sum_j w[:, j] * xp[:, i + j]`` for ``i < t``: one buffer, K in-place multiply-adds."""
+    y = xp[:, :t] * w[:, 0]
+    for j in range(1, w.shape[1]):
+        y.addcmul_(xp[:, j : j + t], w[:, j])
+    return y
+
+
+class _ShiftedMultiplyAdd(torch.autograd.Function):
+    """:func:`_shifted_multiply_add` with a hand-written backward.
+
+    Autograd of the plain form gives each of the K shifted slices a backward that zero-fills a full-size buffer
+    and adds it up; here ``dxp`` is one buffer with K in-place multiply-adds and ``dw[:, j] = sum_{b,i} xp[:, i+j]
+    dy[:, i]``.  Measured 0.62-0.65x the autograd form's forward+backward time (batch 32 x 32 x 192 to 1 x 4096 x
+    768, one thread), equal to it to rounding in float64.
+    """
+
+    @staticmethod
+    def forward(ctx, xp: Tensor, w: Tensor, t: int) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(xp, w)
+        ctx.t = t
+        return _shifted_multiply_add(xp, w, t)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy: Tensor) -> tuple[Tensor | None, Tensor | None, None]:  # type: ignore[override]
+        xp, w = ctx.saved_tensors
+        t, k = ctx.t, w.shape[1]
+        dxp = dw = None
+        if ctx.needs_input_grad[0]:
+            dxp = torch.zeros_like(xp)
+            for j in range(k):
+                dxp[:, j : j + t].addcmul_(dy, w[:, j])
+        if ctx.needs_input_grad[1]:
+            dw = torch.stack([(xp[:, j : j + t] * dy).sum((0, 1)) for j in range(k)], -1)
+        return dxp, dw, None
 
 
 class ShortConv(nn.Module):
