@@ -152,14 +152,17 @@ def _chunked(q, k, v, c, cn, xi, G, b, z, m, beta, eps0, strict, n_chunk):
     split = [x.split(n_chunk, dim=2) for x in (q, k, v, c, cn) + ((beta,) if scaled else ())]
     # split once: slicing inside the loop gives every chunk a backward that zero-fills a full-length gradient
     # buffer (O(T^2 / m) memory traffic; docs/BENCHMARKS.md)
+    # the lag matrices depend on the chunk length only: built once (a shorter last chunk takes their top-left block)
+    r_all = torch.arange(min(n_chunk, q.shape[2]), device=q.device, dtype=q.dtype)
+    diff_all = r_all[:, None] - r_all[None, :]
+    mask_all = diff_all > 0 if strict else diff_all >= 0
+    E_all = torch.exp(-xi[:, None, None] * diff_all.clamp_min(0)) * mask_all  # (S, n, n): e^{-ξ_s (i - j)}, i ≥ j
     for parts in zip(*split):
         qc, kc, vc, cc, cnc = parts[:5]
         n = qc.shape[2]
-        r = torch.arange(n, device=q.device, dtype=q.dtype)
-        diff = r[:, None] - r[None, :]
-        mask = diff > 0 if strict else diff >= 0
-        E = torch.exp(-xi[:, None, None] * diff.clamp_min(0)) * mask  # (S, n, n)
-        D = torch.einsum("bhjs,sij->bhij", cc, E)
+        r, mask, E = r_all[:n], mask_all[:n, :n], E_all[:, :n, :n]
+        # D[i, j] = Σ_s c_s(α_j) e^{-ξ_s (i - j)}; a broadcast product and sum (einsum took a slow per-j path here)
+        D = (cc.transpose(-1, -2)[..., None, :] * E).sum(-3)
         if not strict:
             D = D + torch.diag_embed(cnc)
         QK = qc @ kc.transpose(-1, -2)
