@@ -355,3 +355,33 @@ def test_lr_grid_is_extended_while_the_best_lr_is_at_an_edge(tmp_path):
     assert row["runs_total"] == 5 and row["lr_valid"] == {"0.003": 0.5, "0.01": 0.6, "0.03": 0.7, "0.09": 0.65}
     with pytest.raises(SpecError, match="first_seed"):
         load_spec({**tiny(), "train": {**tiny()["train"], "lr_extend": 1}})
+
+
+def test_reuse_copies_only_identical_finished_runs(tmp_path):
+    """--reuse: another sweep's finished runs with the same settings (all but the sweep's name) are copied and
+    marked; a run that differs in anything else is trained, never taken."""
+    from seqmem.sweep.runner import reuse_finished
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    run_sweep(load_spec("tiny"), a, jobs=1, log=quiet, probe=False, limit=3)
+    other = load_spec(tiny(name="tiny_headline"))
+    done_a = [p for p in other.points() if (a / p.rel_dir / "result.json").exists()]
+    assert len(done_a) == 3
+    # a spec that differs in the training steps reuses nothing
+    assert reuse_finished(load_spec(tiny(name="x", train__steps=31)).points(), b, [a], dry_run=True) == 0
+    log: list[str] = []
+    res = run_sweep(other, b, jobs=1, log=log.append, probe=False, reuse=[a])
+    assert res["finished_before"] == 3 and res["ran"] == 5 and any("reused 3 finished run(s)" in s for s in log)
+    for p in other.points():
+        r = json.loads((b / p.rel_dir / "result.json").read_text())
+        assert json.loads((b / p.rel_dir / "run.json").read_text()) == p.run_spec  # this sweep's name
+        if p in done_a:
+            assert r["reused_from"] == str(a / p.rel_dir)
+            assert r == {**json.loads((a / p.rel_dir / "result.json").read_text()), "reused_from": str(a / p.rel_dir)}
+            assert not (b / p.rel_dir / "checkpoints").exists()
+        else:
+            assert "reused_from" not in r
+    with pytest.raises(SpecError, match="own --out"):
+        run_sweep(other, b, jobs=1, log=quiet, probe=False, reuse=[b])
+    with pytest.raises(SpecError, match="no such directory"):
+        run_sweep(other, b, jobs=1, log=quiet, probe=False, reuse=[tmp_path / "missing"])

@@ -34,6 +34,9 @@ def add_parser(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="list the runs left and the estimated CPU time")
     p.add_argument("--no-probe", action="store_true", help="skip the step-time probe (no ETA)")
     p.add_argument("--limit", type=int, default=None, help="run at most this many runs now (the rest next time)")
+    p.add_argument("--reuse", type=Path, action="append", default=[], metavar="DIR",
+                   help="another sweep's --out: its finished runs with exactly this spec's settings (all but the "
+                        "sweep's name) are copied instead of retrained, marked reused_from (repeatable)")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -66,7 +69,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _stop)
         try:
             res = run_sweep(spec, out, jobs=args.jobs, threads=args.threads, probe=not args.no_probe,
-                            dry_run=args.dry_run, limit=args.limit, log=lambda s: print(s, flush=True))
+                            dry_run=args.dry_run, limit=args.limit, log=lambda s: print(s, flush=True),
+                            reuse=args.reuse)
         except SpecError as e:
             raise UsageError(str(e)) from None
         if args.dry_run:

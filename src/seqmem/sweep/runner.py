@@ -55,6 +55,55 @@ def check_conflicts(points: list[Point], out: Path) -> None:
                             "the spec these runs were made with")
 
 
+def _same_run(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two run specs describe the same training run: equal in everything but the sweep's name."""
+    strip = lambda r: {**r, "sweep": {k: v for k, v in r.get("sweep", {}).items() if k != "name"}}  # noqa: E731
+    return strip(a) == strip(b)
+
+
+def reuse_finished(points: list[Point], out: Path, sources: list[Path], dry_run: bool = False,
+                   log: Callable[[str], None] | None = None) -> int:
+    """Copy finished runs that another sweep already trained with exactly these settings into ``out``.
+
+    For every point not finished under ``out``: the first source directory holding a finished run at the same
+    relative path whose ``run.json`` equals the point's spec except the sweep's name (same task, model, options,
+    training, lr, seed, validation) gives its ``metrics.jsonl`` and ``result.json`` (with ``reused_from`` naming
+    the source); ``run.json`` is written as this sweep's.  Checkpoints are not copied (the run is finished).
+    Returns the number of runs reused (that would be, with ``dry_run``).
+    """
+    n = 0
+    out = Path(out)
+    for src in sources:
+        src = Path(src)
+        if not src.is_dir():
+            raise SpecError(f"--reuse {src}: no such directory")
+        if src.resolve() == out.resolve():
+            raise SpecError(f"--reuse {src} is the sweep's own --out")
+    for p in points:
+        dst = out / p.rel_dir
+        if is_finished(dst):
+            continue
+        for src in sources:
+            d = Path(src) / p.rel_dir
+            res = read_result(d)
+            try:
+                old = json.loads((d / "run.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if res is None or not _same_run(old, p.run_spec) or not (d / "metrics.jsonl").is_file():
+                continue
+            n += 1
+            if not dry_run:
+                dst.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(dst / "run.json", json.dumps(p.run_spec, indent=2))
+                atomic_write_text(dst / "metrics.jsonl", (d / "metrics.jsonl").read_text())
+                atomic_write_text(dst / RESULT, json.dumps({**res, "reused_from": str(d)}, indent=2))
+            break
+    if n and log is not None:
+        log(f"{'would reuse' if dry_run else 'reused'} {n} finished run(s) from {', '.join(map(str, sources))}")
+    return n
+
+
 def is_finished(run_dir: Path) -> bool:
     return (run_dir / RESULT).is_file()
 
@@ -302,6 +351,7 @@ def run_sweep(
     probe: bool = True,
     dry_run: bool = False,
     limit: int | None = None,
+    reuse: list[Path] | tuple[Path, ...] = (),
 ) -> dict[str, Any]:
     """Run every unfinished run of ``spec`` under ``out``; returns counts.  See the module docstring.
 
@@ -310,6 +360,8 @@ def run_sweep(
     out = Path(out)
     points = spec.points()
     check_conflicts(points, out)
+    if reuse:
+        reuse_finished(points, out, list(reuse), dry_run=dry_run, log=log)
     groups = group_points(points)
     n_expected = sum(expected_runs(spec, g, out) for g in groups.values())
     done_before = sum(1 for p in wanted_points(spec, out, points) if is_finished(out / p.rel_dir))
