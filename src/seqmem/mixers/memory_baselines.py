@@ -210,7 +210,9 @@ class Infini(BlockAttention):
         return {"mem_M": like.new_zeros(b, h, dh, dh, dtype=cd), "mem_z": like.new_zeros(b, h, dh, dtype=cd)}
 
     def _mem_context(self, mem: State, blk: int) -> Ctx:
-        return {"M": mem["mem_M"], "z": mem["mem_z"]}
+        b = mem["mem_M"].shape[0]
+        return {"M": mem["mem_M"], "z": mem["mem_z"],
+                "empty": torch.full((b,), blk == 0, dtype=torch.bool, device=mem["mem_M"].device)}  # fmt: skip
 
     def _read(self, sq: Tensor, M: Tensor, z: Tensor, eq: str, eqz: str) -> Tensor:
         """σ(q) M / (σ(q) z + eps) in M's dtype (float32 for half inputs; autocast off)."""
@@ -243,9 +245,20 @@ class Infini(BlockAttention):
     def _attend_fast(
         self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, off: int = 0
     ) -> Tensor:
+        """Blocks whose memory is still empty (block 0: M = 0, z = 0, so A_mem = 0 exactly) get
+        ``(1 − σ(g_h)) A_local`` without the read."""
         a_loc = super()._attend_fast(q_rot, q_raw, k_rot, v, {}, off)
-        a_mem = self._mem_out(q_raw, ctx, "bnlhk,bnhkv->bnlhv", "bnlhk,bnhk->bnlh", a_loc)
-        return _gate(self.mem_gate, a_mem, a_loc)
+        runs = block_runs(ctx["empty"][0].tolist())
+        sizes = [n for _, n in runs]
+        parts = []
+        pieces = zip(*(x.split(sizes, 1) for x in (a_loc, q_raw, ctx["M"], ctx["z"])))
+        for (empty, _), (a_j, q_j, M_j, z_j) in zip(runs, pieces):
+            if empty:
+                parts.append((1 - torch.sigmoid(self.mem_gate)[:, None]) * a_j)
+            else:
+                a_mem = self._mem_out(q_j, {"M": M_j, "z": z_j}, "bnlhk,bnhkv->bnlhv", "bnlhk,bnhk->bnlh", a_j)
+                parts.append(_gate(self.mem_gate, a_mem, a_j))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
     def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
         a_loc = super()._attend_token(q_rot, q_raw, k_rot, v, {})
