@@ -227,3 +227,21 @@ def test_unstated_choices_lmem_default_and_block_local_transformerpp():
     y, y2 = t(x)[0], t(x2)[0]
     assert_rel_close(y[:, L:], y2[:, L:], 1e-12, "block-local")
     assert (y[:, :L] - y2[:, :L]).abs().max() > 1e-3
+
+
+def test_block_rope_equals_attention_rope_and_gradchecks():
+    """The block mixers' one-node RoPE is attention's RoPE (values and gradients) and twice differentiable."""
+    from seqmem.mixers.attention import apply_rope
+    from seqmem.mixers.elastic import _apply_rope
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 7, 3, 8, generator=g, dtype=F64, requires_grad=True)
+    pos = torch.arange(3, 10)
+    w = torch.randn(2, 7, 3, 8, generator=g, dtype=F64)
+    ours, ref = _apply_rope(x, pos, 500.0), apply_rope(x, pos, 500.0)
+    assert_rel_close(ours, ref, 1e-14, "rope")
+    assert_rel_close(torch.autograd.grad((ours * w).sum(), x)[0], torch.autograd.grad((ref * w).sum(), x)[0], 1e-14,
+                     "rope gradient")  # fmt: skip
+    xs = x[:, :3, :2, :4].detach().clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda z: _apply_rope(z, pos[:3]), (xs,))
+    assert torch.autograd.gradgradcheck(lambda z: _apply_rope(z, pos[:3]), (xs,))

@@ -46,17 +46,38 @@ from seqmem.ops.elastic.naive import trapezoidal_attention_token
 from seqmem.ops.hippo import SAMPLINGS, hippo_compress, legs_block, legs_reconstruction_matrix, sample_fractions
 from seqmem.registry import register
 
-try:  # the RoPE of seqmem.mixers.attention; same convention as the fallback below
-    from seqmem.mixers.attention import apply_rope as _apply_rope
+try:  # the RoPE angles of seqmem.mixers.attention; same convention as the fallback below
+    from seqmem.mixers.attention import rope_angles as _rope_angles
 except ImportError:  # pragma: no cover - fallback when the core attention file is absent
 
-    def _apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
-        d = x.shape[-1]
-        inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
+    def _rope_angles(positions: Tensor, dim: int, base: float = 10000.0, dtype=torch.float32) -> tuple[Tensor, Tensor]:
+        inv = base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim)
         ang = positions.to(torch.float64)[:, None] * inv[None, :]
-        cos, sin = ang.cos().to(x.dtype)[None, :, None, :], ang.sin().to(x.dtype)[None, :, None, :]
-        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+        return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+class _Rotate(torch.autograd.Function):
+    """RoPE as one autograd node: ``y = x ∘ [cos, cos] + swap(x) ∘ [−sin, sin]``, ``swap`` exchanging the halves
+    ``x[..., :d/2]`` and ``x[..., d/2:]`` (the pairs rotated); its gradient is the same rotation by the opposite
+    angles (twice differentiable: the backward is this function again)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, c2: Tensor, s2: Tensor) -> Tensor:
+        ctx.save_for_backward(c2, s2)
+        h = x.shape[-1] // 2
+        return torch.addcmul(x * c2, torch.cat([x[..., h:], x[..., :h]], -1), s2)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None]:
+        c2, s2 = ctx.saved_tensors
+        return _Rotate.apply(g, c2, -s2), None, None
+
+
+def _apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
+    """RoPE of ``x`` (batch, time, heads, dim) at integer ``positions`` (time,), the convention of
+    :func:`seqmem.mixers.attention.apply_rope` (pairs ``(x[..., i], x[..., i + dim/2])``)."""
+    cos, sin = _rope_angles(positions, x.shape[-1], base, x.dtype)
+    return _Rotate.apply(x, torch.cat([cos, cos], -1)[:, None, :], torch.cat([-sin, sin], -1)[:, None, :])
 
 
 Ctx = dict[str, Tensor]
