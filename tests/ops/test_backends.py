@@ -8,10 +8,15 @@ import importlib.util
 
 import pytest
 import torch
+from _core_util import tensor_state
 
 import seqmem
+import seqmem.ops as _ops
 from seqmem import backends
-from seqmem.ops import _backends, delta_rule, gated_delta_rule, ssd
+from seqmem.ops import _backends
+
+# the bare state tensor of the math (the backends' own convention): initial_state=S, returned state S
+delta_rule, gated_delta_rule, ssd = (tensor_state(op) for op in (_ops.delta_rule, _ops.gated_delta_rule, _ops.ssd))
 
 
 def _qkv(b=2, t=19, h=2, d=8, device="cpu", dtype=torch.float32, seed=0):

@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from _core_util import grads, rand
+from _core_util import grads, rand, tensor_state
 
+import seqmem.ops as _ops
 from conftest import assert_rel_close
-from seqmem.ops import delta_rule, gated_delta_rule
 
 B, H, DK, DV = 2, 3, 5, 4
+
+delta_rule = tensor_state(_ops.delta_rule)
+gated_delta_rule = tensor_state(_ops.gated_delta_rule)
 
 
 def make(t, dtype=torch.float64, seed=0, init=True, grad=False, g_scale=0.3):

@@ -96,7 +96,8 @@ B, T, H = 1, 5, 1
 def _linear_attention(mode):
     q, k, v = (_rand(B, T, H, 2, seed=i) for i in range(3))
     s0 = _rand(B, H, 2, 2, seed=3)
-    return (lambda q, k, v, s: ops.linear_attention(q, k, v, initial_state=s, mode=mode, chunk_size=2)), (q, k, v, s0)
+    return (lambda q, k, v, s: ops.linear_attention(q, k, v, initial_state={"S": s}, mode=mode, chunk_size=2)), (
+        q, k, v, s0)
 
 
 @_modes("delta_rule", ("recurrent", "chunk"))
@@ -104,7 +105,7 @@ def _delta_rule(mode):
     q, v = _rand(B, T, H, 2, seed=0), _rand(B, T, H, 2, seed=2)
     k = F.normalize(_rand(B, T, H, 2, seed=1), dim=-1)
     beta, s0 = _uniform(B, T, H, seed=4, lo=0.2, hi=0.8), _rand(B, H, 2, 2, seed=3)
-    return (lambda q, k, v, b, s: ops.delta_rule(q, k, v, b, initial_state=s, mode=mode, chunk_size=2)), (
+    return (lambda q, k, v, b, s: ops.delta_rule(q, k, v, b, initial_state={"S": s}, mode=mode, chunk_size=2)), (
         q, k, v, beta, s0)
 
 
@@ -114,7 +115,7 @@ def _gated_delta_rule(mode):
     k = F.normalize(_rand(B, T, H, 2, seed=1), dim=-1)
     beta, s0 = _uniform(B, T, H, seed=4, lo=0.2, hi=0.8), _rand(B, H, 2, 2, seed=3)
     g = -_uniform(B, T, H, seed=5, lo=0.05, hi=0.5)
-    return (lambda q, k, v, b, g, s: ops.gated_delta_rule(q, k, v, b, g, initial_state=s, mode=mode,
+    return (lambda q, k, v, b, g, s: ops.gated_delta_rule(q, k, v, b, g, initial_state={"S": s}, mode=mode,
                                                           chunk_size=2)), (q, k, v, beta, g, s0)
 
 
@@ -123,7 +124,8 @@ def _ssd(mode):
     x, Bm, Cm = _rand(B, T, H, 2, seed=0), _rand(B, T, H, 2, seed=1), _rand(B, T, H, 2, seed=2)
     dt, A = _uniform(B, T, H, seed=3, lo=0.1, hi=0.9), -_uniform(H, seed=4, lo=0.5, hi=1.5)
     s0 = _rand(B, H, 2, 2, seed=5)
-    return (lambda x, dt, A, Bm, Cm, s: ops.ssd(x, dt, A, Bm, Cm, initial_state=s, mode=mode, chunk_size=2)), (
+    return (lambda x, dt, A, Bm, Cm, s: ops.ssd(x, dt, A, Bm, Cm, initial_state={"S": s}, mode=mode,
+                                                chunk_size=2)), (
         x, dt, A, Bm, Cm, s0)
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _core_util import grads, rand
+from _core_util import grads, rand, tensor_state
 
+import seqmem.ops as _ops
 from conftest import assert_rel_close
-from seqmem.ops import linear_attention
 
 B, H, DK, DV = 2, 3, 5, 4
+
+linear_attention = tensor_state(_ops.linear_attention)
 
 
 def make(t, dtype=torch.float64, seed=0, init=True, grad=False):

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _core_util import grads, rand
+from _core_util import grads, rand, tensor_state
 
+import seqmem.ops as _ops
 from conftest import assert_rel_close
-from seqmem.ops import ssd
 
 B, H, P, N = 2, 3, 4, 5
+
+ssd = tensor_state(_ops.ssd)
 
 
 def make(t, dtype=torch.float64, seed=0, init=True, grad=False, a_scale=1.0):

@@ -82,13 +82,9 @@ NO_STATE: dict[str, str] = {
     "trapezoidal_attention": "one block's attention over explicitly passed memory tokens (k_mem, v_mem)",
 }
 
-#: Sequence ops that do not follow the convention yet, and what they take instead.  The linear-RNN ones have
-#: their dict-state case below, expected to fail until they are converted (strict: a pass fails too).
+#: Sequence ops that do not follow the convention yet, and what they take instead (a case listed here is expected
+#: to fail until the op is converted; strict: a pass fails too).
 PENDING: dict[str, str] = {
-    "linear_attention": "bare (B, H, d_k, d_v) state tensor",
-    "delta_rule": "bare (B, H, d_k, d_v) state tensor",
-    "gated_delta_rule": "bare (B, H, d_k, d_v) state tensor",
-    "ssd": "bare (B, H, p, n) state tensor",
     "hippo_compress": "bare coefficient tensor plus t0, and returns the coefficients only",
     "sliding_window_attention": "the window cache as past_k/past_v (returns {'k', 'v'})",
     "local_window_attention": "the window cache as past_k/past_v, as sliding_window_attention",
@@ -159,7 +155,7 @@ def _ska(mode):
                                                             initial_state=st, mode=mode)
 
 
-# the linear-RNN ops, in the form they are expected to take (PENDING until then)
+# the linear-RNN ops
 def _qkv(T, seed=0):
     q, v = _rand(B, T, H, 3, seed=seed), _rand(B, T, H, 2, seed=seed + 2)
     return q, F.normalize(_rand(B, T, H, 3, seed=seed + 1), dim=-1), v
@@ -201,7 +197,7 @@ def _ssd(mode):
 
 
 #: the former bare-tensor ``initial_state`` of converted ops: ``make() -> (call(state), dict state)``
-FORMER_TENSOR = ("lattice_scan", "lattice_minibatch")
+FORMER_TENSOR = ("lattice_scan", "lattice_minibatch", "linear_attention", "delta_rule", "gated_delta_rule", "ssd")
 
 
 # ------------------------------------------------------------------------------------------------------ tests
@@ -250,7 +246,7 @@ def test_dict_state_continues_a_split_sequence(op, cid, make):
 def test_former_tensor_state_warns_and_agrees(op):
     (T, call), = [make() for o, cid, make in CASES if o == op][:1]
     y, st = call(slice(0, T), None)
-    y_dict, _ = call(slice(0, T), {"S": st["S"]} if op == "lattice_scan" else
+    y_dict, _ = call(slice(0, T), {"S": st["S"]} if op != "lattice_minibatch" else
                      {"S": st["S"], "A": torch.zeros_like(st["S"]), "pos": torch.zeros_like(st["pos"])})
     with pytest.warns(DeprecationWarning, match=rf"{op}: a tensor initial_state is deprecated; pass the state dict"):
         y_old, st_old = call(slice(0, T), st["S"])

@@ -110,6 +110,10 @@ class _LinearFamily(Mixer):
     def _initial_S(self, state: State | None) -> Tensor | None:
         return None if state is None else state["S"]
 
+    def _op_state(self, state: State | None) -> dict[str, Tensor] | None:
+        """The op's ``initial_state``: the memory ``{"S": S}`` of this mixer's state."""
+        return None if state is None else {"S": state["S"]}
+
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, conv_size={self.conv_size}, chunk_size={self.chunk_size}"
 
@@ -174,7 +178,9 @@ class LinearAttention(_LinearFamily):
         # the op computes (and returns the state) in float32 for half inputs; asking for the output in the compute
         # dtype too keeps the undecayed sums' readout (o ~ t, the normaliser φ(q)·z ~ t) out of float16's range
         cd = compute_dtype(x)
-        o, S = linear_attention(q, k, v.to(cd), initial_state=S0, mode=self.mode, chunk_size=self.chunk_size)
+        o, st = linear_attention(q, k, v.to(cd), initial_state=None if S0 is None else {"S": S0}, mode=self.mode,
+                                 chunk_size=self.chunk_size)  # fmt: skip
+        S = st["S"]
         if self.normalize:
             o = o[..., :-1] / (o[..., -1:] + self.eps)
             new["S"], new["z"] = S[..., :-1].contiguous(), S[..., -1].contiguous()
@@ -238,9 +244,10 @@ class DeltaNet(_LinearFamily):
     def _forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
         new: State = {}
         q, k, v, beta = self._prep(x, state, new)
-        o, new["S"] = delta_rule(
-            q, k, v, beta, initial_state=self._initial_S(state), mode=self.mode, chunk_size=self.chunk_size
+        o, st = delta_rule(
+            q, k, v, beta, initial_state=self._op_state(state), mode=self.mode, chunk_size=self.chunk_size
         )
+        new["S"] = st["S"]
         b, t, _ = x.shape
         return self.out(self.o_norm(o).reshape(b, t, self.d_model)), new
 
@@ -279,9 +286,10 @@ class GatedDeltaNet(DeltaNet):
         q, k, v, beta = self._prep(x, state, new)
         # log decay (batch, time, heads), Gated DeltaNet / Mamba-2 parametrisation
         g = -torch.exp(self.A_log) * F.softplus(self.a_proj(x) + self.dt_bias)
-        o, new["S"] = gated_delta_rule(
-            q, k, v, beta, g, initial_state=self._initial_S(state), mode=self.mode, chunk_size=self.chunk_size
+        o, st = gated_delta_rule(
+            q, k, v, beta, g, initial_state=self._op_state(state), mode=self.mode, chunk_size=self.chunk_size
         )
+        new["S"] = st["S"]
         b, t, _ = x.shape
         gate = self.g_proj(x).view(b, t, self.n_heads, self.head_dim)
         return self.out(self.o_norm(o, gate).reshape(b, t, self.d_model)), new

@@ -107,10 +107,11 @@ class Mamba2(Mixer):
         Bm = Bm[:, :, None, :].expand(b, t, h, n)
         Cm = Cm[:, :, None, :].expand(b, t, h, n)
         mode = "recurrent" if self.impl == "reference" else "chunk"
-        y, ssm = ssd(
+        y, st = ssd(
             xs, dt, A, Bm, Cm,
-            initial_state=None if state is None else state["ssm"], mode=mode, chunk_size=self.chunk_size,
+            initial_state=None if state is None else {"S": state["ssm"]}, mode=mode, chunk_size=self.chunk_size,
         )
+        ssm = st["S"]
         y = y + self.D[:, None] * xs
         y = self.norm(y.reshape(b, t, self.d_inner), z)
         return self.out_proj(y), {"conv": conv_cache, "ssm": ssm}

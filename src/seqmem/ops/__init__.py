@@ -3,8 +3,7 @@
 Every op takes ``mode="recurrent"`` (the reference loop) or ``mode="chunk"`` (the fast form) and returns
 ``(output, final_state)``.  The state is a dict of named tensors (each op's docstring lists its keys and shapes)
 that ``initial_state`` takes back to continue a sequence; a bare tensor, the former form, still works with a
-DeprecationWarning.  ``linear_attention``, ``delta_rule``, ``gated_delta_rule`` and ``ssd`` still take and return
-the bare state tensor.  Each module in this package lists its public functions in ``__all__``; they are
+DeprecationWarning.  Each module in this package lists its public functions in ``__all__``; they are
 re-exported here, so ``seqmem.ops.delta_rule`` works for every op file without editing this one.  Name op
 *files* differently from the functions they export (``delta.py`` exports ``delta_rule``).
 """

@@ -103,19 +103,27 @@ def check_qkv_op(
         if gate is not None:
             check_tensor(op, name, gate, (b, t, h), "batch, time, heads")
     if initial_state is not None:
-        check_tensor(op, "initial_state", initial_state, (b, h, dk, dv), "batch, heads, d_k, d_v")
+        check_tensor(op, "initial_state['S']", initial_state, (b, h, dk, dv), "batch, heads, d_k, d_v")
     check_same_device(op, q=q, k=k, v=v, initial_state=initial_state, **gates)
     return b, t, h, dk, dv, check_scale(op, scale, dk)
 
 
-def state_dict(op: str, initial_state, key: str = "S") -> dict | None:
+def state_dict(op: str, initial_state, key: str = "S", stacklevel: int = 3) -> dict | None:
     """``initial_state`` as the op's state dict: a bare tensor (the former form) becomes ``{key: tensor}``, with a
     DeprecationWarning naming the dict to pass instead; anything else is returned as it is (checked by the op)."""
     if isinstance(initial_state, Tensor):
         warnings.warn(f"{op}: a tensor initial_state is deprecated; pass the state dict {{{key!r}: tensor}} "
-                      "(the form the op returns)", DeprecationWarning, stacklevel=3)
+                      "(the form the op returns)", DeprecationWarning, stacklevel=stacklevel)
         return {key: initial_state}
     return initial_state
+
+
+def state_tensor(op: str, initial_state, key: str = "S") -> Tensor | None:
+    """The tensor of a one-key state dict ``{key: tensor}`` (None for None; a bare tensor, the former form, is
+    taken with a DeprecationWarning); the op checks its shape."""
+    state = state_dict(op, initial_state, key, stacklevel=4)
+    check_state_keys(op, state, (key,))
+    return None if state is None else state[key]
 
 
 def check_state_keys(op: str, state, keys: tuple[str, ...]) -> None:

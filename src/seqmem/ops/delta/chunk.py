@@ -30,6 +30,7 @@ from seqmem.ops._common import (
     compute_dtype,
     from_chunks,
     segsum,
+    state_tensor,
     to_chunks,
 )
 from seqmem.ops.delta.naive import gated_delta_rule_naive
@@ -104,28 +105,34 @@ def delta_rule(
     v: Tensor,
     beta: Tensor,
     scale: float | None = None,
-    initial_state: Tensor | None = None,
+    initial_state: dict[str, Tensor] | None = None,
     mode: str = "chunk",
     chunk_size: int = 64,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Delta rule: ``S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``, ``o_t = S_t^T (scale q_t)``.
 
     Args:
         q, k: ``(batch, time, heads, d_k)``; v: ``(batch, time, heads, d_v)``; beta: ``(batch, time, heads)``.
         scale: multiplies ``q`` (default ``d_k ** -0.5``).
-        initial_state: ``(batch, heads, d_k, d_v)`` or None (zeros).
+        initial_state: the state dict below, or None (zeros); a bare ``S`` tensor (the former form) still works,
+            with a DeprecationWarning.
         mode: ``"recurrent"`` (per-token loop) or ``"chunk"`` (exact UT/WY chunkwise form).
         chunk_size: chunk length of ``mode="chunk"``; any sequence length works.
 
     Returns:
-        ``(o (batch, time, heads, d_v), final_state (batch, heads, d_k, d_v))``.
+        ``(o (batch, time, heads, d_v), state)`` with the state
+
+        * ``"S"``: the memory ``S_t`` (batch, heads, d_k, d_v), in the compute dtype.
     """
+    initial_state = state_tensor("delta_rule", initial_state)
     *_, scale = _check("delta_rule", q, k, v, beta, None, initial_state, scale, mode, chunk_size)
     if mode == "chunk" and (be := _backends.select("delta_rule", q, k, v, beta, initial_state)) is not None:
-        return be.fn(q, k, v, beta, scale, initial_state, chunk_size)  # opt-in GPU kernel (seqmem.backends)
-    if mode == "recurrent":
-        return gated_delta_rule_naive(q, k, v, beta, None, scale, initial_state)
-    return _delta_core(q, k, v, beta, None, scale, initial_state, chunk_size)
+        o, S = be.fn(q, k, v, beta, scale, initial_state, chunk_size)  # opt-in GPU kernel (seqmem.backends)
+    elif mode == "recurrent":
+        o, S = gated_delta_rule_naive(q, k, v, beta, None, scale, initial_state)
+    else:
+        o, S = _delta_core(q, k, v, beta, None, scale, initial_state, chunk_size)
+    return o, {"S": S}
 
 
 def gated_delta_rule(
@@ -135,10 +142,10 @@ def gated_delta_rule(
     beta: Tensor,
     g: Tensor,
     scale: float | None = None,
-    initial_state: Tensor | None = None,
+    initial_state: dict[str, Tensor] | None = None,
     mode: str = "chunk",
     chunk_size: int = 64,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Gated delta rule (Gated DeltaNet, Yang et al. 2025, eq. 10).
 
     ``S_t = e^{g_t} (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``, ``o_t = S_t^T (scale q_t)``.
@@ -149,11 +156,16 @@ def gated_delta_rule(
         scale, initial_state, mode, chunk_size: as in :func:`delta_rule`.
 
     Returns:
-        ``(o (batch, time, heads, d_v), final_state (batch, heads, d_k, d_v))``.
+        ``(o (batch, time, heads, d_v), state)`` with the state
+
+        * ``"S"``: the memory ``S_t`` (batch, heads, d_k, d_v), in the compute dtype.
     """
+    initial_state = state_tensor("gated_delta_rule", initial_state)
     *_, scale = _check("gated_delta_rule", q, k, v, beta, g, initial_state, scale, mode, chunk_size)
     if mode == "chunk" and (be := _backends.select("gated_delta_rule", q, k, v, beta, g, initial_state)) is not None:
-        return be.fn(q, k, v, beta, g, scale, initial_state, chunk_size)  # opt-in GPU kernel (seqmem.backends)
-    if mode == "recurrent":
-        return gated_delta_rule_naive(q, k, v, beta, g, scale, initial_state)
-    return _delta_core(q, k, v, beta, g, scale, initial_state, chunk_size)
+        o, S = be.fn(q, k, v, beta, g, scale, initial_state, chunk_size)  # opt-in GPU kernel (seqmem.backends)
+    elif mode == "recurrent":
+        o, S = gated_delta_rule_naive(q, k, v, beta, g, scale, initial_state)
+    else:
+        o, S = _delta_core(q, k, v, beta, g, scale, initial_state, chunk_size)
+    return o, {"S": S}

@@ -14,6 +14,7 @@ from seqmem.ops._common import (
     check_qkv_op,
     compute_dtype,
     from_chunks,
+    state_tensor,
     to_chunks,
 )
 from seqmem.ops.linear.naive import linear_attention_naive
@@ -26,27 +27,32 @@ def linear_attention(
     k: Tensor,
     v: Tensor,
     scale: float | None = None,
-    initial_state: Tensor | None = None,
+    initial_state: dict[str, Tensor] | None = None,
     mode: str = "chunk",
     chunk_size: int = 64,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Causal (unnormalised) linear attention.
 
     Args:
         q, k: ``(batch, time, heads, d_k)``; v: ``(batch, time, heads, d_v)``.
         scale: multiplies ``q`` (default ``d_k ** -0.5``).
-        initial_state: ``(batch, heads, d_k, d_v)`` or None (zeros).
+        initial_state: the state dict below, or None (zeros); a bare ``S`` tensor (the former form) still works,
+            with a DeprecationWarning.
         mode: ``"recurrent"`` (per-token loop) or ``"chunk"`` (chunkwise-parallel, exact).
         chunk_size: chunk length of ``mode="chunk"`` (any sequence length works).
 
     Returns:
-        ``(o, final_state)``: ``o`` ``(batch, time, heads, d_v)`` in ``v``'s dtype, ``final_state``
-        ``(batch, heads, d_k, d_v)`` in the compute dtype (float64 for float64 inputs, else float32).
+        ``(o, state)``: ``o`` ``(batch, time, heads, d_v)`` in ``v``'s dtype, and the state
+
+        * ``"S"``: the memory ``S_t = S_0 + Σ_i k_i v_iᵀ`` (batch, heads, d_k, d_v), in the compute dtype (float64
+          for float64 inputs, else float32).
     """
     op = "linear_attention"
+    initial_state = state_tensor(op, initial_state)
     b, t, h, dk, dv, scale = check_qkv_op(op, q, k, v, initial_state, scale, mode, chunk_size)
     if mode == "recurrent":
-        return linear_attention_naive(q, k, v, scale, initial_state)
+        o, S = linear_attention_naive(q, k, v, scale, initial_state)
+        return o, {"S": S}
     cd = compute_dtype(q, k, v, initial_state)
 
     qh = q.to(cd).transpose(1, 2) * scale  # (b, h, t, dk)
@@ -55,7 +61,7 @@ def linear_attention(
     S = q.new_zeros(b, h, dk, dv, dtype=cd) if initial_state is None else initial_state.to(cd)
 
     if t == 0:
-        return v.new_zeros(b, 0, h, dv), S
+        return v.new_zeros(b, 0, h, dv), {"S": S}
     C = min(chunk_size, t)  # short inputs (e.g. decoding one token) need no padding to a full chunk
     qc, kc, vc = (to_chunks(x, C) for x in (qh, kh, vh))  # (b, h, n, C, d)
     causal = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device))
@@ -67,4 +73,4 @@ def linear_attention(
     starts = S[:, :, None] + torch.cat([torch.zeros_like(kv[:, :, :1]), csum[:, :, :-1]], dim=2)
     o = o_intra + qc @ starts
     final = S + csum[:, :, -1]
-    return from_chunks(o, t).transpose(1, 2).to(v.dtype), final
+    return from_chunks(o, t).transpose(1, 2).to(v.dtype), {"S": final}

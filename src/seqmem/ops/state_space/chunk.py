@@ -21,6 +21,7 @@ from seqmem.ops._common import (
     compute_dtype,
     from_chunks,
     segsum,
+    state_tensor,
     to_chunks,
 )
 from seqmem.ops.state_space.naive import ssd_naive
@@ -34,23 +35,27 @@ def ssd(
     A: Tensor,
     B: Tensor,
     C: Tensor,
-    initial_state: Tensor | None = None,
+    initial_state: dict[str, Tensor] | None = None,
     mode: str = "chunk",
     chunk_size: int = 64,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Selective state space with scalar decay per head (Mamba-2 SSD, paper eq. (1)/(5) and Listing 1).
 
     Args:
         x: ``(batch, time, heads, p)``; dt: ``(batch, time, heads)`` (already positive, e.g. after softplus);
         A: ``(heads,)`` (negative); B, C: ``(batch, time, heads, n)`` (expand groups to heads before calling).
-        initial_state: ``(batch, heads, p, n)`` or None (zeros).
+        initial_state: the state dict below, or None (zeros); a bare ``S`` tensor (the former form) still works,
+            with a DeprecationWarning.
         mode: ``"recurrent"`` (per-token loop) or ``"chunk"`` (exact block decomposition).
         chunk_size: block length of ``mode="chunk"``; any sequence length works.
 
     Returns:
-        ``(y (batch, time, heads, p), final_state (batch, heads, p, n))``.
+        ``(y (batch, time, heads, p), state)`` with the state
+
+        * ``"S"``: the SSM state ``h_t`` (batch, heads, p, n), in the compute dtype.
     """
     op = "ssd"
+    initial_state = state_tensor(op, initial_state)
     check_mode(op, mode)
     check_chunk_size(op, chunk_size)
     check_tensor(op, "x", x, (None, None, None, None), "batch, time, heads, p")
@@ -61,12 +66,14 @@ def ssd(
     n = B.shape[-1]
     check_tensor(op, "C", C, (b, t, h, n), "batch, time, heads, n")
     if initial_state is not None:
-        check_tensor(op, "initial_state", initial_state, (b, h, p, n), "batch, heads, p, n")
+        check_tensor(op, "initial_state['S']", initial_state, (b, h, p, n), "batch, heads, p, n")
     check_same_device(op, x=x, dt=dt, A=A, B=B, C=C, initial_state=initial_state)
     if mode == "chunk" and (be := _backends.select("ssd", x, dt, A, B, C, initial_state)) is not None:
-        return be.fn(x, dt, A, B, C, initial_state, chunk_size)  # opt-in GPU kernel (seqmem.backends)
+        y, S = be.fn(x, dt, A, B, C, initial_state, chunk_size)  # opt-in GPU kernel (seqmem.backends)
+        return y, {"S": S}
     if mode == "recurrent":
-        return ssd_naive(x, dt, A, B, C, initial_state)
+        y, S = ssd_naive(x, dt, A, B, C, initial_state)
+        return y, {"S": S}
     cd = compute_dtype(x, dt, A, B, C, initial_state)
 
     xh = x.to(cd).transpose(1, 2)  # (b, h, t, p)
@@ -78,7 +85,7 @@ def ssd(
     S = x.new_zeros(b, h, p, n, dtype=cd) if initial_state is None else initial_state.to(cd)
 
     if t == 0:
-        return x.new_zeros(b, 0, h, p), S
+        return x.new_zeros(b, 0, h, p), {"S": S}
     L = min(chunk_size, t)  # short inputs (e.g. decoding one token) need no padding to a full chunk
     xc, Bc, Cc = (to_chunks(z, L) for z in (xdt, Bh, Ch))  # (b, h, nc, L, .)
     ac = to_chunks(a, L)  # (b, h, nc, L); padded steps have dt = 0: decay 1 and no input (exact)
@@ -99,4 +106,4 @@ def ssd(
         ys.append((C_[c] @ S.transpose(-1, -2)) * fs_[c])
         S = cd_[c] * S + cs_[c]
     y = y_diag + torch.stack(ys, dim=2)
-    return from_chunks(y, t).transpose(1, 2).to(x.dtype), S
+    return from_chunks(y, t).transpose(1, 2).to(x.dtype), {"S": S}
