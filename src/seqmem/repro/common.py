@@ -16,6 +16,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "Fit",
+    "figure",
     "fit_lm",
     "fmt",
     "machine_info",
@@ -23,6 +24,7 @@ __all__ = [
     "mean_std",
     "save_figure",
     "torch_threads",
+    "write_json",
     "write_results",
 ]
 
@@ -74,6 +76,32 @@ def torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(old)
+
+
+@contextmanager
+def figure(path: Path | str, *, figsize: tuple[float, float], dpi: int = 120, nrows: int = 1,
+           ncols: int = 1) -> Iterator[tuple[Any, Any]]:
+    """A matplotlib figure (Agg backend) for the block to draw on: yields ``(fig, ax)`` (``ax`` an array of axes
+    when ``nrows`` or ``ncols`` exceeds 1); after the block the figure is laid out tightly, saved as PNG at
+    ``path`` (:func:`save_figure`) and closed.  When the block raises, the figure is closed and nothing is
+    written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(nrows, ncols, figsize=figsize)
+    try:
+        yield fig, ax
+        fig.tight_layout()
+        save_figure(fig, path, dpi=dpi)
+    finally:
+        plt.close(fig)
+
+
+def write_json(path: Path | str, payload: Any, *, indent: int = 2) -> None:
+    """Write ``payload`` as JSON (values JSON cannot hold as their ``str``) atomically to ``path``."""
+    atomic_write_text(Path(path), json.dumps(payload, indent=indent, default=str))
 
 
 def markdown_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
