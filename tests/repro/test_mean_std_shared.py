@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import math
+import pkgutil
 
 from seqmem import io
 from seqmem.repro import common, lattice, vla
@@ -10,9 +12,15 @@ from seqmem.repro import common, lattice, vla
 
 def test_one_shared_mean_std():
     assert common.mean_std is io.mean_std
-    for mod in (lattice, vla):
-        assert not hasattr(mod, "_mean_std"), mod.__name__
-        assert mod.mean_std is io.mean_std
+    for pkg in (lattice, vla):
+        users = []
+        subs = [importlib.import_module(f"{pkg.__name__}.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)]
+        for mod in [pkg, *subs]:
+            assert not hasattr(mod, "_mean_std"), mod.__name__
+            if hasattr(mod, "mean_std"):
+                assert mod.mean_std is io.mean_std, mod.__name__
+                users.append(mod)
+        assert users, pkg.__name__  # the package takes mean ± std somewhere, and from seqmem.io
 
 
 def test_one_sample_convention():
