@@ -26,8 +26,10 @@ def test_one_shared_mean_std():
 def test_one_sample_convention():
     m, s = io.mean_std([0.5])
     assert m == 0.5 and math.isnan(s)  # lattice's copy gave 0.0, vla's None
-    assert lattice._pm([0.5]) == "0.500"  # one seed: the table shows the value without "± std"
-    assert lattice._pm([1.0, 3.0]) == f"2.000 ± {math.sqrt(2):.3f}"
+    from seqmem.repro.lattice.context import _pm
+
+    assert _pm([0.5]) == "0.500"  # one seed: the table shows the value without "± std"
+    assert _pm([1.0, 3.0]) == f"2.000 ± {math.sqrt(2):.3f}"
 
 
 def test_torch_threads_restores_the_count(tmp_path):
