@@ -245,3 +245,35 @@ def test_block_rope_equals_attention_rope_and_gradchecks():
     xs = x[:, :3, :2, :4].detach().clone().requires_grad_(True)
     assert torch.autograd.gradcheck(lambda z: _apply_rope(z, pos[:3]), (xs,))
     assert torch.autograd.gradgradcheck(lambda z: _apply_rope(z, pos[:3]), (xs,))
+
+
+@pytest.mark.parametrize("name,opts", [("block_attention", {}), ("elastic", {"hippo_n": 6}),
+                                       ("memorizing", {"n_queue": 12}), ("infini", {}), ("melodi", {"n_summary": 3})])
+def test_piece_from_inside_a_block_as_padded_square(name, opts):
+    """A piece that starts inside a block and has t >= c queries may run as the padded causal square (the fast
+    form's choice from square_min_queries on): same outputs, states and gradients as the masked call, and as one
+    pass over the whole input."""
+    x = x_(t=40)
+    w = torch.randn(x.shape, generator=torch.Generator().manual_seed(5), dtype=F64)
+    sizes = [3, 5, 2, 6, 11, 13]  # pieces 2 and 4 start 3 and 2 tokens into a block and end it: t >= c
+    res = {}
+    for square_min in (10**9, 1):
+        m = make(name, **opts)
+        m.square_min_queries = square_min
+        xx = x.clone().requires_grad_(True)
+        ys, st, i = [], None, 0
+        for s in sizes:
+            y, st = m(xx[:, i : i + s], st)
+            ys.append(y)
+            i += s
+        y = torch.cat(ys, 1)
+        res[square_min] = (y, st, torch.autograd.grad((y * w).sum(), [xx, *m.parameters()]))
+    (y0, s0, g0), (y1, s1, g1) = res[10**9], res[1]
+    assert_rel_close(y1, y0, 1e-12, "square vs masked")
+    for key in s0:
+        assert s1[key].shape == s0[key].shape
+        if s0[key].numel():
+            assert_rel_close(s1[key].double(), s0[key].double(), 1e-12, f"state {key}")
+    for a, b in zip(g1, g0):
+        assert_rel_close(a, b, 1e-11, "gradient")
+    assert_rel_close(y1, make(name, **opts)(x)[0], 1e-12, "one pass")
