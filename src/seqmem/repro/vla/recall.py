@@ -4,6 +4,7 @@ long-context MQAR (Fig. 6) and out-of-distribution keys (Table 13).  Every run i
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,18 @@ from seqmem.repro.common import mean_std, write_results
 from seqmem.repro.vla.models import mqar_task, train_one
 from seqmem.repro.vla.paper import PAPER_CAPACITY, PAPER_COPY, PAPER_LONG, PAPER_OOD
 from seqmem.repro.vla.report import plot, scale_note
+
+
+def _single_seed_runs(models: list[str], lrs: list[float], task, steps: int, cfg: dict[str, Any], batch: int,
+                      runs: list[dict[str, Any]], record: dict[str, Any],
+                      **train_kw: Any) -> Iterator[tuple[str, float, dict[str, Any]]]:
+    """Train every model at every rate on ``task`` with the first seed; each run is appended to ``runs`` (tagged
+    with ``record``) and yielded as ``(model, rate, result)``."""
+    for mk in models:
+        for lr in lrs:
+            r = train_one(mk, task, steps, lr, cfg["seeds"][0], cfg, batch, **train_kw)
+            runs.append({**record, **r})
+            yield mk, lr, r
 
 
 def exp_copy(out: Path, scale: str, cfg: dict[str, Any], command: str, models: list[str], lrs: list[float],
@@ -21,17 +34,14 @@ def exp_copy(out: Path, scale: str, cfg: dict[str, Any], command: str, models: l
     cc = cfg["copy"]
     task = CopyHalfTask(vocab_size=128, seq_len=cc["seq_len"])
     rows = []
-    for mk in models:
-        for lr in lrs:
-            r = train_one(mk, task, cc["steps"], lr, cfg["seeds"][0], cfg, cc["batch"],
-                          eval_every=max(1, cc["steps"] // 5))
-            runs.append({"experiment": "copy", **r})
-            acc150 = next((h.get("eval_accuracy") for h in r["history"] if h["step"] == 150
-                           and "eval_accuracy" in h), None)
-            rows.append({"model": mk, "lr": lr, "paper acc@150": PAPER_COPY["step150"],
-                         "ours acc@150": acc150, "paper final acc": PAPER_COPY["final"],
-                         "ours final acc": r["accuracy"], "ours loss": r["loss"],
-                         "scale": f"{scale}: {cc['steps']} steps, batch {cc['batch']}, T={cc['seq_len']}"})
+    for mk, lr, r in _single_seed_runs(models, lrs, task, cc["steps"], cfg, cc["batch"], runs,
+                                       {"experiment": "copy"}, eval_every=max(1, cc["steps"] // 5)):
+        acc150 = next((h.get("eval_accuracy") for h in r["history"] if h["step"] == 150
+                       and "eval_accuracy" in h), None)
+        rows.append({"model": mk, "lr": lr, "paper acc@150": PAPER_COPY["step150"],
+                     "ours acc@150": acc150, "paper final acc": PAPER_COPY["final"],
+                     "ours final acc": r["accuracy"], "ours loss": r["loss"],
+                     "scale": f"{scale}: {cc['steps']} steps, batch {cc['batch']}, T={cc['seq_len']}"})
     note = f"{cc['steps']} steps (paper 1,500), batch {cc['batch']} (paper 32), seed {cfg['seeds'][0]}"
     write_results(out, "copy", rows, title="Copy task (Table 7)", command=command,
                   scale_note=scale_note(scale, cfg, note))
@@ -84,13 +94,11 @@ def exp_long(out: Path, scale: str, cfg: dict[str, Any], command: str, models: l
     rows = []
     for T in lc["Ts"]:
         task = mqar_task(lc["n"], T)
-        for mk in models:
-            for lr in lrs:
-                r = train_one(mk, task, lc["steps"], lr, cfg["seeds"][0], cfg, cfg["batch"])
-                runs.append({"experiment": "long_context", "T": T, **r})
-                rows.append({"model": mk, "n": lc["n"], "T": T, "lr": lr, "paper": PAPER_LONG.get(mk, "—"),
-                             "ours": r["accuracy"], "1/n": 1 / lc["n"],
-                             "scale": f"{scale}: {lc['steps']} steps, seed {cfg['seeds'][0]}"})
+        for mk, lr, r in _single_seed_runs(models, lrs, task, lc["steps"], cfg, cfg["batch"], runs,
+                                           {"experiment": "long_context", "T": T}):
+            rows.append({"model": mk, "n": lc["n"], "T": T, "lr": lr, "paper": PAPER_LONG.get(mk, "—"),
+                         "ours": r["accuracy"], "1/n": 1 / lc["n"],
+                         "scale": f"{scale}: {lc['steps']} steps, seed {cfg['seeds'][0]}"})
     write_results(out, "long_context", rows, title="Long-context MQAR (Fig. 6; filler before SEP)",
                   command=command, scale_note=scale_note(scale, cfg, f"{lc['steps']} steps (paper 2,000)"))
     return rows
@@ -104,15 +112,12 @@ def exp_ood(out: Path, scale: str, cfg: dict[str, Any], command: str, models: li
     for n in oc["ns"]:
         train_task = mqar_task(n, key_range=(0, 64))
         ood_task = mqar_task(n, key_range=(64, 127))
-        for mk in models:
-            for lr in lrs:
-                r = train_one(mk, train_task, oc["steps"], lr, cfg["seeds"][0], cfg, cfg["batch"],
-                              eval_tasks={"ood": ood_task})
-                runs.append({"experiment": "ood", "n": n, **r})
-                pid, pood = PAPER_OOD.get(n, {}).get(mk, (None, None))
-                rows.append({"model": mk, "n": n, "lr": lr, "paper ID": pid, "ours ID": r["accuracy"],
-                             "paper OOD": pood, "ours OOD": r.get("ood_accuracy"),
-                             "scale": f"{scale}: {oc['steps']} steps, seed {cfg['seeds'][0]}"})
+        for mk, lr, r in _single_seed_runs(models, lrs, train_task, oc["steps"], cfg, cfg["batch"], runs,
+                                           {"experiment": "ood", "n": n}, eval_tasks={"ood": ood_task}):
+            pid, pood = PAPER_OOD.get(n, {}).get(mk, (None, None))
+            rows.append({"model": mk, "n": n, "lr": lr, "paper ID": pid, "ours ID": r["accuracy"],
+                         "paper OOD": pood, "ours OOD": r.get("ood_accuracy"),
+                         "scale": f"{scale}: {oc['steps']} steps, seed {cfg['seeds'][0]}"})
     write_results(out, "ood", rows, title="OOD keys (Table 13): train keys ⊂ 0..63, test keys ⊂ 64..126",
                   command=command, scale_note=scale_note(scale, cfg, f"{oc['steps']} steps (paper 1,000)"))
     return rows
