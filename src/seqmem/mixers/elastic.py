@@ -439,20 +439,21 @@ class Elastic(BlockAttention):
         if done:
             mats = [self._block_mats(b0 + j, C) for j in range(done)]
             Kbar = torch.stack([Kb for _, Kb in mats])  # (done, N, L); K̄ [K_raw, V] = [K̄ K_raw, K̄ V]
-            kf, vf = (z[:, :done].reshape(b, done, L, -1) for z in (Kp, Vp))
-            inputs = torch.cat([Kbar @ kf, Kbar @ vf], -1)  # (b, done, N, 2 d_model)
-            for j, (P, _) in enumerate(mats):
-                C = P @ C + inputs[:, j]
+            kf, vf = ((z if done == nb else z[:, :done]).reshape(b, done, L, -1) for z in (Kp, Vp))
+            inputs = torch.cat([Kbar @ kf, Kbar @ vf], -1).unbind(1)  # done × (b, N, 2 d_model)
+            for (P, _), inp in zip(mats, inputs):
+                C = P @ C + inp
                 Cs.append(C)
-        hist = Cs[: nb] if b0 > 0 else Cs[1:nb]  # the memory each block reads (block 0: empty)
+        hist = Cs[:nb] if b0 > 0 else Cs[1:nb]  # the memory each block reads (block 0: empty)
         tok = self._recon(C) @ torch.stack(hist, 1)  # (b, blocks read, L_mem, 2 d_model)
         if b0 == 0:
             tok = torch.cat([tok.new_zeros(b, 1, *tok.shape[2:]), tok], 1)
         h, dh, M = self.n_heads, self.head_dim, tok.shape[2]
         blk = torch.arange(b0, b0 + nb, device=C.device)
+        tk, tv = tok.split(self.d_model, -1)
         ctx = {
-            "k": tok[..., : self.d_model].reshape(b, nb, M, h, dh),
-            "v": tok[..., self.d_model :].reshape(b, nb, M, h, dh),
+            "k": tk.reshape(b, nb, M, h, dh),
+            "v": tv.reshape(b, nb, M, h, dh),
             "valid": (blk > 0)[None, :, None].expand(b, nb, M),
         }
         return ctx, {"mem": C}
