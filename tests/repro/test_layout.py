@@ -34,3 +34,15 @@ def test_data_beside_the_code(paper):
 def test_no_private_mean_std(paper):
     for f in (REPRO / paper).glob("*.py"):
         assert "def _mean_std" not in f.read_text(), f
+
+
+@pytest.mark.parametrize("paper", PAPERS)
+def test_thin_package_init(paper):
+    """A paper's ``__init__.py`` only re-exports; the code lives in its modules and the command in ``runner.py``."""
+    tree = ast.parse((REPRO / paper / "__init__.py").read_text())
+    defs = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    assert not defs, (paper, defs)
+    assert (REPRO / paper / "runner.py").exists(), paper
+    mod = importlib.import_module(f"seqmem.repro.{paper}")
+    assert mod.run.__module__ == f"seqmem.repro.{paper}.runner"
+    assert all(hasattr(mod, name) for name in mod.__all__), paper
