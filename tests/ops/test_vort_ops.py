@@ -297,3 +297,46 @@ def test_kv_retention_exact_scores_are_softmax_weighted():
     o = kv_retention(q * 30, k, v, decay, visible, scores="exact", eps0=0.0)
     att = torch.softmax((30 * q[0, :, 0] @ k[0, :, 0].T / 2.0).masked_fill(~visible, float("-inf")), -1)
     torch.testing.assert_close(o[0, :, 0], att @ v[0, :, 0], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("normalizer", ["kernel", "plain"])
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("scaled", [False, True])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_one_token_step_equals_the_recurrent_step(normalizer, strict, scaled, with_state):
+    """mode="chunk" at T = 1 (a decode step) runs a fused one-token update: equal to the recurrent reference in
+    float64 (output, every state entry, gradients of inputs and state), and in float32 no further from float64
+    than the reference itself."""
+    g = torch.Generator().manual_seed(7)
+    S, T0 = 6, 7
+    q, k = torch.rand(B, T0 + 1, H, F, generator=g) + 0.1, torch.rand(B, T0 + 1, H, F, generator=g) + 0.1
+    v = torch.randn(B, T0 + 1, H, D, generator=g)
+    coef = torch.rand(B, T0 + 1, H, S, generator=g) + 0.1
+    cn, xi = torch.rand(B, T0 + 1, H, generator=g), torch.rand(S, generator=g) + 0.05
+    kls = 3 * torch.randn(B, T0 + 1, H, generator=g) if scaled else None
+    kw = dict(eps0=1e-3, normalizer=normalizer, strict_causal=strict)
+
+    def run(mode, dtype):
+        c = lambda x: None if x is None else x.to(torch.float64).to(dtype)  # noqa: E731
+        st = None
+        if with_state:
+            _, st = soe_retention(c(q[:, :T0]), c(k[:, :T0]), c(v[:, :T0]), c(coef[:, :T0]), c(xi), c(cn[:, :T0]),
+                                  mode="recurrent", k_log_scale=None if kls is None else c(kls[:, :T0]), **kw)
+            st = {kk: x.requires_grad_() if x.is_floating_point() else x for kk, x in st.items()}
+        ins = [c(x[:, T0:]).requires_grad_() for x in (q, k, v, coef, cn)]
+        o, s2 = soe_retention(*ins[:4], c(xi), ins[4], mode=mode, initial_state=st,
+                              k_log_scale=None if kls is None else c(kls[:, T0:]), **kw)
+        wrt = ins + ([x for x in st.values() if x.is_floating_point()] if st else [])
+        loss = o.pow(2).sum() + sum(1.3 * x.sum() for x in s2.values())
+        grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+        return [o, *(s2[kk] for kk in sorted(s2))] + [torch.zeros_like(w) if gr is None else gr
+                                                       for w, gr in zip(wrt, grads)], sorted(s2)
+
+    ref64, keys_r = run("recurrent", torch.float64)
+    fast64, keys_f = run("chunk", torch.float64)
+    assert keys_r == keys_f
+    rel = lambda a, b: ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()  # noqa: E731
+    for a, b in zip(fast64, ref64):
+        assert rel(a, b) < 1e-10
+    for a32, r32, b in zip(run("chunk", torch.float32)[0], run("recurrent", torch.float32)[0], ref64):
+        assert rel(a32, b) <= 10 * rel(r32, b) + 1e-5  # gradients of a ratio: float32 rounding is amplified

@@ -29,6 +29,7 @@ Constructions (``construction=``):
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -103,15 +104,23 @@ def soe_density(alpha, lam, printed: bool = False) -> Tensor:
 def soe_nodes(n_terms: int, horizon: int, eps: float = 1e-3) -> tuple[np.ndarray, np.ndarray, float, float]:
     """α-independent Gauss–Legendre nodes in u = log(λ/λ_min) (Theorem 3.1).
 
-    Returns ``(xi, omega, lam_min, lam_max)`` in float64 numpy: rates ξ_s = λ_min e^{u_s}, mapped weights ω_s.
+    Returns ``(xi, omega, lam_min, lam_max)`` in float64 numpy: rates ξ_s = λ_min e^{u_s}, mapped weights ω_s
+    (read-only arrays, computed once per argument triple: a decode step needs them every token).
     """
     _check_soe_args(n_terms, horizon, eps)
+    return _soe_nodes(n_terms, horizon, float(eps))
+
+
+@functools.lru_cache(maxsize=64)
+def _soe_nodes(n_terms: int, horizon: int, eps: float) -> tuple[np.ndarray, np.ndarray, float, float]:
     lam_min = eps / (2 * horizon)
     lam_max = 2 * math.log(2 * horizon / eps)
     L = math.log(lam_max / lam_min)
     x, w = np.polynomial.legendre.leggauss(n_terms)
     u = (x + 1) * L / 2
-    return lam_min * np.exp(u), w * L / 2, lam_min, lam_max
+    xi, omega = lam_min * np.exp(u), w * L / 2
+    xi.flags.writeable = omega.flags.writeable = False
+    return xi, omega, lam_min, lam_max
 
 
 def _check_soe_args(n_terms, horizon, eps) -> None:

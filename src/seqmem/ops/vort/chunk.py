@@ -107,6 +107,8 @@ def soe_retention(
             q, k, v, coef, xi, coef_now, eps0=eps0, normalizer=normalizer, strict_causal=strict_causal,
             initial_state=initial_state, k_log_scale=k_log_scale,
         )
+    if T == 1 and mode != "recurrent":  # a decode step: one fused update of the state, no chunk machinery
+        return _one_token(q, k, v, coef, xi, coef_now, eps0, normalizer, strict_causal, initial_state, k_log_scale)
     G = b = z = m = None  # the chunked form skips the zero state's terms (None = zero)
     if initial_state is not None:
         G, b = initial_state["G"], initial_state["b"]
@@ -128,6 +130,61 @@ def soe_retention(
     if scaled:
         state["m"] = m
     return o.transpose(1, 2), state
+
+
+def _one_token(q, k, v, coef, xi, coef_now, eps0, normalizer, strict, initial_state, k_log_scale):
+    """Eqs. (14)–(16) for a single token with the state touched in as few passes as possible: the channel decay
+    λ_s = e^{−ξ_s} and the rescale to the new key units e^{m_old − m_new} are one factor, the write is one
+    multiply-add, and the read-out over the channels is one matmul of (λ_s)φ(q) against the flattened state."""
+    B, _, H, F = q.shape
+    qt, kt, vt, ct, cn = q[:, 0], k[:, 0], v[:, 0], coef[:, 0], coef_now[:, 0]  # (B, H, ·), ct (B, H, S)
+    S, Dv = xi.shape[0], vt.shape[-1]
+    st = initial_state or {}
+    G, b = st.get("G"), st.get("b")
+    z = None
+    if normalizer == "plain":
+        z = st["z"] if "z" in st else q.new_zeros(B, H, F)
+    lam = torch.exp(-xi)  # (S,)
+    f = lam.expand(B, H, S)  # factor applied to the state's channels: decay, times the rescale below
+    r = None
+    m_new = None
+    if k_log_scale is not None:
+        beta_t = k_log_scale[:, 0]
+        m_old = st.get("m")
+        if m_old is None:
+            m_old = beta_t if initial_state is None else q.new_zeros(B, H)
+        m_new = torch.maximum(m_old, beta_t)
+        r = torch.exp(m_old - m_new)  # ≤ 1: the state (and its ε0) re-expressed in units of e^{m_new}
+        f = f * r[..., None]
+        kt = kt * torch.exp(beta_t - m_new)[..., None]
+    outs = None
+    if strict and G is not None:  # read out before writing token t, in the old units: Σ_s λ_s φ(q)·G_s
+        qd = (lam[:, None] * qt[:, :, None, :]).flatten(-2)  # (B, H, S·F)
+        num = (qd[:, :, None, :] @ G.flatten(2, 3))[:, :, 0]
+        den = (qt * z).sum(-1) if z is not None else (qd * b.flatten(2)).sum(-1)
+        outs = num / (den + eps0)[..., None]
+    elif strict:  # nothing seen yet: the read-out of an empty state, 0 / (0 + ε0)
+        outs = qt.new_zeros(B, H, Dv) / (qt.new_zeros(B, H) + eps0)[..., None]
+    ck = ct[..., None] * kt[:, :, None, :]  # (B, H, S, F): c_s(α_t) φ(k_t)
+    if G is None:
+        G_new = ck[..., None] * vt[:, :, None, None, :]
+        b_new = ck
+    else:
+        G_new = torch.addcmul(G * f[..., None, None], ck[..., None], vt[:, :, None, None, :])
+        b_new = torch.addcmul(ck, b, f[..., None])
+    z_new = None if z is None else (kt + (z if r is None else r[..., None] * z))
+    if not strict:  # eq. (16): read out after writing token t, plus the lag-0 lump c_now φ(q)·φ(k) v
+        qk = (qt * kt).sum(-1)
+        num = (qt.repeat(1, 1, S)[:, :, None, :] @ G_new.flatten(2, 3))[:, :, 0] + (cn * qk)[..., None] * vt
+        den = (qt * z_new).sum(-1) if z_new is not None else (
+            (qt.repeat(1, 1, S) * b_new.flatten(2)).sum(-1) + cn * qk)
+        outs = num / (den + eps0)[..., None]
+    state = {"G": G_new, "b": b_new}
+    if z_new is not None:
+        state["z"] = z_new
+    if k_log_scale is not None:
+        state["m"] = m_new
+    return outs[:, None], state
 
 
 def _running_offsets(beta: Tensor, m_prev: Tensor | None, strict: bool) -> tuple[Tensor, Tensor]:
