@@ -24,7 +24,7 @@ Tasks (all registered):
   ``n_queries`` variables.
 * ``echo_tooltrace`` — tool-trace retrieval (App. G.4 Exp. 1): calls ``agent : tool → result`` (a later call may
   overwrite an earlier (agent, tool) binding), then ``Q agent : tool =`` → the latest result.
-* ``echo_commonword`` — common-word identification (undefined in the paper; our choice (i) of notes §5.1): two
+* ``echo_commonword`` — common-word identification (undefined in the paper; our choice, docs/echo.md): two
   delimited lists ``LIST_A …`` and ``LIST_B …`` sharing exactly one token (from the value range),
   then ``Q`` → that token.
 * ``echo_mixture`` — the training curriculum of §4.1: half system-prompt (every variable queried),

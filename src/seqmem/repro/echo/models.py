@@ -20,7 +20,7 @@ def submillion_config(
     chunk_size: int = 16,
     vocab_size: int = 128,
 ) -> LMConfig:
-    """§4.1 models: 2 Mamba-2 layers + 2 layers of Mamba-2 / attention (RoPE) / SKA (notes §3)."""
+    """§4.1 models: 2 Mamba-2 layers + 2 layers of Mamba-2 / attention (RoPE) / SKA."""
     last = {"ssm": "mamba2", "ssm_attn": "attention", "ssm_ska": "ska"}[model]
     mix = ["mamba2", "mamba2", last, last]
     opt = {"mamba2": {"d_state": d_state}, "attention": {}, "ska": {"rank": rank, "chunk_size": chunk_size}}
@@ -85,7 +85,7 @@ def hybrid_config(
 
 def echo50m_config(special: str = "ska", ffn: str = "swiglu") -> LMConfig:
     """Echo-50M (§3.4, §4.2): d = 448, 16 blocks, 7 heads (P = 64), r = 56, SKA at 1-based {3, 7, 11, 15}
-    (0-based {2, 6, 10, 14}; notes §7.9).  ``ffn="swiglu"``: the Mamba-2 + SKA + SwiGLU family; ``"koopman"``:
+    (0-based {2, 6, 10, 14}).  ``ffn="swiglu"``: the Mamba-2 + SKA + SwiGLU family; ``"koopman"``:
     Echo proper (Koopman MLP, d_k = 1216)."""
     return hybrid_config(448, 16, 7, [2, 6, 10, 14], special, rank=56, ffn=ffn)
 

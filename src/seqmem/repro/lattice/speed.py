@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from seqmem.repro.common import write_results
+from seqmem.repro.common import torch_threads, write_results
 
 
 def _time(fn, reps: int) -> float:
@@ -107,10 +107,10 @@ def saved_bytes(T: int, B: int = 1, H: int = 4, d: int = 64, mode: str = "scan")
 
 
 def run_speed(cfg: dict[str, Any], out: Path, command: str) -> list[dict[str, Any]]:
-    torch.set_num_threads(1)
-    rows = bench_scan(cfg["speed_T"], cfg["speed_B"], cfg["speed_H"], cfg["speed_d"], cfg["speed_reps"])
-    rows += bench_block(cfg["speed_T"], cfg["speed_B"], cfg["speed_H"] * cfg["speed_d"], cfg["speed_H"],
-                        cfg["speed_reps"])  # fmt: skip
+    with torch_threads(1):  # one thread for the timings; the caller's setting is restored after
+        rows = bench_scan(cfg["speed_T"], cfg["speed_B"], cfg["speed_H"], cfg["speed_d"], cfg["speed_reps"])
+        rows += bench_block(cfg["speed_T"], cfg["speed_B"], cfg["speed_H"] * cfg["speed_d"], cfg["speed_H"],
+                            cfg["speed_reps"])  # fmt: skip
     for r in rows:
         r["paper"] = "— (no timings in the paper)"
     write_results(out, "speed", rows, columns=["level", "impl", "shape", "ms_per_step", "tokens_per_s", "speedup",

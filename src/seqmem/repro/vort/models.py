@@ -34,7 +34,7 @@ class RetrievalModel(nn.Module):
 
     @torch.no_grad()
     def structured_init(self, sharpness: float) -> None:
-        """Start from the retrieval solution (our choice; notes §8 'oracle keys'): q reads the query channel
+        """Start from the retrieval solution (our choice, 'oracle keys'; docs/vort.md): q reads the query channel
         (× sharpness), k the memory channel, v and the output projection are identities, so that training
         concentrates on the readout and the kernel rather than on discovering retrieval."""
         m = self.mixer
