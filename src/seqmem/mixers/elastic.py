@@ -56,6 +56,11 @@ except ImportError:  # pragma: no cover - fallback when the core attention file 
         return ang.cos().to(dtype), ang.sin().to(dtype)
 
 
+def _rotate(x: Tensor, c2: Tensor, s2: Tensor) -> Tensor:
+    h = x.shape[-1] // 2
+    return torch.addcmul(x * c2, torch.cat([x[..., h:], x[..., :h]], -1), s2)
+
+
 class _Rotate(torch.autograd.Function):
     """RoPE as one autograd node: ``y = x ∘ [cos, cos] + swap(x) ∘ [−sin, sin]``, ``swap`` exchanging the halves
     ``x[..., :d/2]`` and ``x[..., d/2:]`` (the pairs rotated); its gradient is the same rotation by the opposite
@@ -64,8 +69,7 @@ class _Rotate(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, c2: Tensor, s2: Tensor) -> Tensor:
         ctx.save_for_backward(c2, s2)
-        h = x.shape[-1] // 2
-        return torch.addcmul(x * c2, torch.cat([x[..., h:], x[..., :h]], -1), s2)
+        return _rotate(x, c2, s2)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None]:
@@ -77,7 +81,10 @@ def _apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
     """RoPE of ``x`` (batch, time, heads, dim) at integer ``positions`` (time,), the convention of
     :func:`seqmem.mixers.attention.apply_rope` (pairs ``(x[..., i], x[..., i + dim/2])``)."""
     cos, sin = _rope_angles(positions, x.shape[-1], base, x.dtype)
-    return _Rotate.apply(x, torch.cat([cos, cos], -1)[:, None, :], torch.cat([-sin, sin], -1)[:, None, :])
+    c2, s2 = torch.cat([cos, cos], -1)[:, None, :], torch.cat([-sin, sin], -1)[:, None, :]
+    if x.requires_grad and torch.is_grad_enabled():
+        return _Rotate.apply(x, c2, s2)
+    return _rotate(x, c2, s2)  # no graph to record (decoding): the same numbers without the autograd node
 
 
 Ctx = dict[str, Tensor]

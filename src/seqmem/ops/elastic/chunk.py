@@ -6,9 +6,9 @@ tensor, no materialised scores; the flash kernel on CPU), one batched call per r
 blocks without memory as causal attention over ``(batch · blocks)`` sequences; blocks whose memory is wholly
 visible as a causal call in which each sequence is ``[M memory tokens; block]`` with ``M`` zero queries in
 front — row ``M + i`` of that causal square sees all ``M`` memory keys and block keys ``0..i``, which is exactly
-the joint softmax of Eq. 10 (the zero rows are dropped).  Other blocks (a partly visible memory) and non-square
-blocks (queries starting inside a block, as in decoding) use one SDPA call with an explicit mask over
-``[memory; block]``.
+the joint softmax of Eq. 10 (the zero rows are dropped).  Other blocks (a partly visible memory), non-square
+blocks (queries starting inside a block, as in decoding) and blocks of fewer than ``M / 4`` queries use one SDPA
+call with an explicit mask over ``[memory; block]``.
 """
 
 from __future__ import annotations
@@ -79,7 +79,9 @@ def trapezoidal_attention(
     _check(q, k, v, k_mem, v_mem, mem_valid, offset, mode)
     if mode == "recurrent":
         return trapezoidal_attention_naive(q, k, v, k_mem, v_mem, mem_valid, offset, scale)
-    if offset != 0 or q.shape[2] != k.shape[2]:
+    if offset != 0 or q.shape[2] != k.shape[2] or (k_mem is not None and 4 * q.shape[2] < k_mem.shape[2]):
+        # queries starting inside a block, or few queries against many memory tokens (a decode step at a block
+        # start would otherwise pay for the M zero-query rows of the causal square)
         return _masked(q, k, v, k_mem, v_mem, mem_valid, offset, scale)
     nb = q.shape[1]
     if k_mem is None:
