@@ -140,7 +140,8 @@ def _with_memory(q: Tensor, k: Tensor, v: Tensor, km: Tensor, vm: Tensor, scale:
     return _sdpa_causal(qq, kk, vv, scale).split([M, L], 1)[1].reshape(b, nb, L, h, -1)
 
 
-def _masked(q, k, v, k_mem, v_mem, mem_valid, offset, scale) -> Tensor:
+def _masked(q: Tensor, k: Tensor, v: Tensor, k_mem: Tensor | None, v_mem: Tensor | None, mem_valid: Tensor | None,
+            offset: int, scale: float | None) -> Tensor:
     """One SDPA call with an explicit mask over ``[memory; block]`` (any offset, any memory visibility)."""
     qh, kh, vh = (z.permute(0, 3, 1, 2, 4) for z in (q, k, v))  # (b, h, nb, L, d)
     b, _, nb, lq, _ = qh.shape
