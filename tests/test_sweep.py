@@ -385,3 +385,25 @@ def test_reuse_copies_only_identical_finished_runs(tmp_path):
         run_sweep(other, b, jobs=1, log=quiet, probe=False, reuse=[b])
     with pytest.raises(SpecError, match="no such directory"):
         run_sweep(other, b, jobs=1, log=quiet, probe=False, reuse=[tmp_path / "missing"])
+
+
+def test_paper_numbers_stand_beside_ours_in_the_report(tmp_path):
+    """A spec's [paper] table (transcribed numbers per setting and row) becomes a 'Paper vs ours' section and a
+    'paper' column; naming an unknown setting or row, or a non-number, is refused."""
+    mixers = [m["name"] for m in TINY["mixers"]]
+    paper = {"source": "Table 1 (toy)", "scale": "30 steps instead of 10,000",
+             "2 pairs": {mixers[0]: 0.987, mixers[1]: "n/a (diverged)"}}
+    spec = load_spec(tiny(paper=paper))
+    assert spec.paper == {"2 pairs": {mixers[0]: 0.987, mixers[1]: "n/a (diverged)"}}
+    run_sweep(spec, tmp_path / "r", jobs=1, log=quiet, probe=False, limit=1)
+    md = write_report(spec, tmp_path / "r", tmp_path / "rep")
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Paper vs ours" in text and "Paper: Table 1 (toy)" in text and "30 steps instead of 10,000" in text
+    assert "0.987" in text and "n/a (diverged)" in text and "not run yet" in text
+    assert {r["mixer"]: r["paper"] for r in md["rows"]} == {mixers[0]: 0.987, mixers[1]: "n/a (diverged)"}
+    for bad, match in (({"3 pairs": {mixers[0]: 1.0}}, "setting that is not in the spec"),
+                       ({"2 pairs": {"nope": 1.0}}, "not rows"),
+                       ({"2 pairs": {mixers[0]: True}}, "finite number or a string"),
+                       ({"2 pairs": {mixers[0]: float("nan")}}, "finite number or a string")):
+        with pytest.raises(SpecError, match=match):
+            load_spec(tiny(paper=bad))

@@ -80,6 +80,7 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
         row["cannot_reach_first_token"] = len(reasons) == len(names)
         row["length_note"] = "; ".join(sorted(set(reasons)))
         row["note"] = spec.notes.get(mixer, "")
+        row["paper"] = spec.paper.get(setting, {}).get(mixer)
         row["mixer_options"] = model["mixer_options"]
         rows.append(row)
     return rows
@@ -134,6 +135,29 @@ def summary_table(spec: SweepSpec, rows: list[dict[str, Any]]) -> str:
     return "\n".join(table_lines(head, body, numeric=True)) + "\n"
 
 
+def paper_section(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[str]:
+    """The paper's numbers beside ours (rows the spec's ``[paper]`` table names), as Markdown lines."""
+    if not spec.paper:
+        return []
+    lines = ["## Paper vs ours", ""]
+    if spec.paper_source:
+        lines += [f"Paper: {spec.paper_source}. The paper's values are transcribed, not measured here.", ""]
+    if spec.paper_scale:
+        lines += [f"How our scale differs: {spec.paper_scale}", ""]
+    head = ["setting", "mixer", *spec.model_axes, "paper", f"ours ({spec.select}, mean ± std)", "per seed", "seeds"]
+    body = []
+    for r in rows:
+        if r.get("paper") is None:
+            continue
+        pv = r["paper"] if isinstance(r["paper"], str) else f"{r['paper']:.3f}"
+        ours = "not run yet" if r.get("report_mean") is None else (
+            f"{_fmt(r['report_mean'])} ± {_fmt(r['report_std'])}" + ("" if r["complete"] else " (PARTIAL)"))
+        per = ", ".join(_fmt(v) for v in r.get("per_seed", {}).values()) or "—"
+        body.append([r["setting"], f"`{r['mixer']}`", *[str(r.get(a)) for a in spec.model_axes], pv, ours, per,
+                     str(r.get("n_seeds", 0))])
+    return lines + table_lines(head, body) + [""]
+
+
 def _axis_combos(spec: SweepSpec) -> list[tuple[tuple[str, Any], ...]]:
     combos: list[tuple[tuple[str, Any], ...]] = [()]
     for a in spec.model_axes:
@@ -169,6 +193,7 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
     ]
     lines += [f"## Summary: {sel} on the reported examples, mean ± std over seeds (number of seeds; * = row not "
               "complete yet) at each row's chosen learning rate", "", summary_table(spec, rows)]
+    lines += paper_section(spec, rows)
     chance = chance_level(spec)
     for setting in spec.settings:
         srows = [r for r in rows if r["setting"] == setting.label]
@@ -180,7 +205,7 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
             lines += [f"Chance: {chance[setting.label]:.3f}.", ""]
         axes = spec.model_axes
         head = ["mixer", *axes, "state", "params", "lr*", f"{sel} (mean ± std)", "per seed", "valid by lr", "runs",
-                "note"]
+                "note"] + (["paper"] if spec.paper else [])
         body = []
         for r in srows:
             per = ", ".join(_fmt(v) for v in r.get("per_seed", {}).values()) or "—"
@@ -201,8 +226,10 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
                 note.append("PARTIAL")
             state = "—" if r["state"] is None else f"{r['state']:,}"
             params = "—" if r["params"] is None else f"{r['params']:,}"
+            paper = [] if not spec.paper else [
+                "—" if r.get("paper") is None else (r["paper"] if isinstance(r["paper"], str) else _fmt(r["paper"]))]
             body.append([f"`{r['mixer']}`", *[str(r.get(a)) for a in axes], state, params, lr, ms, per, lrv,
-                         f"{r['runs_done']}/{r['runs_total']}", "; ".join(note)])
+                         f"{r['runs_done']}/{r['runs_total']}", "; ".join(note), *paper])
         lines += table_lines(head, body)
         lines.append("")
     done = sum(r["runs_done"] for r in rows)

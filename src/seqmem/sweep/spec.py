@@ -32,6 +32,14 @@ A spec (see ``src/seqmem/experiments/*.toml``)::
     options = { rank = 16 }                #   options (per layer: a list of tables); override the length rule
     family = "echo"                        #   line/colour group in the plot (default: the first layer's mixer)
 
+    [notes]                                # optional: one line per mixer label, printed in the report
+    "mamba2+ska" = "the Echo paper's hybrid"
+
+    [paper]                                # optional: the paper's numbers beside ours ("Paper vs ours" section)
+    source = "Table 9 (3 seeds)"           #   where they come from
+    scale = "2,000 steps; lr tuned"        #   how our scale differs
+    "4 pairs" = { attention = 0.98, "mamba2+ska" = "not reported" }   # setting label -> {mixer label: value}
+
 The grid is settings × model axes × mixers × lrs × seeds; every point is one run directory
 ``<out>/<setting>/<mixer>/<model axes>/lr<lr>/seed<seed>`` holding the ``run.json`` that ``seqmem train`` would
 write.  Options whose meaning is a length are scaled to each setting's sequence length by :data:`LENGTH_RULE`
@@ -57,7 +65,7 @@ LENGTH_RULE: dict[str, float] = {"window": 0.25, "block": 0.25, "memory": 0.25, 
 PACKAGED_SPECS = Path(__file__).resolve().parent.parent / "experiments"
 
 _TOP_KEYS = {"name", "description", "task", "settings", "model", "train", "mixers", "scale_lengths", "select",
-             "lr_selection", "notes"}
+             "lr_selection", "notes", "paper"}
 #: ``"all_seeds"``: every lr × every seed, the lr with the best mean validation metric over seeds wins.
 #: ``"first_seed"``: two stages — every lr with the first seed, then the other seeds only at the lr whose
 #: first-seed run is best on validation (``len(lrs) + len(seeds) - 1`` runs per row instead of their product).
@@ -174,6 +182,11 @@ class SweepSpec:
     lr_extend: int = 0
     lr_extend_factor: float = 3.0
     notes: dict[str, str] = field(default_factory=dict)
+    #: the paper's numbers beside ours: ``{setting label: {mixer label: value or "text"}}``
+    paper: dict[str, dict[str, float | str]] = field(default_factory=dict)
+    #: where the paper's numbers come from (table / figure) and how our scale differs
+    paper_source: str = ""
+    paper_scale: str = ""
     source: str = ""
     raw: dict[str, Any] = field(default_factory=dict)
 
@@ -433,11 +446,32 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
     bad = set(notes) - {r.label for r in rows}
     _need(not bad, w, f"'notes' names mixers that are not rows: {sorted(bad)}")
     _need(select in ("accuracy", "loss"), w, "'select' must be 'accuracy' (highest) or 'loss' (lowest)")
+    paper_raw = raw.get("paper", {})
+    _need(isinstance(paper_raw, dict), w, "'paper' must be a table: source = \"...\", scale = \"...\" and "
+          "one table per setting label of mixer label = value")
+    paper_source, paper_scale = paper_raw.get("source", ""), paper_raw.get("scale", "")
+    _need(isinstance(paper_source, str) and isinstance(paper_scale, str), w,
+          "[paper] source and scale must be strings")
+    paper: dict[str, dict[str, float | str]] = {}
+    labels = {st.label for st in settings}
+    for key, vals in paper_raw.items():
+        if key in ("source", "scale"):
+            continue
+        _need(key in labels, w, f"[paper] names a setting that is not in the spec: {key!r} (settings: "
+              f"{sorted(labels)})")
+        _need(isinstance(vals, dict), w, f"[paper] {key!r} must be a table of mixer label = value")
+        unknown = set(vals) - {r.label for r in rows}
+        _need(not unknown, w, f"[paper] {key!r} names mixers that are not rows: {sorted(unknown)}")
+        for m, v in vals.items():
+            ok = isinstance(v, str) or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+            _need(ok, w, f"[paper] {key!r} {m!r}: a value must be a finite number or a string, got {v!r}")
+        paper[key] = {m: (v if isinstance(v, str) else float(v)) for m, v in vals.items()}
 
     spec = SweepSpec(name=name, description=description, task=task["name"], task_options=dict(task_options),
                      settings=settings, model=model, model_axes=axes, train=train, lrs=[float(x) for x in lrs],
                      seeds=list(seeds), valid_examples=valid_examples, mixers=rows, scale_lengths=scale,
                      select=select, lr_selection=lr_selection, notes=dict(notes), source=source, raw=raw,
+                     paper=paper, paper_source=paper_source, paper_scale=paper_scale,
                      lr_extend=lr_extend, lr_extend_factor=float(lr_extend_factor))
     # every mixer must build at every setting and model size (catches bad option values before any training)
     _check_builds(spec)
