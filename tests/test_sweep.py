@@ -407,3 +407,28 @@ def test_paper_numbers_stand_beside_ours_in_the_report(tmp_path):
                        ({"2 pairs": {mixers[0]: float("nan")}}, "finite number or a string")):
         with pytest.raises(SpecError, match=match):
             load_spec(tiny(paper=bad))
+
+
+def test_extra_metrics_are_tabulated_at_the_chosen_lr(tmp_path):
+    """extra_metrics: more metrics of the reported split (e.g. per-bin accuracy), mean ± std over the seeds of the
+    chosen lr; a metric the task does not report shows '—'; a malformed list is refused."""
+    spec = load_spec(tiny(extra_metrics=["loss", "no_such_metric", "accuracy/loss"]))
+    run_sweep(spec, tmp_path / "r", jobs=1, log=quiet, probe=False)
+    payload = write_report(spec, tmp_path / "r", tmp_path / "rep")
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "loss (mean ± std)" in text and "no_such_metric (mean ± std)" in text
+    for row in payload["rows"]:
+        want = []
+        for seed in spec.seeds:
+            d = tmp_path / "r" / next(p.rel_dir for p in spec.points()
+                                      if (p.mixer, p.lr, p.seed) == (row["mixer"], row["best_lr"], seed))
+            want.append(json.loads((d / "result.json").read_text())["report"]["loss"])
+        assert row["extra"]["loss"]["per_seed"] == want
+        assert row["extra"]["loss"]["mean"] == pytest.approx(sum(want) / len(want))
+        assert row["extra"]["no_such_metric"]["per_seed"] == []
+        ratio = [json.loads((tmp_path / "r" / p.rel_dir / "result.json").read_text())["report"] for p in spec.points()
+                 if (p.mixer, p.lr) == (row["mixer"], row["best_lr"])]
+        assert row["extra"]["accuracy/loss"]["per_seed"] == [r["accuracy"] / r["loss"] for r in ratio]
+    for bad in ("loss", ["loss", "loss"], [""]):
+        with pytest.raises(SpecError, match="extra_metrics"):
+            load_spec(tiny(extra_metrics=bad))

@@ -62,6 +62,13 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
             m, sd = mean_std([v for v in per_seed.values() if not math.isnan(v)])
             split = next((r.get("report_split") for (lr, _), r in results.items()
                           if lr == best_lr and r and r.get("report_split")), "eval")
+            extra = {}
+            for name in spec.extra_metrics:  # the same runs, another metric of the reported split
+                vals = [v for (lr, _), r in results.items() if lr == best_lr and r and r.get("status") == "finished"
+                        and (v := _metric_of(r.get("report", {}), name)) is not None]
+                em, esd = mean_std(vals)
+                extra[name] = {"mean": em, "std": esd, "per_seed": vals}
+            row["extra"] = extra
             row.update({"report_mean": m, "report_std": sd, "per_seed": per_seed, "n_seeds": len(per_seed),
                         "diverged_seeds": sum(1 for v in per_seed.values() if math.isnan(v)),
                         "valid_at_best": lr_valid[best_lr], "report_split": split,
@@ -84,6 +91,17 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
         row["mixer_options"] = model["mixer_options"]
         rows.append(row)
     return rows
+
+
+def _metric_of(report: dict[str, Any], name: str) -> float | None:
+    """``report[name]``, or for ``"a/b"`` the ratio ``report[a] / report[b]`` (e.g. pooled per-bin accuracy from
+    per-example hit and query counts); None if absent or the denominator is 0."""
+    if "/" in name:
+        a, b = name.split("/", 1)
+        if a in report and b in report and float(report[b]) != 0:
+            return float(report[a]) / float(report[b])
+        return None
+    return float(report[name]) if name in report else None
 
 
 def _fmt(v: Any) -> str:
@@ -205,7 +223,7 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
             lines += [f"Chance: {chance[setting.label]:.3f}.", ""]
         axes = spec.model_axes
         head = ["mixer", *axes, "state", "params", "lr*", f"{sel} (mean ± std)", "per seed", "valid by lr", "runs",
-                "note"] + (["paper"] if spec.paper else [])
+                "note"] + (["paper"] if spec.paper else []) + [f"{n} (mean ± std)" for n in spec.extra_metrics]
         body = []
         for r in srows:
             per = ", ".join(_fmt(v) for v in r.get("per_seed", {}).values()) or "—"
@@ -228,8 +246,12 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
             params = "—" if r["params"] is None else f"{r['params']:,}"
             paper = [] if not spec.paper else [
                 "—" if r.get("paper") is None else (r["paper"] if isinstance(r["paper"], str) else _fmt(r["paper"]))]
+            extra = []
+            for n in spec.extra_metrics:
+                e = r.get("extra", {}).get(n)
+                extra.append("—" if not e or not e["per_seed"] else f"{_fmt(e['mean'])} ± {_fmt(e['std'])}")
             body.append([f"`{r['mixer']}`", *[str(r.get(a)) for a in axes], state, params, lr, ms, per, lrv,
-                         f"{r['runs_done']}/{r['runs_total']}", "; ".join(note), *paper])
+                         f"{r['runs_done']}/{r['runs_total']}", "; ".join(note), *paper, *extra])
         lines += table_lines(head, body)
         lines.append("")
     done = sum(r["runs_done"] for r in rows)

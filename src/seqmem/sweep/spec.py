@@ -35,6 +35,9 @@ A spec (see ``src/seqmem/experiments/*.toml``)::
     [notes]                                # optional: one line per mixer label, printed in the report
     "mamba2+ska" = "the Echo paper's hybrid"
 
+    extra_metrics = ["hits_long/queries_long"]   # optional: more metrics of the reported split (a key, or a
+                                           # ratio "a/b" of two), mean ± std over seeds per row
+
     [paper]                                # optional: the paper's numbers beside ours ("Paper vs ours" section)
     source = "Table 9 (3 seeds)"           #   where they come from
     scale = "2,000 steps; lr tuned"        #   how our scale differs
@@ -65,7 +68,7 @@ LENGTH_RULE: dict[str, float] = {"window": 0.25, "block": 0.25, "memory": 0.25, 
 PACKAGED_SPECS = Path(__file__).resolve().parent.parent / "experiments"
 
 _TOP_KEYS = {"name", "description", "task", "settings", "model", "train", "mixers", "scale_lengths", "select",
-             "lr_selection", "notes", "paper"}
+             "lr_selection", "notes", "paper", "extra_metrics"}
 #: ``"all_seeds"``: every lr × every seed, the lr with the best mean validation metric over seeds wins.
 #: ``"first_seed"``: two stages — every lr with the first seed, then the other seeds only at the lr whose
 #: first-seed run is best on validation (``len(lrs) + len(seeds) - 1`` runs per row instead of their product).
@@ -187,6 +190,8 @@ class SweepSpec:
     #: where the paper's numbers come from (table / figure) and how our scale differs
     paper_source: str = ""
     paper_scale: str = ""
+    #: more metrics of the reported split to tabulate (mean ± std over seeds at the chosen lr), e.g. per-bin accuracy
+    extra_metrics: list[str] = field(default_factory=list)
     source: str = ""
     raw: dict[str, Any] = field(default_factory=dict)
 
@@ -446,6 +451,10 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
     bad = set(notes) - {r.label for r in rows}
     _need(not bad, w, f"'notes' names mixers that are not rows: {sorted(bad)}")
     _need(select in ("accuracy", "loss"), w, "'select' must be 'accuracy' (highest) or 'loss' (lowest)")
+    extra_metrics = raw.get("extra_metrics", [])
+    _need(isinstance(extra_metrics, list) and all(isinstance(m, str) and m for m in extra_metrics)
+          and len(set(extra_metrics)) == len(extra_metrics), w,
+          "'extra_metrics' must be a list of distinct metric names (keys of the task's evaluation)")
     paper_raw = raw.get("paper", {})
     _need(isinstance(paper_raw, dict), w, "'paper' must be a table: source = \"...\", scale = \"...\" and "
           "one table per setting label of mixer label = value")
@@ -472,6 +481,7 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
                      seeds=list(seeds), valid_examples=valid_examples, mixers=rows, scale_lengths=scale,
                      select=select, lr_selection=lr_selection, notes=dict(notes), source=source, raw=raw,
                      paper=paper, paper_source=paper_source, paper_scale=paper_scale,
+                     extra_metrics=list(extra_metrics),
                      lr_extend=lr_extend, lr_extend_factor=float(lr_extend_factor))
     # every mixer must build at every setting and model size (catches bad option values before any training)
     _check_builds(spec)
