@@ -223,7 +223,8 @@ for _mode in ("recurrent", "chunk"):
     def _local(mode=_mode):
         q, k, v = (_rand(B, 6, H, 2, seed=i) for i in range(3))
         pk, pv = _rand(B, 2, H, 2, seed=3), _rand(B, 2, H, 2, seed=4)
-        return (lambda q, k, v, pk, pv: ops.local_window_attention(q, k, v, 3, pk, pv, mode=mode, chunk_size=4)), (
+        return (lambda q, k, v, pk, pv: ops.local_window_attention(
+            q, k, v, 3, initial_state={"k": pk, "v": pv}, mode=mode, chunk_size=4)), (
             q, k, v, pk, pv)
 
 
@@ -231,7 +232,8 @@ for _mode in ("recurrent", "chunk"):
 def _sliding(mode):
     q, k, v = (_rand(B, 7, H, 2, seed=i) for i in range(3))
     pk, pv = _rand(B, 3, H, 2, seed=3), _rand(B, 3, H, 2, seed=4)
-    return (lambda q, k, v, pk, pv: ops.sliding_window_attention(q, k, v, 3, pk, pv, mode=mode, chunk_size=2)), (
+    return (lambda q, k, v, pk, pv: ops.sliding_window_attention(
+        q, k, v, 3, initial_state={"k": pk, "v": pv}, mode=mode, chunk_size=2)), (
         q, k, v, pk, pv)
 
 
@@ -290,8 +292,9 @@ for _printed in (False, True):
 for _mode in ("recurrent", "chunk", "direct"):
     @case("hippo_compress", _mode)
     def _hippo_compress(mode=_mode):
-        sig, c0 = _rand(1, 5, 2, seed=0), _rand(1, 3, 2, seed=1)
-        return (lambda s, c: ops.hippo_compress(s, 3, mode=mode, block_len=2, initial_state=c, t0=3)), (sig, c0)
+        sig, c0, t0 = _rand(1, 5, 2, seed=0), _rand(1, 3, 2, seed=1), torch.tensor([3])
+        return (lambda s, c: ops.hippo_compress(s, 3, mode=mode, block_len=2, initial_state={"c": c, "t": t0})), (
+            sig, c0)
 
 
 @case("hippo_reconstruct", "coeffs")

@@ -111,7 +111,8 @@ def test_compress_modes_agree_and_continue():
         assert_rel_close(hippo_compress(x, N, block_len=L), ref, 1e-12, f"chunk L={L} vs direct")
     c1 = hippo_compress(x[:, :20], N, block_len=8)
     for mode in ("chunk", "direct", "recurrent"):
-        c2 = hippo_compress(x[:, 20:], N, mode=mode, block_len=8, initial_state=c1, t0=20)
+        st = {"c": c1, "t": torch.full((3,), 20)}
+        c2 = hippo_compress(x[:, 20:], N, mode=mode, block_len=8, initial_state=st)
         assert_rel_close(c2, ref, 1e-12, f"continued ({mode})")
 
 

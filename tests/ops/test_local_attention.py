@@ -41,7 +41,7 @@ def test_streaming_with_the_returned_state(split):
     full, st_full = sliding_window_attention(q, k, v, 5, chunk_size=3)
     a, st = sliding_window_attention(q[:, :split], k[:, :split], v[:, :split], 5, chunk_size=3)
     assert st["k"].shape[1] == min(split, 4)
-    b, st2 = sliding_window_attention(q[:, split:], k[:, split:], v[:, split:], 5, st["k"], st["v"], chunk_size=3)
+    b, st2 = sliding_window_attention(q[:, split:], k[:, split:], v[:, split:], 5, initial_state=st, chunk_size=3)
     torch.testing.assert_close(torch.cat([a, b], 1), full, rtol=1e-13, atol=1e-13)
     torch.testing.assert_close(st2["k"], st_full["k"])
     torch.testing.assert_close(st2["v"], v[:, -4:])
@@ -55,6 +55,8 @@ def test_bad_arguments():
     with pytest.raises(ValueError):
         sliding_window_attention(q, q[:, :3], q, 2)
     with pytest.raises(ValueError):
-        sliding_window_attention(q, q, q, 2, past_k=q)  # past_v missing
+        sliding_window_attention(q, q, q, 2, initial_state={"k": q})  # "v" missing
     with pytest.raises(ValueError):
-        sliding_window_attention(q, q, q, 2, q[:, :, :1], q)  # past with other heads
+        sliding_window_attention(q, q, q, 2, initial_state={"k": q[:, :, :1], "v": q})  # past with other heads
+    with pytest.raises(ValueError), pytest.warns(DeprecationWarning):
+        sliding_window_attention(q, q, q, 2, past_k=q)  # the deprecated form: past_v missing

@@ -27,7 +27,8 @@ def _uniform(*shape: int, seed: int, lo: float = 0.0, hi: float = 1.0) -> torch.
 
 
 #: ``make() -> (T, call)``; ``call(sl, state)`` runs the op on time slice ``sl`` from ``state`` (None: the start)
-Make = Callable[[], tuple[int, Callable[[slice, dict | None], tuple[torch.Tensor, dict]]]]
+#: and returns ``(output, state)``, the output on the time axis 1 (None for an op whose only output is its state)
+Make = Callable[[], tuple[int, Callable[[slice, dict | None], tuple[torch.Tensor | None, dict]]]]
 CASES: list[tuple[str, str, Make]] = []
 
 
@@ -84,11 +85,7 @@ NO_STATE: dict[str, str] = {
 
 #: Sequence ops that do not follow the convention yet, and what they take instead (a case listed here is expected
 #: to fail until the op is converted; strict: a pass fails too).
-PENDING: dict[str, str] = {
-    "hippo_compress": "bare coefficient tensor plus t0, and returns the coefficients only",
-    "sliding_window_attention": "the window cache as past_k/past_v (returns {'k', 'v'})",
-    "local_window_attention": "the window cache as past_k/past_v, as sliding_window_attention",
-}
+PENDING: dict[str, str] = {}
 
 
 # ------------------------------------------------------------------------------------------------- the cases
@@ -196,6 +193,40 @@ def _ssd(mode):
                                      chunk_size=2)
 
 
+# the window caches and the HiPPO coefficients
+def _window_qkv(T):
+    return _rand(B, T, H, 3, seed=0), _rand(B, T, H, 3, seed=1), _rand(B, T, H, 3, seed=2)
+
+
+@case("sliding_window_attention", "recurrent", "chunk", "parallel")
+def _sliding_window_attention(mode):
+    T = 9
+    q, k, v = _window_qkv(T)
+    return T, lambda sl, st: ops.sliding_window_attention(q[:, sl], k[:, sl], v[:, sl], 4, initial_state=st,
+                                                          mode=mode, chunk_size=2)
+
+
+@case("local_window_attention", "recurrent", "chunk")
+def _local_window_attention(mode):
+    T = 9
+    q, k, v = _window_qkv(T)
+
+    def call(sl, st):  # the output: the attention and the entropy feature, side by side
+        out, ent, st = ops.local_window_attention(q[:, sl], k[:, sl], v[:, sl], 4, initial_state=st,
+                                                  return_state=True, mode=mode, chunk_size=2)
+        return torch.cat([out.flatten(2), ent[..., None]], -1), st
+
+    return T, call
+
+
+@case("hippo_compress", "recurrent", "chunk", "direct")
+def _hippo_compress(mode):
+    T = 10
+    f = _rand(B, T, 2, seed=0)
+    return T, lambda sl, st: (None, ops.hippo_compress(f[:, sl], 4, mode=mode, block_len=3, initial_state=st,
+                                                       return_state=True)[1])
+
+
 #: the former bare-tensor ``initial_state`` of converted ops: ``make() -> (call(state), dict state)``
 FORMER_TENSOR = ("lattice_scan", "lattice_minibatch", "linear_attention", "delta_rule", "gated_delta_rule", "ssd")
 
@@ -237,7 +268,8 @@ def test_dict_state_continues_a_split_sequence(op, cid, make):
         y1, st1 = call(slice(0, cut), None)
         y2, st2 = call(slice(cut, T), st1)
         assert set(st2) == set(st), f"{op}: keys {sorted(st2)} after the split vs {sorted(st)}"
-        _close(torch.cat([y1, y2], 1), y, f"{op}[{cid}] output, split at {cut}")
+        if y is not None:
+            _close(torch.cat([y1, y2], 1), y, f"{op}[{cid}] output, split at {cut}")
         for key in st:
             _close(st2[key], st[key], f"{op}[{cid}] state[{key!r}], split at {cut}")
 
@@ -252,6 +284,65 @@ def test_former_tensor_state_warns_and_agrees(op):
         y_old, st_old = call(slice(0, T), st["S"])
     assert isinstance(st_old, dict)
     _close(y_old, y_dict, f"{op}: the bare tensor is read as {{'S': tensor}}")
+
+
+@pytest.mark.parametrize("op", ["sliding_window_attention", "local_window_attention"])
+def test_former_past_k_past_v_warn_and_agree(op):
+    T, cut = 9, 5
+    q, k, v = _window_qkv(T)
+    fn = getattr(ops, op)
+    first = fn(q[:, :cut], k[:, :cut], v[:, :cut], 4, chunk_size=2)
+    _, st = ops.sliding_window_attention(q[:, :cut], k[:, :cut], v[:, :cut], 4)
+    new = fn(q[:, cut:], k[:, cut:], v[:, cut:], 4, initial_state=st, chunk_size=2)
+    for how in ({"past_k": st["k"], "past_v": st["v"]}, "positional"):
+        args, kw = ((st["k"], st["v"]), {}) if how == "positional" else ((), how)
+        with pytest.warns(DeprecationWarning, match=rf"{op}: past_k/past_v are deprecated; pass "
+                                                    r"initial_state=\{'k': past_k, 'v': past_v\}"):
+            old = fn(q[:, cut:], k[:, cut:], v[:, cut:], 4, *args, chunk_size=2, **kw)
+        assert len(old) == len(new) == 2 and len(first) == 2, "the return value keeps its arity"
+        for a, b in zip(old, new):
+            for key in a if isinstance(a, dict) else (None,):
+                _close(a if key is None else a[key], b if key is None else b[key],
+                       f"{op}: past_k/past_v are read as initial_state ({key or 'output'})")
+    if op == "local_window_attention":  # its state is opt-in: two values by default, the state third
+        out, ent, st3 = fn(q[:, cut:], k[:, cut:], v[:, cut:], 4, initial_state=st, return_state=True)
+        _close(out, new[0], "return_state keeps the output")
+        _close(ent, new[1], "return_state keeps the entropy")
+        _, st_swa = ops.sliding_window_attention(q[:, cut:], k[:, cut:], v[:, cut:], 4, initial_state=st)
+        for key in ("k", "v"):
+            _close(st3[key], st_swa[key], f"the same cache as sliding_window_attention: {key}")
+    with pytest.raises(ValueError, match="not both"):
+        fn(q, k, v, 4, st["k"], st["v"], initial_state=st)
+    with pytest.raises(ValueError, match=r"initial_state must be a dict with keys \['k', 'v'\]"):
+        fn(q, k, v, 4, initial_state={"k": st["k"]})
+
+
+@pytest.mark.parametrize("mode", ["recurrent", "chunk", "direct"])
+def test_hippo_compress_former_tensor_and_t0_warn_and_agree(mode):
+    T, cut = 10, 4
+    f = _rand(B, T, 2, seed=0)
+    c1, st = ops.hippo_compress(f[:, :cut], 4, mode=mode, block_len=3, return_state=True)
+    _close(c1, st["c"], "the coefficients are the state's 'c'")
+    assert st["t"].dtype == torch.long and st["t"].tolist() == [cut] * B
+    assert isinstance(ops.hippo_compress(f, 4, mode=mode, block_len=3), torch.Tensor), "default: coefficients only"
+    new = ops.hippo_compress(f[:, cut:], 4, mode=mode, block_len=3, initial_state=st)
+    match = r"hippo_compress: a tensor initial_state and t0 are deprecated; pass the state dict \{'c'"
+    with pytest.warns(DeprecationWarning, match=match):
+        old = ops.hippo_compress(f[:, cut:], 4, mode=mode, block_len=3, initial_state=c1, t0=cut)
+    _close(old, new, "a bare tensor with t0 is read as {'c': tensor, 't': t0}")
+    with pytest.warns(DeprecationWarning, match=match):  # t0 alone: a zero history of t0 tokens, as before
+        old = ops.hippo_compress(f[:, cut:], 4, mode=mode, block_len=3, t0=cut)
+    zero = {"c": torch.zeros_like(c1), "t": st["t"]}
+    _close(old, ops.hippo_compress(f[:, cut:], 4, mode=mode, block_len=3, initial_state=zero), "t0 alone")
+    with pytest.warns(DeprecationWarning, match=match):  # a bare tensor with no t0 was ignored (t0 = 0)
+        old = ops.hippo_compress(f, 4, mode=mode, block_len=3, initial_state=c1)
+    _close(old, ops.hippo_compress(f, 4, mode=mode, block_len=3), "a bare tensor at t0 = 0 is ignored")
+    with pytest.raises(ValueError, match="not as t0"):
+        ops.hippo_compress(f, 4, initial_state=st, t0=cut)
+    with pytest.raises(ValueError, match="one non-negative position"):
+        ops.hippo_compress(f, 4, initial_state={"c": c1, "t": torch.tensor([cut, cut + 1])})
+    with pytest.raises(ValueError, match=r"keys \['c', 't'\]"):
+        ops.hippo_compress(f, 4, initial_state={"c": c1})
 
 
 def test_lattice_chunked_is_a_deprecated_alias():

@@ -148,7 +148,8 @@ def test_local_window_attention_and_entropy():
     torch.testing.assert_close(e_rec[:, t], ent)
     assert (e_rec[:, 0] == 0).all() and ((e_rec >= 0) & (e_rec <= 1 + 1e-12)).all()
     # continuing from the last window-1 keys gives the same result
-    o2, e2 = local_window_attention(q[:, 15:], k[:, 15:], v[:, 15:], w, k[:, 10:15], v[:, 10:15])
+    o2, e2 = local_window_attention(q[:, 15:], k[:, 15:], v[:, 15:], w,
+                                    initial_state={"k": k[:, 10:15], "v": v[:, 10:15]})
     torch.testing.assert_close(o2, o_rec[:, 15:])
     torch.testing.assert_close(e2, e_rec[:, 15:])
 
@@ -161,7 +162,7 @@ def test_local_window_blocks_equal_the_per_query_loop(window, chunk, past):
     T_ = 23
     q, k, v = (torch.randn(2, T_, 2, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
     pk, pv = (torch.randn(2, past, 2, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    kw = {} if past == 0 else {"past_k": pk, "past_v": pv}
+    kw = {} if past == 0 else {"initial_state": {"k": pk, "v": pv}}
     outs = {}
     for mode, cs in (("recurrent", 1), ("chunk", chunk), ("parallel", 1)):
         o, e = local_window_attention(q, k, v, window, mode=mode, chunk_size=cs, **kw)

@@ -470,7 +470,8 @@ class Elastic(BlockAttention):
         Fb = torch.cat([k_raw.reshape(b, L, -1), v.reshape(b, L, -1)], -1)  # (b, L, 2 d_model), raw K and V
         C = mem["mem"]
         if reference:  # Eq. 4, one token at a time (C is zero before block 0, where hippo_compress ignores it)
-            C = hippo_compress(Fb, self.hippo_n, mode="recurrent", initial_state=C, t0=blk * L)
+            pos = torch.full((b,), blk * L, dtype=torch.long, device=C.device)
+            C = hippo_compress(Fb, self.hippo_n, mode="recurrent", initial_state={"c": C, "t": pos})
         else:  # Eq. 6, the whole block in two matmuls
             P, K = self._block_mats(blk, C)
             C = P @ C + K @ Fb

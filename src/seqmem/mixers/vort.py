@@ -423,16 +423,14 @@ class VORT(Mixer):
         mode = "recurrent" if self.impl == "reference" else "chunk"
         # local sliding-window attention (eq. 17) and its entropy (eq. 11's H(a_t))
         if self.local_window > 0:
-            pk = pv = None
-            if state is not None and self.local_window > 1:
-                pk, pv = state["lk"], state["lv"]
-            loc, ent = local_window_attention(
-                q, k, v, self.local_window, pk, pv, mode=mode, chunk_size=self.chunk_size
+            # the op's window cache {"k", "v"} is kept as this mixer's "lk"/"lv" (no cache for a window of 1)
+            win = None if state is None or self.local_window == 1 else {"k": state["lk"], "v": state["lv"]}
+            loc, ent, win = local_window_attention(
+                q, k, v, self.local_window, initial_state=win, return_state=True, mode=mode,
+                chunk_size=self.chunk_size
             )
             if self.local_window > 1:
-                keep = min(start + t, self.local_window - 1)
-                new_state["lk"] = torch.cat([pk, k], 1)[:, -keep:] if pk is not None else k[:, -keep:]
-                new_state["lv"] = torch.cat([pv, v], 1)[:, -keep:] if pv is not None else v[:, -keep:]
+                new_state["lk"], new_state["lv"] = win["k"], win["v"]
         else:
             loc, ent = None, x.new_zeros(b, t)
         alpha = self._alpha(x, ent)

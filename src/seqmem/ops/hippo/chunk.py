@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import numpy as np
 import torch
 from numpy.polynomial.legendre import leggauss
 from torch import Tensor
 
-from seqmem.ops._common import check_choice
+from seqmem.ops._common import check_choice, check_state_keys
 from seqmem.ops.hippo.naive import hippo_compress_naive
 
 __all__ = [
@@ -241,14 +242,25 @@ def hippo_compress(
     *,
     mode: str = "chunk",
     block_len: int | None = None,
-    initial_state: Tensor | None = None,
-    t0: int = 0,
-) -> Tensor:
+    initial_state: dict[str, Tensor] | Tensor | None = None,
+    t0: int | None = None,
+    return_state: bool = False,
+) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
     """LegS coefficients (batch, N, channels) of the step-function history after all of ``signal``.
 
-    ``signal``: (batch, time, channels) (or (time,) / (time, channels)), token ``s`` held on ``[t0+s,
-    t0+s+1)``;
-    ``initial_state``: coefficients of the history on ``[0, t0]`` (ignored when ``t0 = 0``).  Modes:
+    ``signal``: (batch, time, channels) (or (time,) / (time, channels)), token ``s`` held on ``[t0+s, t0+s+1)``
+    with ``t0`` the tokens before it; ``initial_state``: the state a previous call with ``return_state=True``
+    returned (None: the history starts here, ``t0 = 0``):
+
+    * ``"c"``: (batch, N, channels) the coefficients of the history on ``[0, t0]`` (read as zero when t0 = 0);
+    * ``"t"``: (batch,) int64 the tokens seen so far, ``t0``, equal across the batch.
+
+    Returns the coefficients ``c``, or with ``return_state=True`` the pair ``(c, {"c": c, "t": t0 + time})``.
+    The state is opt-in rather than always returned: every existing caller takes the coefficients themselves
+    (which *are* the compressed history), and a pair by default would break them; the dict adds only the position
+    the continuation needs.  The former form, a bare coefficient tensor as ``initial_state`` and/or the position as
+    ``t0``, is read as ``{"c": tensor, "t": t0}`` with a DeprecationWarning (a bare tensor with no ``t0`` is
+    ignored, as before: the history starts at 0).  Modes:
 
     * ``"recurrent"``: the per-token ZOH recurrence ``c_k = Ā_k c_{k−1} + B̄_k f_k`` (Eq. 4) with
       ``Ā_k = (k/(k+1))^A``, ``B̄_k = A^{-1}(I − Ā_k)B`` (the reference, ``naive.py``);
@@ -259,34 +271,64 @@ def hippo_compress(
     N = _check_n(N)
     if mode not in ("recurrent", "chunk", "direct"):
         raise ValueError(f"mode must be 'recurrent', 'chunk' or 'direct', got {mode!r}")
-    if isinstance(t0, bool) or not isinstance(t0, int) or t0 < 0:
-        raise ValueError(f"t0 must be a non-negative integer, got {t0!r}")
     b, t, ch = signal.shape
     dt, dev = signal.dtype, signal.device
-    if initial_state is None or t0 == 0:
+    c, t0 = _compress_start(initial_state, t0, b, N, ch)
+    if c is None:
         c = signal.new_zeros(b, N, ch)
-    else:
-        if initial_state.shape != (b, N, ch):
-            raise ValueError(f"initial_state must have shape {(b, N, ch)}, got {tuple(initial_state.shape)}")
-        c = initial_state
     if mode == "direct":
         P = legs_transition(N, t0, t0 + t, dt).to(dev)
         K = legs_input_kernel(N, t0, t, t0 + t, dt).to(dev)
-        return P @ c + K @ signal
-    if mode == "recurrent":
-        return hippo_compress_naive(signal, N, c, t0)
-    L = block_len if block_len is not None else max(1, min(t + t0, 1024))
-    if isinstance(L, bool) or not isinstance(L, int) or L <= 0:
-        raise ValueError(f"block_len must be a positive integer, got {block_len!r}")
-    s = 0
-    while s < t:
-        pos = t0 + s
-        end = min((pos // L + 1) * L, t0 + t)  # next block boundary (blocks counted from time 0)
-        P = legs_transition(N, pos, end, dt).to(dev)
-        K = legs_input_kernel(N, pos, end - pos, end, dt).to(dev)
-        c = P @ c + K @ signal[:, s : s + end - pos]
-        s += end - pos
-    return c
+        c = P @ c + K @ signal
+    elif mode == "recurrent":
+        c = hippo_compress_naive(signal, N, c, t0)
+    else:
+        L = block_len if block_len is not None else max(1, min(t + t0, 1024))
+        if isinstance(L, bool) or not isinstance(L, int) or L <= 0:
+            raise ValueError(f"block_len must be a positive integer, got {block_len!r}")
+        s = 0
+        while s < t:
+            pos = t0 + s
+            end = min((pos // L + 1) * L, t0 + t)  # next block boundary (blocks counted from time 0)
+            P = legs_transition(N, pos, end, dt).to(dev)
+            K = legs_input_kernel(N, pos, end - pos, end, dt).to(dev)
+            c = P @ c + K @ signal[:, s : s + end - pos]
+            s += end - pos
+    if not return_state:
+        return c
+    return c, {"c": c, "t": torch.full((b,), t0 + t, dtype=torch.long, device=dev)}
+
+
+def _compress_start(initial_state, t0, b: int, N: int, ch: int) -> tuple[Tensor | None, int]:
+    """``(c, t0)`` where :func:`hippo_compress` starts: ``c`` None for an empty history (zero coefficients)."""
+    op = "hippo_compress"
+    if t0 is not None or isinstance(initial_state, Tensor):  # the former form
+        if isinstance(initial_state, dict):
+            raise ValueError(f"{op}: give the position in initial_state['t'], not as t0")
+        if t0 is not None and (isinstance(t0, bool) or not isinstance(t0, int) or t0 < 0):
+            raise ValueError(f"t0 must be a non-negative integer, got {t0!r}")
+        warnings.warn(f"{op}: a tensor initial_state and t0 are deprecated; pass the state dict "
+                      "{'c': coefficients, 't': tokens seen (batch,) int64} (the form return_state=True returns)",
+                      DeprecationWarning, stacklevel=3)
+        c, t0 = initial_state, t0 or 0
+    elif initial_state is None:
+        return None, 0
+    else:
+        check_state_keys(op, initial_state, ("c", "t"))
+        c, pos = initial_state["c"], initial_state["t"]
+        if not isinstance(pos, Tensor) or pos.shape != (b,) or pos.is_floating_point() or pos.is_complex():
+            raise ValueError(f"{op}: initial_state['t'] must be an integer tensor of shape {(b,)}, got "
+                             f"{pos!r}")
+        t0 = int(pos[0])
+        if t0 < 0 or bool((pos != t0).any()):
+            raise ValueError(f"{op}: initial_state['t'] must be one non-negative position for the whole batch, "
+                             f"got {pos.tolist()}")
+    if c is None or t0 == 0:
+        return None, t0
+    if not isinstance(c, Tensor) or c.shape != (b, N, ch):
+        raise ValueError(f"initial_state must have shape {(b, N, ch)}, got "
+                         f"{tuple(c.shape) if isinstance(c, Tensor) else type(c).__name__}")
+    return c, t0
 
 
 def hippo_reconstruct(

@@ -5,11 +5,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqmem.ops._common import check_chunk_size, check_mode
+from seqmem.ops._common import check_chunk_size, check_mode, check_state_keys
 from seqmem.ops.local_attention.naive import windowed_softmax_naive
 
 __all__ = ["sliding_window_attention"]
@@ -25,19 +27,51 @@ def sliding_window_attention(
     past_k: Tensor | None = None,
     past_v: Tensor | None = None,
     *,
+    initial_state: dict[str, Tensor] | None = None,
     scale: float | None = None,
     mode: str = "chunk",
     chunk_size: int = 64,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``o[t] = softmax(q_t·K_w^T·scale)·V_w`` over the ``window`` most recent keys (``scale`` default dim^-1/2).
 
-    ``q, k`` (batch, time, heads, D), ``v`` (batch, time, heads, Dv); ``past_k, past_v`` (batch, P, heads, ·)
-    the keys/values before this segment (only the last ``window − 1`` are used).  Returns ``(o, state)``.
+    ``q, k`` (batch, time, heads, D), ``v`` (batch, time, heads, Dv); ``initial_state`` the window cache before
+    this segment, the state a previous call returned (None: the sequence starts here).  Returns ``(o, state)``,
+    ``state`` the last ``min(P + T, window − 1)`` keys and values (P the cached ones, T this segment's):
+
+    * ``"k"``: (batch, min(P + T, window − 1), heads, D) the most recent keys;
+    * ``"v"``: (batch, min(P + T, window − 1), heads, Dv) their values.
+
+    A cache of any length P is accepted (only its last ``window − 1`` entries are seen).  ``past_k, past_v``
+    (the former way to pass the cache) are read as ``initial_state={"k": past_k, "v": past_v}`` with a
+    DeprecationWarning.
     """
+    past_k, past_v = window_cache("sliding_window_attention", initial_state, past_k, past_v)
     keys, vals, n_past = join_past(q, k, v, window, past_k, past_v, mode, chunk_size)
     o, _ = windowed_softmax(q, keys, vals, window, n_past, mode=mode, chunk_size=chunk_size, scale=scale)
+    return o, window_state(keys, vals, window)
+
+
+def window_state(keys: Tensor, vals: Tensor, window: int) -> dict[str, Tensor]:
+    """The state ``{"k", "v"}`` after a segment: the last ``min(len, window − 1)`` of ``keys``/``vals``."""
     keep = min(keys.shape[1], window - 1)
-    return o, {"k": keys[:, keys.shape[1] - keep :], "v": vals[:, vals.shape[1] - keep :]}
+    return {"k": keys[:, keys.shape[1] - keep :], "v": vals[:, vals.shape[1] - keep :]}
+
+
+def window_cache(
+    op: str, initial_state: dict[str, Tensor] | None, past_k: Tensor | None, past_v: Tensor | None
+) -> tuple[Tensor | None, Tensor | None]:
+    """``(past_k, past_v)`` of a sliding-window op from its ``initial_state`` dict ``{"k", "v"}``, or from the
+    former ``past_k``/``past_v`` arguments with a DeprecationWarning naming the dict to pass instead."""
+    if past_k is not None or past_v is not None:
+        if initial_state is not None:
+            raise ValueError(f"{op}: give initial_state or the deprecated past_k/past_v, not both")
+        warnings.warn(f"{op}: past_k/past_v are deprecated; pass initial_state={{'k': past_k, 'v': past_v}} "
+                      "(the form the op returns)", DeprecationWarning, stacklevel=3)
+        return past_k, past_v
+    check_state_keys(op, initial_state, ("k", "v"))
+    if initial_state is None:
+        return None, None
+    return initial_state["k"], initial_state["v"]
 
 
 def join_past(q, k, v, window, past_k, past_v, mode, chunk_size) -> tuple[Tensor, Tensor, int]:
@@ -52,15 +86,15 @@ def join_past(q, k, v, window, past_k, past_v, mode, chunk_size) -> tuple[Tensor
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
     if (past_k is None) != (past_v is None):
-        raise ValueError("give both past_k and past_v, or neither")
+        raise ValueError("give both the past keys and values (state 'k' and 'v'), or neither")
     if past_k is None:
         return k, v, 0
     if past_k.dim() != 4 or past_k.shape[0] != q.shape[0] or past_k.shape[2:] != k.shape[2:] or (
         past_v.shape[:3] != past_k.shape[:3] or past_v.shape[3] != v.shape[3]
     ):
         raise ValueError(
-            f"past_k/past_v must be (batch, P, heads, ·) matching k/v; got {tuple(past_k.shape)}, "
-            f"{tuple(past_v.shape)}"
+            f"the past keys/values (state 'k'/'v') must be (batch, P, heads, ·) matching k/v; got "
+            f"{tuple(past_k.shape)}, {tuple(past_v.shape)}"
         )
     return torch.cat([past_k, k], 1), torch.cat([past_v, v], 1), past_k.shape[1]
 

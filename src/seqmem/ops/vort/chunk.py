@@ -16,7 +16,8 @@ kept relative to the running maximum of β (state key ``"m"``) and ε0 regularis
 (FAVOR+'s max-subtraction), which keeps FAVOR+ features of large inputs representable.
 
 ``local_window_attention`` — causal sliding-window softmax attention (eq. 17's Attn_local) that also returns the
-normalised entropy H(a_t)/log(#visible) of each row, averaged over heads (the routing feature of eq. 11).
+normalised entropy H(a_t)/log(#visible) of each row, averaged over heads (the routing feature of eq. 11), and,
+with ``return_state=True``, the window cache ``{"k", "v"}`` that ``initial_state`` takes back.
 
 ``retrieval_loss`` / ``refine_alpha`` — the plasticity objective L_ret of eq. (24) and test-time projected
 gradient descent on per-token α (Section 5; our reading, see docs/vort.md).
@@ -31,7 +32,7 @@ from torch import Tensor
 
 from seqmem.ops._common import check_choice, floor
 from seqmem.ops.fractional import gl_weights, soe_coefficients
-from seqmem.ops.local_attention import join_past, windowed_softmax
+from seqmem.ops.local_attention.chunk import join_past, window_cache, window_state, windowed_softmax
 from seqmem.ops.vort.naive import soe_retention_naive
 
 __all__ = [
@@ -339,18 +340,34 @@ def local_window_attention(
     past_k: Tensor | None = None,
     past_v: Tensor | None = None,
     *,
+    initial_state: dict[str, Tensor] | None = None,
+    return_state: bool = False,
     mode: str = "chunk",
     chunk_size: int = 64,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, dict[str, Tensor]]:
     """Causal sliding-window softmax attention (eq. 17's Attn_local) and the routing entropy feature (eq. 11).
 
-    ``q, k, v`` (batch, time, heads, D); ``past_k/past_v`` (batch, P, heads, D) the last P ≤ window − 1
-    keys/values before this segment.  Query t sees the ``window`` most recent keys including itself.
-    Returns ``(out, ent)``: ``out`` (batch, time, heads, D); ``ent`` (batch, time) = mean over heads of
-    H(a_t)/log(#visible keys) (0 when only one key is visible).
+    ``q, k, v`` (batch, time, heads, D); ``initial_state`` the window cache before this segment, the state a
+    previous call with ``return_state=True`` returned (None: the sequence starts here).  Query t sees the
+    ``window`` most recent keys including itself.  Returns ``(out, ent)``: ``out`` (batch, time, heads, D);
+    ``ent`` (batch, time) = mean over heads of H(a_t)/log(#visible keys) (0 when only one key is visible).
+    With ``return_state=True`` it returns ``(out, ent, state)``, ``state`` the last ``min(P + T, window − 1)``
+    keys and values (P the cached ones, T this segment's), as :func:`sliding_window_attention` returns it:
+
+    * ``"k"``: (batch, min(P + T, window − 1), heads, D) the most recent keys;
+    * ``"v"``: (batch, min(P + T, window − 1), heads, D) their values.
+
+    The state is opt-in (``return_state``) rather than always returned so that the two-value return existing
+    callers unpack, ``out, ent = ...``, keeps its meaning; the entropy is this op's second output, so the state
+    comes third.  ``past_k, past_v`` (the former way to pass the cache) are read as
+    ``initial_state={"k": past_k, "v": past_v}`` with a DeprecationWarning.
     """
+    past_k, past_v = window_cache("local_window_attention", initial_state, past_k, past_v)
     keys, vals, n_past = join_past(q, k, v, window, past_k, past_v, mode, chunk_size)
-    return windowed_softmax(q, keys, vals, window, n_past, mode=mode, chunk_size=chunk_size, entropy=True)
+    out, ent = windowed_softmax(q, keys, vals, window, n_past, mode=mode, chunk_size=chunk_size, entropy=True)
+    if return_state:
+        return out, ent, window_state(keys, vals, window)
+    return out, ent
 
 
 def retrieval_loss(
