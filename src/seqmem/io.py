@@ -126,3 +126,12 @@ def mean_std(values: Iterable[float]) -> tuple[float, float]:
     if len(xs) < 2:
         return m, math.nan
     return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def check_int(name: str, value: Any, minimum: int = 1, prefix: str = "") -> int:
+    """``value`` as an int ≥ ``minimum`` (bools refused), else one ``ValueError`` line naming ``name``:
+    "must be a positive integer" (minimum 1), "a non-negative integer" (0) or "an integer >= minimum"."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = {1: "a positive integer", 0: "a non-negative integer"}.get(minimum, f"an integer >= {minimum}")
+        raise ValueError(f"{prefix}{name} must be {kind}, got {value!r}")
+    return value

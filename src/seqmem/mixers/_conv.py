@@ -16,6 +16,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from seqmem.io import check_int
+
 __all__ = ["ShortConv", "causal_conv1d"]
 
 
@@ -104,8 +106,7 @@ class ShortConv(nn.Module):
     def __init__(self, channels: int, kernel_size: int = 4, bias: bool = True) -> None:
         super().__init__()
         for name, v in (("channels", channels), ("kernel_size", kernel_size)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"ShortConv: {name} must be a positive integer, got {v!r}")
+            check_int(name, v, prefix="ShortConv: ")
         self.channels = channels
         self.kernel_size = kernel_size
         bound = 1.0 / math.sqrt(kernel_size)  # nn.Conv1d default: fan_in = kernel_size for a depthwise conv

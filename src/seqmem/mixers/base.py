@@ -23,6 +23,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from seqmem.io import check_int
+
 State = dict[str, Tensor]
 IMPLS = ("reference", "fast")
 #: The keys of :attr:`Mixer.facts` (see there).
@@ -89,9 +91,7 @@ def state_to(state: State | None, device: torch.device | str | None = None, dtyp
 
 
 def check_positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return check_int(name, value)
 
 
 def check_positive_float(name: str, value: Any, allow_zero: bool = False) -> float:

@@ -21,6 +21,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from seqmem.io import check_int
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
 from seqmem.ops._common import floor
 from seqmem.ops.ska.chunk import NORMS, OPERATOR_FORMS, STATE_KEYS, spectral_koopman_attention
@@ -83,8 +84,7 @@ class SKAMixer(Mixer):
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
         self.rank = check_positive_int("rank", rank)
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
-        if isinstance(power, bool) or not isinstance(power, int) or power < 0:
-            raise ValueError(f"power (K) must be a non-negative integer, got {power!r}")
+        check_int("power (K)", power, 0)
         self.power = power
         if not (isinstance(eps, (int, float)) and eps > 0):
             raise ValueError(f"eps must be a positive number, got {eps!r}")

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from seqmem.io import check_int
+
 MODES = ("recurrent", "chunk")
 
 
@@ -25,8 +27,7 @@ def check_mode(op: str | None, mode: str, modes: tuple[str, ...] = MODES) -> str
 
 
 def check_chunk_size(op: str | None, chunk_size: int) -> int:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ValueError(f"{_where(op)}chunk_size must be a positive integer, got {chunk_size!r}")
+    check_int("chunk_size", chunk_size, prefix=_where(op))
     return chunk_size
 
 

@@ -36,6 +36,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from seqmem.io import check_int
+
 __all__ = [
     "CONSTRUCTIONS",
     "gl_weights",
@@ -124,10 +126,8 @@ def _soe_nodes(n_terms: int, horizon: int, eps: float) -> tuple[np.ndarray, np.n
 
 
 def _check_soe_args(n_terms, horizon, eps) -> None:
-    if isinstance(n_terms, bool) or not isinstance(n_terms, int) or n_terms < 1:
-        raise ValueError(f"n_terms must be a positive integer, got {n_terms!r}")
-    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 2:
-        raise ValueError(f"horizon must be an integer >= 2, got {horizon!r}")
+    check_int("n_terms", n_terms)
+    check_int("horizon", horizon, 2)
     if not (0 < eps < 1):
         raise ValueError(f"eps must be in (0, 1), got {eps!r}")
 

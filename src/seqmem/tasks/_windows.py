@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqmem.data import SPLITS
+from seqmem.io import check_int
 from seqmem.tasks.base import IGNORE_INDEX, Task
 
 
@@ -32,8 +33,7 @@ class SplitWindowsTask(Task):
     def _check_window_options(seq_len: int, n_buckets: int, eval_split: str) -> None:
         """Raise unless ``seq_len`` is a positive integer, ``n_buckets`` an integer in ``[1, seq_len]`` and
         ``eval_split`` a split name."""
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
-            raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
+        check_int("seq_len", seq_len)
         if isinstance(n_buckets, bool) or not isinstance(n_buckets, int) or not 1 <= n_buckets <= seq_len:
             raise ValueError(f"n_buckets must be an integer in [1, seq_len={seq_len}], got {n_buckets!r}")
         if eval_split not in SPLITS:

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from seqmem.io import import_submodules
+from seqmem.io import check_int, import_submodules
 
 IGNORE_INDEX = -100
 DEFAULT_EVAL_SEED = 2_718_281
@@ -74,8 +74,7 @@ class Task:
     seq_len: int
 
     def __init__(self, eval_seed: int = DEFAULT_EVAL_SEED) -> None:
-        if isinstance(eval_seed, bool) or not isinstance(eval_seed, int) or eval_seed < 0:
-            raise ValueError(f"eval_seed must be a non-negative integer, got {eval_seed!r}")
+        check_int("eval_seed", eval_seed, 0)
         self.eval_seed = eval_seed
         self._streams: dict[str, tuple[tuple[Tensor, Tensor] | None, torch.Generator | None]] = {}
 
@@ -106,8 +105,7 @@ class Task:
         draw: Callable[[int, torch.Generator], tuple[Tensor, Tensor]],
     ) -> tuple[Tensor, Tensor]:
         """First ``n_examples`` of the stream ``draw(eval_block, gen)``, ``gen`` seeded by ``seed``."""
-        if isinstance(n_examples, bool) or not isinstance(n_examples, int) or n_examples <= 0:
-            raise ValueError(f"n_examples must be a positive integer, got {n_examples!r}")
+        check_int("n_examples", n_examples)
         cache, gen = self._streams.get(key, (None, None))
         have = 0 if cache is None else cache[0].shape[0]
         if have < n_examples:
@@ -137,8 +135,7 @@ class Task:
         return {"accuracy": acc}
 
     def _check_batch(self, batch_size: int) -> int:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        check_int("batch_size", batch_size)
         return batch_size
 
     def __repr__(self) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from seqmem.io import check_int
 from seqmem.tasks.base import DEFAULT_EVAL_SEED, IGNORE_INDEX, Task, register_task
 
 __all__ = ["CopyHalfTask"]
@@ -30,8 +31,7 @@ class CopyHalfTask(Task):
     def __init__(self, vocab_size: int = 128, seq_len: int = 64, eval_seed: int = DEFAULT_EVAL_SEED) -> None:
         super().__init__(eval_seed)
         for k, v, lo in (("vocab_size", vocab_size, 3), ("seq_len", seq_len, 3)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"{k} must be an integer >= {lo}, got {v!r}")
+            check_int(k, v, lo)
         self.vocab_size, self.seq_len = vocab_size, seq_len
         self.m = (seq_len - 1) // 2
         self.sep_token = vocab_size - 1

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from seqmem.io import check_int
 from seqmem.tasks.base import DEFAULT_EVAL_SEED, IGNORE_INDEX, Task, register_task
 
 __all__ = [
@@ -56,8 +57,7 @@ N_SPECIAL = 8
 
 
 def _int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    check_int(name, value, minimum)
     return value
 
 

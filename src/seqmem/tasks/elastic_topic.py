@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from seqmem.io import check_int
 from seqmem.tasks.base import DEFAULT_EVAL_SEED, IGNORE_INDEX, Task, register_task
 
 __all__ = ["ElasticTopicTask"]
@@ -46,8 +47,7 @@ class ElasticTopicTask(Task):
                  eval_seed: int = DEFAULT_EVAL_SEED) -> None:
         super().__init__(eval_seed)
         for k, v in (("vocab_size", vocab_size), ("topic", topic), ("seq_len", seq_len), ("block_len", block_len)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{k} must be a positive integer, got {v!r}")
+            check_int(k, v)
         if topic > vocab_size:
             raise ValueError(f"need 1 <= topic <= vocab, got topic={topic}, vocab={vocab_size}")
         if seq_len % block_len:

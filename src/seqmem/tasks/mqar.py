@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from seqmem.io import check_int
 from seqmem.tasks.base import DEFAULT_EVAL_SEED, IGNORE_INDEX, Task, masked_accuracy, register_task
 
 LAYOUTS = ("zoology", "vla")
@@ -58,8 +59,7 @@ def power_law_gap_probs(space: int, power_a: float) -> Tensor:
 
 
 def _int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    check_int(name, value, minimum)
     return value
 
 

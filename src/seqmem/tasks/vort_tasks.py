@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from seqmem.io import check_int
 from seqmem.tasks.base import DEFAULT_EVAL_SEED, IGNORE_INDEX, Task, register_task
 
 __all__ = ["ZipfLagRetrieval", "EntityLabelCopy", "VortZipfTask", "lag_bin"]
@@ -192,8 +193,7 @@ class VortZipfTask(Task):
         super().__init__(eval_seed)
         for k, v, lo in (("n_positions", n_positions, 4), ("n_queries", n_queries, 1), ("n_keys", n_keys, 1),
                          ("n_labels", n_labels, 2), ("n_filler", n_filler, 1)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"{k} must be an integer >= {lo}, got {v!r}")
+            check_int(k, v, lo)
         if isinstance(beta, bool) or not isinstance(beta, int | float) or not beta > 0:
             raise ValueError(f"beta must be a positive number, got {beta!r}")
         try:

@@ -14,6 +14,7 @@ import torch
 from numpy.polynomial.legendre import leggauss
 from torch import Tensor
 
+from seqmem.io import check_int
 from seqmem.ops._common import check_choice, check_state_keys
 from seqmem.ops.hippo.naive import hippo_compress_naive
 
@@ -162,10 +163,8 @@ def legs_block(N: int, block_len: int, i: int, dtype: torch.dtype = torch.float6
     ``iL .. (i+1)L − 1`` at time ``(i+1)L``.  Computed in float64, returned in ``dtype``.
     """
     N = _check_n(N)
-    if isinstance(block_len, bool) or not isinstance(block_len, int) or block_len <= 0:
-        raise ValueError(f"block_len must be a positive integer, got {block_len!r}")
-    if isinstance(i, bool) or not isinstance(i, int) or i < 0:
-        raise ValueError(f"block index must be a non-negative integer, got {i!r}")
+    check_int("block_len", block_len)
+    check_int("block index", i, 0)
     P = legs_transition(N, i * block_len, (i + 1) * block_len, dtype)
     K = legs_input_kernel(N, i * block_len, block_len, (i + 1) * block_len, dtype)
     return P, K
@@ -175,8 +174,7 @@ def legs_block_bank(
     N: int, block_len: int, n_blocks: int, dtype: torch.dtype = torch.float32
 ) -> tuple[Tensor, Tensor]:
     """Stacked bank ``(P (n_blocks, N, N), K̄ (n_blocks, N, block_len))``: float64 math, ``dtype`` storage."""
-    if isinstance(n_blocks, bool) or not isinstance(n_blocks, int) or n_blocks <= 0:
-        raise ValueError(f"n_blocks must be a positive integer, got {n_blocks!r}")
+    check_int("n_blocks", n_blocks)
     Ps, Ks = zip(*(legs_block(N, block_len, i) for i in range(n_blocks)))
     return torch.stack(Ps).to(dtype), torch.stack(Ks).to(dtype)
 

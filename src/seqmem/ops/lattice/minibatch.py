@@ -11,6 +11,7 @@ import warnings
 import torch
 from torch import Tensor
 
+from seqmem.io import check_int
 from seqmem.ops._common import check_state_keys, state_dict
 from seqmem.ops.lattice.naive import lattice_minibatch_naive
 from seqmem.ops.lattice.step import _OSR, _check, _prepare, sphere_retract
@@ -86,8 +87,7 @@ def _state_parts(q, k, v, state, chunk_size) -> tuple[Tensor | None, Tensor | No
     if not isinstance(pos, Tensor) or pos.dtype != torch.long or pos.shape != (B,):
         got = getattr(pos, "shape", pos)
         raise ValueError(f"lattice_minibatch: initial_state['pos'] must be an int64 (batch={B},) tensor, got {got}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    check_int("chunk_size", chunk_size)
     off = pos % chunk_size
     if B and not bool((off == off[0]).all()):
         raise ValueError("lattice_minibatch: all sequences of a batch must be at the same position in their chunk")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from seqmem.io import check_int
 from seqmem.ops._common import floor
 
 __all__ = ["LATTICE_OBJECTIVES", "lattice_step", "orthonormal_slots", "soft_threshold", "sphere_retract"]
@@ -28,8 +29,7 @@ def orthonormal_slots(
 ) -> Tensor:
     """``n`` random ``d×m`` matrices with orthonormal columns (QR of a Gaussian, sign-fixed); ``m ≤ d``."""
     for name, val in (("n", n), ("d", d), ("m", m)):
-        if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
-            raise ValueError(f"orthonormal_slots: {name} must be a positive integer, got {val!r}")
+        check_int(name, val, prefix="orthonormal_slots: ")
     if m > d:
         raise ValueError(
             f"orthonormal_slots: m={m} slots cannot be orthonormal in dimension d={d} "
@@ -154,8 +154,7 @@ def _check(q, k, v, gamma, initial_state, objective, normalize, forget, l1, mode
     ):
         got = getattr(initial_state, "shape", initial_state)
         raise ValueError(f"initial_state['S'] must be (B, H, d, m)=({B}, {H}, {d}, {m}), got {got}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    check_int("chunk_size", chunk_size)
     return B, T, H, m, d
 
 

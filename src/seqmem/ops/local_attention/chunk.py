@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from seqmem.io import check_int
 from seqmem.ops._common import check_chunk_size, check_mode, check_state_keys
 from seqmem.ops.local_attention.naive import windowed_softmax_naive
 
@@ -76,8 +77,7 @@ def window_cache(
 
 def join_past(q, k, v, window, past_k, past_v, mode, chunk_size) -> tuple[Tensor, Tensor, int]:
     """Validate the arguments of a sliding-window op; return ``(keys, vals, n_past)`` with the past prepended."""
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be a positive integer, got {window!r}")
+    check_int("window", window)
     check_mode(None, mode, MODES)
     check_chunk_size(None, chunk_size)
     if q.dim() != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:

@@ -13,6 +13,7 @@ import math
 import torch
 from torch import Tensor
 
+from seqmem.io import check_int
 from seqmem.ops._common import check_choice, check_mode, floor
 from seqmem.ops.ska.naive import ska_naive
 
@@ -183,14 +184,11 @@ def _validate(q, k, v, chunk_size, power, eps, norm, spec_iters, operator_form, 
             f"spectral_koopman_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, "
             f"v {tuple(v.shape)} disagree"
         )
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-    if isinstance(power, bool) or not isinstance(power, int) or power < 0:
-        raise ValueError(f"power (K) must be a non-negative integer, got {power!r}")
+    check_int("chunk_size", chunk_size)
+    check_int("power (K)", power, 0)
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps!r}")
-    if isinstance(spec_iters, bool) or not isinstance(spec_iters, int) or spec_iters < 1:
-        raise ValueError(f"spec_iters must be a positive integer, got {spec_iters!r}")
+    check_int("spec_iters", spec_iters)
     check_choice(None, "norm", norm, NORMS)
     check_choice(None, "operator_form", operator_form, OPERATOR_FORMS)
     check_mode(None, mode, MODES)
