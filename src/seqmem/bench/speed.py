@@ -132,8 +132,9 @@ def run_speed(args: Any, device: torch.device, dtype: torch.dtype, mixers: list[
                             rec.update(flops=fl, flops_by_op=by_op, gflops_per_s=fl / (st["median_ms"] / 1e3) / 1e9)
                         except Exception as e:  # a counting failure must not lose the timing
                             rec.update(flops=None, note=f"FLOP count failed: {type(e).__name__}: {e}"[:300])
-                    lin = _linears_fn(m, args.batch, n, device, dtype, gen) if impl == "fast" else None
-                    if lin is not None and not getattr(args, "no_floor", False):
+                    lin = (_linears_fn(m, args.batch, n, device, dtype, gen)
+                           if impl == "fast" and not args.no_floor else None)  # no projection inputs if unused
+                    if lin is not None:
                         try:
                             lr = measure(lin, warmup=1, repeats=repeats, max_seconds=cap, device=device)
                         except Exception as e:  # the floor is a side measurement: never lose the timing

@@ -158,7 +158,6 @@ def _one_token(q, k, v, coef, xi, coef_now, eps0, normalizer, strict, initial_st
         r = torch.exp(m_old - m_new)  # ≤ 1: the state (and its ε0) re-expressed in units of e^{m_new}
         f = f * r[..., None]
         kt = kt * torch.exp(beta_t - m_new)[..., None]
-    outs = None
     if strict and G is not None:  # read out before writing token t, in the old units: Σ_s λ_s φ(q)·G_s
         qd = (lam[:, None] * qt[:, :, None, :]).flatten(-2)  # (B, H, S·F)
         num = (qd[:, :, None, :] @ G.flatten(2, 3))[:, :, 0]
@@ -176,9 +175,9 @@ def _one_token(q, k, v, coef, xi, coef_now, eps0, normalizer, strict, initial_st
     z_new = None if z is None else (kt + (z if r is None else r[..., None] * z))
     if not strict:  # eq. (16): read out after writing token t, plus the lag-0 lump c_now φ(q)·φ(k) v
         qk = (qt * kt).sum(-1)
-        num = (qt.repeat(1, 1, S)[:, :, None, :] @ G_new.flatten(2, 3))[:, :, 0] + (cn * qk)[..., None] * vt
-        den = (qt * z_new).sum(-1) if z_new is not None else (
-            (qt.repeat(1, 1, S) * b_new.flatten(2)).sum(-1) + cn * qk)
+        qs = qt.repeat(1, 1, S)  # (B, H, S·F): φ(q) against every channel
+        num = (qs[:, :, None, :] @ G_new.flatten(2, 3))[:, :, 0] + (cn * qk)[..., None] * vt
+        den = (qt * z_new).sum(-1) if z_new is not None else (qs * b_new.flatten(2)).sum(-1) + cn * qk
         outs = num / (den + eps0)[..., None]
     state = {"G": G_new, "b": b_new}
     if z_new is not None:
