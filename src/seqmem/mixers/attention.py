@@ -82,11 +82,7 @@ class Attention(Mixer):
         bias: bool = False,
     ) -> None:
         super().__init__(d_model, n_heads, impl)
-        if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
-        self.head_dim = d_model // n_heads
-        if self.head_dim % 2:
-            raise ValueError(f"head dimension d_model/n_heads={self.head_dim} must be even for RoPE")
+        self.head_dim = self._head_dim(rope=True)
         self.window = None if window is None else check_positive_int("window", window)
         self.rope_base = check_positive_float("rope_base", rope_base)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)

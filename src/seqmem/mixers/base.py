@@ -257,6 +257,16 @@ class Mixer(nn.Module):
         self.n_heads = check_positive_int("n_heads", n_heads)
         self.impl = check_choice("impl", impl, IMPLS)
 
+    def _head_dim(self, rope: bool = False) -> int:
+        """``d_model // n_heads``: a ValueError unless ``n_heads`` divides ``d_model`` (and, with ``rope``, unless
+        the head dimension is even: RoPE rotates pairs)."""
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        head_dim = self.d_model // self.n_heads
+        if rope and head_dim % 2:
+            raise ValueError(f"head dimension d_model/n_heads={head_dim} must be even for RoPE")
+        return head_dim
+
     def long_range_reason(self, seq_len: int) -> str | None:
         """Why the output at position ``seq_len - 1`` cannot depend on the first token, or ``None`` when it can.
 

@@ -40,20 +40,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqmem.mixers.attention import rope_angles
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
 from seqmem.ops.elastic import trapezoidal_attention
 from seqmem.ops.elastic.naive import trapezoidal_attention_token
 from seqmem.ops.hippo import SAMPLINGS, hippo_compress, legs_block, legs_reconstruction_matrix, sample_fractions
 from seqmem.registry import register
-
-try:  # the RoPE angles of seqmem.mixers.attention; same convention as the fallback below
-    from seqmem.mixers.attention import rope_angles as _rope_angles
-except ImportError:  # pragma: no cover - fallback when the core attention file is absent
-
-    def _rope_angles(positions: Tensor, dim: int, base: float = 10000.0, dtype=torch.float32) -> tuple[Tensor, Tensor]:
-        inv = base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim)
-        ang = positions.to(torch.float64)[:, None] * inv[None, :]
-        return ang.cos().to(dtype), ang.sin().to(dtype)
 
 
 def _rotate(x: Tensor, c2: Tensor, s2: Tensor) -> Tensor:
@@ -80,7 +72,7 @@ class _Rotate(torch.autograd.Function):
 def _apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
     """RoPE of ``x`` (batch, time, heads, dim) at integer ``positions`` (time,), the convention of
     :func:`seqmem.mixers.attention.apply_rope` (pairs ``(x[..., i], x[..., i + dim/2])``)."""
-    cos, sin = _rope_angles(positions, x.shape[-1], base, x.dtype)
+    cos, sin = rope_angles(positions, x.shape[-1], base, x.dtype)
     c2, s2 = torch.cat([cos, cos], -1)[:, None, :], torch.cat([-sin, sin], -1)[:, None, :]
     if x.requires_grad and torch.is_grad_enabled():
         return _Rotate.apply(x, c2, s2)
@@ -129,11 +121,7 @@ class BlockAttention(Mixer):
         rope_base: float = 10000.0,
     ) -> None:
         super().__init__(d_model, n_heads, impl)
-        if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
-        self.head_dim = d_model // n_heads
-        if self.head_dim % 2:
-            raise ValueError(f"head dimension d_model/n_heads={self.head_dim} must be even for RoPE")
+        self.head_dim = self._head_dim(rope=True)
         self.block_len = check_positive_int("block_len", block_len)
         if not (isinstance(rope_base, (int, float)) and rope_base > 1):
             raise ValueError(f"rope_base must be a number > 1, got {rope_base!r}")

@@ -64,9 +64,7 @@ class _LinearFamily(Mixer):
         chunk_size: int = 64,
     ) -> None:
         super().__init__(d_model, n_heads, impl)
-        if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
-        self.head_dim = d_model // n_heads
+        self.head_dim = self._head_dim()
         self.conv_size = None if conv_size is None else check_positive_int("conv_size", conv_size)
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)

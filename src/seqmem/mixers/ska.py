@@ -80,8 +80,7 @@ class SKAMixer(Mixer):
         operator_form: str = "whitened",
     ) -> None:
         super().__init__(d_model, n_heads, impl)
-        if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        self.head_dim = self._head_dim()
         self.rank = check_positive_int("rank", rank)
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
         check_int("power (K)", power, 0)
@@ -94,7 +93,6 @@ class SKAMixer(Mixer):
         self.spec_iters = check_positive_int("spec_iters", spec_iters)
         if not (1.0 <= gamma_init < 1.5):
             raise ValueError(f"gamma_init must lie in [1, 1.5), got {gamma_init!r}")
-        self.head_dim = d_model // n_heads
         H, r, P = n_heads, rank, self.head_dim
         self.w_k = nn.Linear(d_model, H * r, bias=False)
         self.w_q = nn.Linear(d_model, H * r, bias=False)

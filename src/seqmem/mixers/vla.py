@@ -45,9 +45,7 @@ class _HeadProjections(Mixer):
 
     def __init__(self, d_model: int, n_heads: int, impl: str, chunk_size: int, bias: bool) -> None:
         super().__init__(d_model, n_heads, impl)
-        if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
-        self.head_dim = d_model // n_heads
+        self.head_dim = self._head_dim()
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
         self.k_proj = nn.Linear(d_model, d_model, bias=bias)

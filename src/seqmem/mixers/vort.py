@@ -188,8 +188,7 @@ class VORT(Mixer):
         chunk_size: int = 64,
     ) -> None:
         super().__init__(d_model, n_heads, impl)
-        if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        self.head_dim = self._head_dim()
         self.kernel = check_choice("kernel", kernel, KERNELS)
         self.alpha_mode = check_choice("alpha_mode", alpha_mode, ALPHA_MODES)
         self.feature_map = check_choice("feature_map", feature_map, FEATURE_MAPS)
@@ -220,7 +219,6 @@ class VORT(Mixer):
         )
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
         self.n_exp = check_positive_int("n_exp", n_exp)
-        self.head_dim = d_model // n_heads
         self.n_features = (
             self.head_dim if feature_map in ("elu", "exact") else check_positive_int("n_features", n_features)
         )
