@@ -38,8 +38,22 @@ from seqmem.ops.delta.naive import gated_delta_rule_naive
 __all__ = ["delta_rule", "gated_delta_rule"]
 
 
-def _check(op, q, k, v, beta, g, initial_state, scale, mode, chunk_size):
-    return check_qkv_op(op, q, k, v, initial_state, scale, mode, chunk_size, beta=beta, g=g)
+def _run(
+    op: str, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, scale: float | None,
+    initial_state: Tensor | None, mode: str, chunk_size: int,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Both public ops after their state is read (``g`` None: :func:`delta_rule`): the checks, then the opt-in GPU
+    kernel (seqmem.backends) for ``mode="chunk"`` where one is selected, the recurrent reference or the chunked
+    form."""
+    *_, scale = check_qkv_op(op, q, k, v, initial_state, scale, mode, chunk_size, beta=beta, g=g)
+    gates = (beta,) if g is None else (beta, g)
+    if mode == "chunk" and (be := _backends.select(op, q, k, v, *gates, initial_state)) is not None:
+        o, S = be.fn(q, k, v, *gates, scale, initial_state, chunk_size)
+    elif mode == "recurrent":
+        o, S = gated_delta_rule_naive(q, k, v, beta, g, scale, initial_state)
+    else:
+        o, S = _delta_core(q, k, v, beta, g, scale, initial_state, chunk_size)
+    return o, {"S": S}
 
 
 def _delta_core(q, k, v, beta, g, scale, initial_state, chunk_size):
@@ -125,14 +139,7 @@ def delta_rule(
         * ``"S"``: the memory ``S_t`` (batch, heads, d_k, d_v), in the compute dtype.
     """
     initial_state = state_tensor("delta_rule", initial_state)
-    *_, scale = _check("delta_rule", q, k, v, beta, None, initial_state, scale, mode, chunk_size)
-    if mode == "chunk" and (be := _backends.select("delta_rule", q, k, v, beta, initial_state)) is not None:
-        o, S = be.fn(q, k, v, beta, scale, initial_state, chunk_size)  # opt-in GPU kernel (seqmem.backends)
-    elif mode == "recurrent":
-        o, S = gated_delta_rule_naive(q, k, v, beta, None, scale, initial_state)
-    else:
-        o, S = _delta_core(q, k, v, beta, None, scale, initial_state, chunk_size)
-    return o, {"S": S}
+    return _run("delta_rule", q, k, v, beta, None, scale, initial_state, mode, chunk_size)
 
 
 def gated_delta_rule(
@@ -161,11 +168,4 @@ def gated_delta_rule(
         * ``"S"``: the memory ``S_t`` (batch, heads, d_k, d_v), in the compute dtype.
     """
     initial_state = state_tensor("gated_delta_rule", initial_state)
-    *_, scale = _check("gated_delta_rule", q, k, v, beta, g, initial_state, scale, mode, chunk_size)
-    if mode == "chunk" and (be := _backends.select("gated_delta_rule", q, k, v, beta, g, initial_state)) is not None:
-        o, S = be.fn(q, k, v, beta, g, scale, initial_state, chunk_size)  # opt-in GPU kernel (seqmem.backends)
-    elif mode == "recurrent":
-        o, S = gated_delta_rule_naive(q, k, v, beta, g, scale, initial_state)
-    else:
-        o, S = _delta_core(q, k, v, beta, g, scale, initial_state, chunk_size)
-    return o, {"S": S}
+    return _run("gated_delta_rule", q, k, v, beta, g, scale, initial_state, mode, chunk_size)
