@@ -21,7 +21,7 @@ is exact); ``"z"`` ``(batch, heads, d_k)`` (sum of feature-mapped keys) for ``li
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -242,12 +242,19 @@ class DeltaNet(_LinearFamily):
     def _forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
         new: State = {}
         q, k, v, beta = self._prep(x, state, new)
-        o, st = delta_rule(
-            q, k, v, beta, initial_state=self._op_state(state), mode=self.mode, chunk_size=self.chunk_size
-        )
+        o, st = self._rule(x, q, k, v, beta, initial_state=self._op_state(state), mode=self.mode,
+                           chunk_size=self.chunk_size)  # fmt: skip
         new["S"] = st["S"]
         b, t, _ = x.shape
-        return self.out(self.o_norm(o).reshape(b, t, self.d_model)), new
+        return self.out(self._norm_out(x, o).reshape(b, t, self.d_model)), new
+
+    def _rule(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, **kw: Any) -> tuple[Tensor, State]:
+        """The recurrence over the prepared ``q, k, v, beta`` (``kw``: the op's state, mode and chunk size)."""
+        return delta_rule(q, k, v, beta, **kw)
+
+    def _norm_out(self, x: Tensor, o: Tensor) -> Tensor:
+        """The per-head output norm of ``o`` (batch, time, heads, head_dim)."""
+        return self.o_norm(o)
 
 
 @register(
@@ -279,15 +286,11 @@ class GatedDeltaNet(DeltaNet):
     def _make_norm(self, eps: float) -> nn.Module:
         return GatedRMSNorm(self.head_dim, eps, norm_before_gate=True)
 
-    def _forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
-        new: State = {}
-        q, k, v, beta = self._prep(x, state, new)
+    def _rule(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, **kw: Any) -> tuple[Tensor, State]:
         # log decay (batch, time, heads), Gated DeltaNet / Mamba-2 parametrisation
         g = -torch.exp(self.A_log) * F.softplus(self.a_proj(x) + self.dt_bias)
-        o, st = gated_delta_rule(
-            q, k, v, beta, g, initial_state=self._op_state(state), mode=self.mode, chunk_size=self.chunk_size
-        )
-        new["S"] = st["S"]
+        return gated_delta_rule(q, k, v, beta, g, **kw)
+
+    def _norm_out(self, x: Tensor, o: Tensor) -> Tensor:
         b, t, _ = x.shape
-        gate = self.g_proj(x).view(b, t, self.n_heads, self.head_dim)
-        return self.out(self.o_norm(o, gate).reshape(b, t, self.d_model)), new
+        return self.o_norm(o, self.g_proj(x).view(b, t, self.n_heads, self.head_dim))
