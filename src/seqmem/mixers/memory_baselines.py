@@ -39,7 +39,7 @@ from seqmem.mixers.base import State, check_positive_int
 from seqmem.mixers.elastic import BlockAttention, Ctx
 from seqmem.ops._common import compute_dtype as _compute_dtype
 from seqmem.ops._common import full_precision as _full_precision
-from seqmem.ops.elastic.chunk import block_runs
+from seqmem.ops.elastic.chunk import by_runs
 from seqmem.registry import register
 
 
@@ -131,19 +131,20 @@ class Memorizing(BlockAttention):
         a_loc = super()._attend_fast(q_rot, q_raw, k_rot, v, {}, off)
         b, nb, lq, h, dh = q_raw.shape
         M = self.n_queue
-        runs = block_runs(ctx["valid"][0].sum(-1).tolist())  # filled slots per block: the same in every row
-        sizes = [n for _, n in runs]
-        parts = []
-        for (f, n), a_j, q_j, k_j, v_j in zip(runs, *(z.split(sizes, 1) for z in (a_loc, q_raw, ctx["k"], ctx["v"]))):
+
+        def run(f: int, pieces: tuple[Tensor, ...]) -> Tensor:
+            a_j, q_j, k_j, v_j = pieces
             if f == 0:
-                parts.append(a_j)
-                continue
+                return a_j
+            n = a_j.shape[1]
             qm = q_j.reshape(b * n, lq, h, dh).transpose(1, 2)
             km = k_j[:, :, M - f :].reshape(b * n, f, h, dh).transpose(1, 2)
             vm = v_j[:, :, M - f :].reshape(b * n, f, h, dh).transpose(1, 2)
             a_mem = F.scaled_dot_product_attention(qm, km, vm).transpose(1, 2).reshape(b, n, lq, h, dh)
-            parts.append(_gate(self.mem_gate, a_mem, a_j))
-        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+            return _gate(self.mem_gate, a_mem, a_j)
+
+        # filled slots per block: the same in every row
+        return by_runs(ctx["valid"][0].sum(-1).tolist(), (a_loc, q_raw, ctx["k"], ctx["v"]), run)
 
     def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
         a_loc = super()._attend_token(q_rot, q_raw, k_rot, v, {})
@@ -248,17 +249,15 @@ class Infini(BlockAttention):
         """Blocks whose memory is still empty (block 0: M = 0, z = 0, so A_mem = 0 exactly) get
         ``(1 − σ(g_h)) A_local`` without the read."""
         a_loc = super()._attend_fast(q_rot, q_raw, k_rot, v, {}, off)
-        runs = block_runs(ctx["empty"][0].tolist())
-        sizes = [n for _, n in runs]
-        parts = []
-        pieces = zip(*(x.split(sizes, 1) for x in (a_loc, q_raw, ctx["M"], ctx["z"])))
-        for (empty, _), (a_j, q_j, M_j, z_j) in zip(runs, pieces):
+
+        def run(empty: bool, pieces: tuple[Tensor, ...]) -> Tensor:
+            a_j, q_j, M_j, z_j = pieces
             if empty:
-                parts.append((1 - torch.sigmoid(self.mem_gate)[:, None]) * a_j)
-            else:
-                a_mem = self._mem_out(q_j, {"M": M_j, "z": z_j}, "bnlhk,bnhkv->bnlhv", "bnlhk,bnhk->bnlh", a_j)
-                parts.append(_gate(self.mem_gate, a_mem, a_j))
-        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+                return (1 - torch.sigmoid(self.mem_gate)[:, None]) * a_j
+            a_mem = self._mem_out(q_j, {"M": M_j, "z": z_j}, "bnlhk,bnhkv->bnlhv", "bnlhk,bnhk->bnlh", a_j)
+            return _gate(self.mem_gate, a_mem, a_j)
+
+        return by_runs(ctx["empty"][0].tolist(), (a_loc, q_raw, ctx["M"], ctx["z"]), run)
 
     def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
         a_loc = super()._attend_token(q_rot, q_raw, k_rot, v, {})

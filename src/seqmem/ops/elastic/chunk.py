@@ -13,6 +13,9 @@ call with an explicit mask over ``[memory; block]``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -88,18 +91,16 @@ def trapezoidal_attention(
         return causal_blocks(q, k, v, scale)
     full = mem_valid.flatten(2).transpose(0, 1).reshape(nb, -1)  # (blocks, batch · M)
     kind = torch.where(full.all(1), 1, torch.where(full.any(1), 2, 0)).tolist()  # 0 none, 1 all, 2 partly visible
-    runs = block_runs(kind)
-    sizes = [n for _, n in runs]
-    pieces = zip(*(z.split(sizes, 1) for z in (q, k, v, k_mem, v_mem, mem_valid)))  # split: no zero-filled grads
-    parts = []
-    for (g, _), (qj, kj, vj, kmj, vmj, validj) in zip(runs, pieces):
+
+    def run(g: int, pieces: tuple[Tensor, ...]) -> Tensor:
+        qj, kj, vj, kmj, vmj, validj = pieces
         if g == 0:
-            parts.append(causal_blocks(qj, kj, vj, scale))
-        elif g == 1:
-            parts.append(_with_memory(qj, kj, vj, kmj, vmj, scale))
-        else:
-            parts.append(_masked(qj, kj, vj, kmj, vmj, validj, 0, scale))
-    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+            return causal_blocks(qj, kj, vj, scale)
+        if g == 1:
+            return _with_memory(qj, kj, vj, kmj, vmj, scale)
+        return _masked(qj, kj, vj, kmj, vmj, validj, 0, scale)
+
+    return by_runs(kind, (q, k, v, k_mem, v_mem, mem_valid), run)
 
 
 def block_runs(values: list) -> list[tuple]:
@@ -111,6 +112,17 @@ def block_runs(values: list) -> list[tuple]:
         else:
             runs.append((x, 1))
     return runs
+
+
+def by_runs(values: list, tensors: tuple[Tensor, ...], fn: Callable[[Any, tuple[Tensor, ...]], Tensor]) -> Tensor:
+    """``fn(value, pieces)`` once per run of equal consecutive ``values`` (one per block), ``pieces`` the run's blocks
+    of ``tensors`` (blocks on dim 1), the results concatenated on dim 1.  The tensors are split once (a slice per
+    run would give each its own zero-filled gradient)."""
+    runs = block_runs(values)
+    sizes = [n for _, n in runs]
+    pieces = zip(*(z.split(sizes, 1) for z in tensors))
+    parts = [fn(value, piece) for (value, _), piece in zip(runs, pieces)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
 def causal_blocks(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
