@@ -3,28 +3,9 @@
 See docs/tasks.md.  ``build_task("mqar", num_pairs=8, ...)`` / ``list_tasks()``.
 """
 
-from seqmem.tasks.base import (
-    IGNORE_INDEX,
-    Task,
-    build_task,
-    get_task_class,
-    list_tasks,
-    masked_accuracy,
-    register_task,
-    task_options,
-)
+from seqmem.tasks import base as _base
+from seqmem.tasks.base import *  # noqa: F403  (the protocol and the registry: every name in base.__all__)
 from seqmem.tasks.lm import LMTask
 from seqmem.tasks.mqar import MQARTask
 
-__all__ = [
-    "IGNORE_INDEX",
-    "LMTask",
-    "MQARTask",
-    "Task",
-    "build_task",
-    "get_task_class",
-    "list_tasks",
-    "masked_accuracy",
-    "register_task",
-    "task_options",
-]
+__all__ = [*_base.__all__, "LMTask", "MQARTask"]
