@@ -7,6 +7,7 @@ results are reported on ``test`` (``report_split``)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -17,17 +18,37 @@ from torch import Tensor
 
 from seqmem.data import SPLITS
 from seqmem.io import check_int
-from seqmem.tasks.base import IGNORE_INDEX, Task
+from seqmem.tasks.base import IGNORE_INDEX, Task, masked_accuracy
+
+
+def bucket_edges(seq_len: int, n_buckets: int) -> list[tuple[int, int]]:
+    """Half-open ranges ``[lo, hi)`` of ``n_buckets`` near-equal buckets covering ``range(seq_len)``."""
+    b = [round(k * seq_len / n_buckets) for k in range(n_buckets + 1)]
+    return [(b[k], b[k + 1]) for k in range(n_buckets)]
 
 
 class SplitWindowsTask(Task):
-    """Windows ``(tokens[i:i+T], tokens[i+1:i+T+1])`` of a split, starting at uniformly random ``i``."""
+    """Windows ``(tokens[i:i+T], tokens[i+1:i+T+1])`` of a split, starting at uniformly random ``i``.
+
+    A subclass calls ``__init__`` first (it checks and sets ``seq_len``, ``n_buckets``, ``eval_split`` and the
+    position ``buckets``), loads its token arrays, then calls :meth:`_check_splits`."""
 
     report_split: ClassVar[str] = "test"
     eval_split: str = "val"
 
+    def __init__(self, eval_seed: int, seq_len: int, n_buckets: int, eval_split: str) -> None:
+        super().__init__(eval_seed)
+        self._check_window_options(seq_len, n_buckets, eval_split)
+        self.seq_len, self.n_buckets, self.eval_split = seq_len, n_buckets, eval_split
+        self.buckets = bucket_edges(seq_len, n_buckets)
+
     def _check_split(self, split: str) -> np.ndarray:
         raise NotImplementedError
+
+    def _check_splits(self) -> None:
+        """:meth:`_check_split` of the splits the task draws from at once: ``train`` and ``eval_split``."""
+        for split in ("train", self.eval_split):
+            self._check_split(split)
 
     @staticmethod
     def _check_window_options(seq_len: int, n_buckets: int, eval_split: str) -> None:
@@ -54,6 +75,19 @@ class SplitWindowsTask(Task):
             return float((ce[:, lo:hi] * mask[:, lo:hi]).sum()) / n if n else float("nan")
 
         return mean
+
+    def _position_metrics(self, logits: Tensor, targets: Tensor, total: str, bucket: str, bucket_bits: bool
+                          ) -> dict[str, float]:
+        """``total``: the mean loss in bits per scored target; ``accuracy``; and, when ``targets`` span
+        ``seq_len``, ``<bucket>_<lo>_<hi>`` per position bucket (inclusive bounds): the mean loss there, in bits
+        with ``bucket_bits``, else in nats."""
+        mean = self._mean_ce(logits, targets)
+        ln2 = math.log(2.0)
+        out = {total: mean(0, targets.shape[1]) / ln2, "accuracy": masked_accuracy(logits, targets)[0]}
+        if targets.shape[1] == self.seq_len:
+            for lo, hi in self.buckets:
+                out[f"{bucket}_{lo}_{hi - 1}"] = mean(lo, hi) / ln2 if bucket_bits else mean(lo, hi)
+        return out
 
     def sample_split(
         self, split: str, batch_size: int, generator: torch.Generator | None = None

@@ -17,7 +17,6 @@ bounds; boundaries ``round(k · T / n_buckets)``), e.g. T = 512, ``n_buckets=8``
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
@@ -25,16 +24,10 @@ import numpy as np
 from torch import Tensor
 
 from seqmem.data import DEFAULT_FRACTIONS, SPLITS, Corpus, load_corpus
-from seqmem.tasks._windows import SplitWindowsTask
-from seqmem.tasks.base import DEFAULT_EVAL_SEED, masked_accuracy, register_task
+from seqmem.tasks._windows import SplitWindowsTask, bucket_edges
+from seqmem.tasks.base import DEFAULT_EVAL_SEED, register_task
 
 __all__ = ["LMTask", "bucket_edges"]
-
-
-def bucket_edges(seq_len: int, n_buckets: int) -> list[tuple[int, int]]:
-    """Half-open ranges ``[lo, hi)`` of ``n_buckets`` near-equal buckets covering ``range(seq_len)``."""
-    b = [round(k * seq_len / n_buckets) for k in range(n_buckets + 1)]
-    return [(b[k], b[k + 1]) for k in range(n_buckets)]
 
 
 @register_task("lm")
@@ -67,21 +60,15 @@ class LMTask(SplitWindowsTask):
         cache: bool = True,
         eval_seed: int = DEFAULT_EVAL_SEED,
     ) -> None:
-        super().__init__(eval_seed)
-        self._check_window_options(seq_len, n_buckets, eval_split)
+        super().__init__(eval_seed, seq_len, n_buckets, eval_split)
         if not isinstance(corpus, str | os.PathLike):
             raise ValueError(f"corpus must be 'code', 'docs' or a path, got {corpus!r}")
         self.corpus_name = str(corpus)
-        self.seq_len = seq_len
         self.max_files = max_files
-        self.n_buckets = n_buckets
-        self.eval_split = eval_split
         self.cache = bool(cache)
         self.corpus: Corpus = load_corpus(corpus, max_files=max_files, fractions=fractions, cache=self.cache)
         self.fractions = tuple(float(f) for f in fractions)
-        self.buckets = bucket_edges(seq_len, n_buckets)
-        for split in ("train", eval_split):
-            self._check_split(split)
+        self._check_splits()
 
     def config(self) -> dict[str, Any]:
         return {
@@ -120,10 +107,4 @@ class LMTask(SplitWindowsTask):
 
     def metrics(self, logits: Tensor, targets: Tensor) -> dict[str, float]:
         """``bpb`` overall, ``accuracy``, and ``bpb_pos_<lo>_<hi>`` per position bucket (module docstring)."""
-        mean = self._mean_ce(logits, targets)
-        ln2 = math.log(2.0)
-        out = {"bpb": mean(0, targets.shape[1]) / ln2, "accuracy": masked_accuracy(logits, targets)[0]}
-        if targets.shape[1] == self.seq_len:
-            for lo, hi in self.buckets:
-                out[f"bpb_pos_{lo}_{hi - 1}"] = mean(lo, hi) / ln2
-        return out
+        return self._position_metrics(logits, targets, "bpb", "bpb_pos", bucket_bits=True)

@@ -12,7 +12,6 @@ token in ``n_buckets`` position buckets, inclusive bounds) — lower late-bucket
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -20,8 +19,7 @@ from torch import Tensor
 
 from seqmem.data import DEFAULT_FRACTIONS, SPLITS
 from seqmem.tasks._windows import SplitWindowsTask
-from seqmem.tasks.base import DEFAULT_EVAL_SEED, masked_accuracy, register_task
-from seqmem.tasks.lm import bucket_edges
+from seqmem.tasks.base import DEFAULT_EVAL_SEED, register_task
 from seqmem.textdata import TextTokenizer, load_documents, load_tokenizer, tokenize_splits
 
 __all__ = ["TextLMTask"]
@@ -61,21 +59,18 @@ class TextLMTask(SplitWindowsTask):
         cache: bool = True,
         eval_seed: int = DEFAULT_EVAL_SEED,
     ) -> None:
-        super().__init__(eval_seed)
-        self._check_window_options(seq_len, n_buckets, eval_split)
-        self.dataset, self.tokenizer_spec, self.seq_len = str(dataset), str(tokenizer), seq_len
+        super().__init__(eval_seed, seq_len, n_buckets, eval_split)
+        self.dataset, self.tokenizer_spec = str(dataset), str(tokenizer)
         self.text_field, self.max_docs, self.max_files = text_field, max_docs, max_files
         self.fractions = tuple(float(f) for f in fractions)
-        self.n_buckets, self.eval_split, self.cache = n_buckets, eval_split, bool(cache)
+        self.cache = bool(cache)
         docs, ident = load_documents(self.dataset, text_field=text_field, max_docs=max_docs, max_files=max_files,
                                      fractions=self.fractions, cache=self.cache)
         self.num_documents = {s: len(docs[s]) for s in SPLITS}
         self.tokenizer: TextTokenizer = load_tokenizer(self.tokenizer_spec, docs["train"], self.cache, ident)
         self.vocab_size = self.tokenizer.vocab_size
         self.tokens = tokenize_splits(docs, self.tokenizer, ident if self.cache else None)
-        self.buckets = bucket_edges(seq_len, n_buckets)
-        for split in ("train", eval_split):
-            self._check_split(split)
+        self._check_splits()
 
     def config(self) -> dict[str, Any]:
         return {"name": self.name, "dataset": self.dataset, "tokenizer": self.tokenizer_spec, "seq_len": self.seq_len,
@@ -98,10 +93,4 @@ class TextLMTask(SplitWindowsTask):
         return arr
 
     def metrics(self, logits: Tensor, targets: Tensor) -> dict[str, float]:
-        mean = self._mean_ce(logits, targets)
-        out = {"bits_per_token": mean(0, targets.shape[1]) / math.log(2.0),
-               "accuracy": masked_accuracy(logits, targets)[0]}
-        if targets.shape[1] == self.seq_len:
-            for lo, hi in self.buckets:
-                out[f"loss_pos_{lo}_{hi - 1}"] = mean(lo, hi)
-        return out
+        return self._position_metrics(logits, targets, "bits_per_token", "loss_pos", bucket_bits=False)
