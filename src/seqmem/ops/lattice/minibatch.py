@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from seqmem.io import check_int
-from seqmem.ops._common import check_state_keys, state_dict
+from seqmem.ops._common import check_mode, check_state_keys, state_dict
 from seqmem.ops.lattice.naive import lattice_minibatch_naive
 from seqmem.ops.lattice.step import _OSR, _check, _prepare, sphere_retract
 
@@ -55,22 +55,13 @@ def lattice_minibatch(
     head; only the chunk-end state is a (d, m) matrix (a one-token block, as in decoding, forms its one state).
     ``mode="recurrent"`` runs the per-token reference (``naive.py``) after the same input checks.
     """
-    if mode not in ("recurrent", "chunk"):
-        raise ValueError(f"lattice_minibatch: mode must be one of ['recurrent', 'chunk'], got {mode!r}")
+    check_mode("lattice_minibatch", mode)
     state = state_dict("lattice_minibatch", initial_state)
     if state is not None and set(state) == {"S"}:  # the former bare S⁰: a zero update at position 0
         state = {"S": state["S"], "A": None, "pos": None}
     check_state_keys("lattice_minibatch", state, STATE_KEYS)
     S0, A, offset = _state_parts(q, k, v, state, chunk_size)
-    if mode == "recurrent":
-        _lattice_minibatch_checks(q, k, v, gamma, S0, objective, chunk_size, A, offset)
-        y, (S0, A) = lattice_minibatch_naive(q, k, v, gamma, S0, objective=objective, chunk_size=chunk_size,
-                                             initial_update=A, offset=offset)  # fmt: skip
-    else:
-        y, (S0, A) = _lattice_minibatch(
-            q, k, v, gamma, S0, objective=objective, chunk_size=chunk_size, initial_update=A, offset=offset,
-            dense=False,
-        )  # fmt: skip
+    y, (S0, A) = _run(q, k, v, gamma, S0, objective, chunk_size, A, offset, mode)
     pos = torch.full((k.shape[0],), offset, dtype=torch.long, device=k.device) if state is None or \
         state["pos"] is None else state["pos"]
     return y, {"S": S0, "A": A, "pos": pos + k.shape[1]}
@@ -112,16 +103,20 @@ def lattice_chunked(
     returns ``(y, (S_chunk_start, update))``."""
     warnings.warn("lattice_chunked is deprecated; use lattice_minibatch (state dict {'S', 'A', 'pos'})",
                   DeprecationWarning, stacklevel=2)
-    if mode not in ("recurrent", "chunk"):
-        raise ValueError(f"lattice_chunked: mode must be one of ['recurrent', 'chunk'], got {mode!r}")
+    check_mode("lattice_chunked", mode)
+    return _run(q, k, v, gamma, initial_state, objective, chunk_size, initial_update, offset, mode)
+
+
+def _run(q, k, v, gamma, S0, objective, chunk_size, A, offset, mode) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """Both entry points on the former arguments (``S0`` the chunk-start slots, ``A`` the update of the current
+    chunk, ``offset`` the tokens already in it): the per-token reference after the input checks, or the chunked
+    form.  Returns ``(y, (S_chunk_start, update))``."""
     if mode == "recurrent":
-        _lattice_minibatch_checks(q, k, v, gamma, initial_state, objective, chunk_size, initial_update, offset)
-        return lattice_minibatch_naive(q, k, v, gamma, initial_state, objective=objective, chunk_size=chunk_size,
-                                       initial_update=initial_update, offset=offset)  # fmt: skip
-    return _lattice_minibatch(
-        q, k, v, gamma, initial_state, objective=objective, chunk_size=chunk_size,
-        initial_update=initial_update, offset=offset, dense=False,
-    )  # fmt: skip
+        _lattice_minibatch_checks(q, k, v, gamma, S0, objective, chunk_size, A, offset)
+        return lattice_minibatch_naive(q, k, v, gamma, S0, objective=objective, chunk_size=chunk_size,
+                                       initial_update=A, offset=offset)  # fmt: skip
+    return _lattice_minibatch(q, k, v, gamma, S0, objective=objective, chunk_size=chunk_size, initial_update=A,
+                              offset=offset, dense=False)  # fmt: skip
 
 
 def _lattice_minibatch_checks(q, k, v, gamma, initial_state, objective, chunk_size, initial_update, offset):
