@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmem.mixers._conv import ShortConv
-from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
+from seqmem.mixers.base import Mixer, State, check_choice, check_positive_float, check_positive_int
 from seqmem.ops.lattice import LATTICE_OBJECTIVES, lattice_minibatch, lattice_scan, orthonormal_slots
 from seqmem.registry import deprecated_alias, register
 
@@ -113,9 +113,7 @@ class LatticeMixer(Mixer):
             )
         self.conv_size = check_positive_int("conv_size", conv_size)
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
-        if isinstance(l1, bool) or not isinstance(l1, (int, float)) or l1 < 0:
-            raise ValueError(f"l1 must be a non-negative number, got {l1!r}")
-        self.l1 = float(l1)
+        self.l1 = check_positive_float("l1", l1, allow_zero=True)
         self.qk_norm, self.gamma_per_slot, self.forget_gate, self.learn_s0, self.v_norm = (
             qk_norm, gamma_per_slot, forget_gate, learn_s0, v_norm
         )  # fmt: skip

@@ -150,9 +150,7 @@ class LinearAttention(_LinearFamily):
         super().__init__(d_model, n_heads, impl, conv_size, chunk_size)
         self.feature_map = check_choice("feature_map", feature_map, ("identity", "elu1"))
         self.normalize = check_choice("normalize", normalize, (True, False))
-        if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
-            raise ValueError(f"eps must be a non-negative number, got {eps!r}")
-        self.eps = float(eps)
+        self.eps = check_positive_float("eps", eps, allow_zero=True)
 
     def _core_keys(self) -> set[str]:
         return {"S", "z"} if self.normalize else {"S"}

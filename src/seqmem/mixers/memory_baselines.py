@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqmem.mixers.base import State, check_positive_int
+from seqmem.mixers.base import State, check_positive_float, check_positive_int
 from seqmem.mixers.elastic import BlockAttention, Ctx
 from seqmem.ops._common import compute_dtype as _compute_dtype
 from seqmem.ops._common import full_precision as _full_precision
@@ -192,9 +192,7 @@ class Infini(BlockAttention):
         super().__init__(d_model, n_heads, impl, block_len, rope_base)
         if update not in ("delta", "linear"):
             raise ValueError(f"update must be 'delta' or 'linear', got {update!r}")
-        if not (isinstance(norm_eps, (int, float)) and norm_eps > 0):
-            raise ValueError(f"norm_eps must be a positive number, got {norm_eps!r}")
-        self.update, self.norm_eps = update, float(norm_eps)
+        self.update, self.norm_eps = update, check_positive_float("norm_eps", norm_eps)
         self.mem_gate = nn.Parameter(torch.zeros(n_heads))
 
     def _mem_keys(self) -> set[str]:

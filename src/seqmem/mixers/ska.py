@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from seqmem.io import check_int
-from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
+from seqmem.mixers.base import Mixer, State, check_choice, check_positive_float, check_positive_int
 from seqmem.ops._common import floor
 from seqmem.ops.ska.chunk import NORMS, OPERATOR_FORMS, STATE_KEYS, spectral_koopman_attention
 from seqmem.registry import register
@@ -85,9 +85,7 @@ class SKAMixer(Mixer):
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
         check_int("power (K)", power, 0)
         self.power = power
-        if not (isinstance(eps, (int, float)) and eps > 0):
-            raise ValueError(f"eps must be a positive number, got {eps!r}")
-        self.eps = float(eps)
+        self.eps = check_positive_float("eps", eps)
         self.norm = check_choice("norm", norm, NORMS)
         self.operator_form = check_choice("operator_form", operator_form, OPERATOR_FORMS)
         self.spec_iters = check_positive_int("spec_iters", spec_iters)

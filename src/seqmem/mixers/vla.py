@@ -17,23 +17,14 @@ triangular solve; z ~ t passes float16's range), the output comes back in the in
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
+from seqmem.mixers.base import Mixer, State, check_choice, check_positive_float, check_positive_int
 from seqmem.ops.vla.chunk import NORMALIZERS, vla_attention, vla_paper_delta_rule
 from seqmem.registry import register
-
-
-def _check_pos_float(name: str, value: float) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float))
-    ok = ok and math.isfinite(value) and value > 0
-    if not ok:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
 
 
 class _HeadProjections(Mixer):
@@ -104,17 +95,15 @@ class VLA(_HeadProjections):
         bias: bool = False,
     ) -> None:
         super().__init__(d_model, n_heads, impl, chunk_size, bias)
-        self.lam0 = _check_pos_float("lam0", lam0)
-        self.u_scale = None if u_scale is None else _check_pos_float("u_scale", u_scale)
+        self.lam0 = check_positive_float("lam0", lam0)
+        self.u_scale = None if u_scale is None else check_positive_float("u_scale", u_scale)
         if refresh_period is not None:
             if refresh_period != 0:
                 check_positive_int("refresh_period", refresh_period)
             refresh_period = refresh_period or None
         self.refresh_period = refresh_period
-        if isinstance(refresh_eta, bool) or not isinstance(refresh_eta, (int, float)) or refresh_eta < 0:
-            raise ValueError(f"refresh_eta must be a non-negative number, got {refresh_eta!r}")
-        self.refresh_eta = float(refresh_eta)
-        self.eps = _check_pos_float("eps", eps)
+        self.refresh_eta = check_positive_float("refresh_eta", refresh_eta, allow_zero=True)
+        self.eps = check_positive_float("eps", eps)
         self.normalizer = check_choice("normalizer", normalizer, NORMALIZERS)
         flags = (("normalize_key", normalize_key), ("normalize_alpha", normalize_alpha), ("fixed_A", fixed_A))
         for name, val in flags:
@@ -225,7 +214,7 @@ class VLAPaperDeltaNet(_HeadProjections):
         bias: bool = False,
     ) -> None:
         super().__init__(d_model, n_heads, impl, chunk_size, bias)
-        self.eps = _check_pos_float("eps", eps)
+        self.eps = check_positive_float("eps", eps)
         self.normalizer = check_choice("normalizer", normalizer, NORMALIZERS)
         self.beta_proj = nn.Linear(d_model, n_heads, bias=True)
 
