@@ -101,6 +101,29 @@ def _unit(x: Tensor) -> Tensor:
     return x / x.norm(dim=-1, keepdim=True).clamp_min(floor(_TINY, x.dtype))
 
 
+def _features(q: Tensor, k: Tensor, v: Tensor, normalize_key: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(φ(k), k̂, φ(q), v)`` of both chunked ops, each (B, H, T, ·): k̂ is φ(k) made unit (with ``normalize_key``,
+    else φ(k) itself)."""
+    kf = _phi(k).transpose(1, 2)
+    return kf, (_unit(kf) if normalize_key else kf), _phi(q).transpose(1, 2), v.transpose(1, 2)
+
+
+def _normaliser(qf: Tensor, kf: Tensor, z: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """The readout's denominators ``max(φ(q_t)ᵀ z_t, ε)`` (B, H, T) with ``z_t = z + Σ_{s≤t} φ(k_s)``, and the last
+    ``z_t`` (the state's new ``z``)."""
+    zc = z[:, :, None] + torch.cumsum(kf, dim=2)
+    return torch.clamp((qf * zc).sum(-1), min=eps), zc[:, :, -1]
+
+
+def _read_out(pieces: list[Tensor], den: Tensor | None) -> Tensor:
+    """The chunks' outputs (B, H, c, Dv) joined on time, divided by the denominators ``den`` (None: no
+    normaliser), as (B, T, H, Dv)."""
+    o = torch.cat(pieces, 2)
+    if den is not None:
+        o = o / den[..., None]
+    return o.transpose(1, 2)
+
+
 def vla_jacobian_norm_closed_form(c: Tensor | float) -> Tensor:
     """‖I − a bᵀ‖₂ for unit vectors a, b with c = aᵀb (erratum to Prop. 2: it is 1 only when c = 1).
 
@@ -302,21 +325,14 @@ def _vla_attention(
     use_z = normalizer == "paper"
     S, A, z, pos = _vla_init_state(initial_state, B, H, D, Dv, lam0, fixed_A, use_z, k)
 
-    # features, (B, H, T, D)
-    kf = _phi(k).transpose(1, 2)
-    kh = _unit(kf) if normalize_key else kf
+    kf, kh, qf, vv = _features(q, k, v, normalize_key)
     u = F.normalize(torch.einsum("hed,bthd->bhte", w_u, k), dim=-1, eps=_TINY) * u_scale
-    qf = _phi(q).transpose(1, 2)
-    vv = v.transpose(1, 2)
     # 1-based global positions and refresh masks (B, T)
     gpos = pos[:, None] + torch.arange(1, T + 1, device=k.device)[None, :]
     refresh = (gpos % period == 0) if (period and not fixed_A) else torch.zeros_like(gpos, dtype=torch.bool)
     eye = torch.eye(D, dtype=k.dtype, device=k.device)
 
-    if use_z:
-        zc = z[:, :, None] + torch.cumsum(kf, dim=2)
-        den = torch.clamp((qf * zc).sum(-1), min=eps)  # (B, H, T)
-        z = zc[:, :, -1]
+    den, z = _normaliser(qf, kf, z, eps) if use_z else (None, None)
     any_refresh = refresh.any(0).tolist()
     pieces = []
     # split once (slices of the full-length tensors inside the loop would give each chunk a backward that
@@ -353,10 +369,7 @@ def _vla_attention(
         ah = _unit(alpha) if normalize_alpha else alpha
         oc, S = vla_generalized_delta_chunk(qc, K, ah, vc, S)
         pieces.append(oc)
-    o = torch.cat(pieces, 2)
-    if use_z:
-        o = o / den[..., None]
-    o = o.transpose(1, 2)
+    o = _read_out(pieces, den)
     state = {"S": S, "pos": pos + T}
     if not fixed_A:
         state["A"] = A.contiguous()
@@ -420,24 +433,15 @@ def _vla_paper_delta_rule(
         z = k.new_zeros(B, H, D) if use_z else None
     else:
         S, z = initial_state["S"], initial_state.get("z")
-    kf = _phi(k).transpose(1, 2)
-    kh = _unit(kf)
-    qf = _phi(q).transpose(1, 2)
-    vv = v.transpose(1, 2)
+    kf, kh, qf, vv = _features(q, k, v)
     bt = beta.transpose(1, 2)  # (B, H, T)
     log_g = torch.log(bt.clamp_min(torch.finfo(bt.dtype).tiny))
-    if use_z:
-        zc = z[:, :, None] + torch.cumsum(kf, dim=2)
-        den = torch.clamp((qf * zc).sum(-1), min=eps)
-        z = zc[:, :, -1]
+    den, z = _normaliser(qf, kf, z, eps) if use_z else (None, None)
     pieces = []
     for K, qc, vc, gc in zip(*(x.split(chunk_size, dim=2) for x in (kh, qf, vv, log_g))):  # split once (above)
         oc, S = vla_generalized_delta_chunk(qc, K, K, vc, S, gc)
         pieces.append(oc)
-    o = torch.cat(pieces, 2)
-    if use_z:
-        o = o / den[..., None]
-    o = o.transpose(1, 2)
+    o = _read_out(pieces, den)
     state = {"S": S}
     if use_z:
         state["z"] = z
