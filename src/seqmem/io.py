@@ -64,6 +64,19 @@ def time_calls(fn: Callable[[], Any], repeats: int, warmup: int = 0) -> list[flo
     return times
 
 
+def read_jsonl(path: Path | str) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file, up to the first line that does not parse (a torn last line from a crash)."""
+    import json
+
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
 def atomic_write_text(path: Path | str, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file and rename, so a crash never leaves half a file."""
     atomic_write_bytes(path, text.encode())

@@ -9,11 +9,11 @@ per run, so several runs are compared on the same axes.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from pathlib import Path
 from typing import Any
 
+from seqmem.io import read_jsonl
 from seqmem.repro.common import save_figure
 
 __all__ = ["add_parser", "plot_runs", "read_metrics"]
@@ -26,12 +26,7 @@ def read_metrics(run: str | Path) -> list[dict[str, Any]]:
     path = Path(run) / "metrics.jsonl"
     if not path.is_file():
         raise ValueError(f"{run} is not a training run directory (no metrics.jsonl)")
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
+    rows = read_jsonl(path)
     if not rows:
         raise ValueError(f"{path} has no metrics yet")
     return rows

@@ -30,17 +30,22 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    # tied parameters appear once (safetensors refuses shared storage)
-    seen: dict[int, str] = {}
+def unique_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` with a tied weight once, under its first name: what a checkpoint stores (safetensors
+    refuses shared storage)."""
+    seen: set[int] = set()
     out = {}
     for name, t in model.state_dict().items():
         key = t.data_ptr()
         if key in seen and t.numel() > 0:
             continue
-        seen[key] = name
-        out[name] = t.detach().contiguous().clone()
+        seen.add(key)
+        out[name] = t
     return out
+
+
+def _weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: t.detach().contiguous().clone() for name, t in unique_state(model).items()}
 
 
 def save_checkpoint(directory: Path, step: int, model: nn.Module, trainer_state: dict[str, Any], keep: int = 2) -> Path:

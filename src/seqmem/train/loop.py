@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqmem.io import read_jsonl
 from seqmem.mixers.base import NonFiniteError, check_fields, check_option
 from seqmem.train.checkpoint import (
     latest_good_checkpoint,
@@ -39,6 +40,7 @@ from seqmem.train.checkpoint import (
     load_weights,
     remove_orphans,
     save_checkpoint,
+    unique_state,
 )
 
 
@@ -311,7 +313,7 @@ def train(
     ddp: nn.Module = model
     keep_names: list[str] = []
     if fsdp:
-        keep_names = _unique_state_names(model)  # tied weights once, as in an unsharded checkpoint
+        keep_names = list(unique_state(model))  # tied weights once, as in an unsharded checkpoint
         _fully_shard(model)
     elif world > 1:
         from torch.nn.parallel import DistributedDataParallel
@@ -491,19 +493,6 @@ def _micro_steps(
     return report, acc
 
 
-def _unique_state_names(model: nn.Module) -> list[str]:
-    """The state-dict names an unsharded checkpoint stores (a tied weight once, under its first name)."""
-    seen: set[int] = set()
-    names = []
-    for name, t in model.state_dict().items():
-        key = t.data_ptr()
-        if key in seen and t.numel() > 0:
-            continue
-        seen.add(key)
-        names.append(name)
-    return names
-
-
 def _fully_shard(model: nn.Module) -> None:
     """FSDP2: shard each block of ``model.blocks`` (when it has them), then the model itself (in place)."""
     try:
@@ -565,15 +554,7 @@ def _ids_to_fqns(osd: dict[str, Any], model: nn.Module, opt: torch.optim.Optimiz
 
 
 def _read_jsonl(path: Path | None) -> list[dict[str, Any]]:
-    if path is None or not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a torn last line from a crash
-    return rows
+    return [] if path is None or not path.exists() else read_jsonl(path)
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
