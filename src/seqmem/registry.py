@@ -50,6 +50,13 @@ def did_you_mean(word: str, choices: Any) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def unknown_name(kind: str, name: str, known: Any) -> ValueError:
+    """The error for a name no ``kind`` (``"mixer"``, ``"task"``) is registered under: the closest registered name
+    (:func:`did_you_mean`) and all of them."""
+    return ValueError(f"unknown {kind} {name!r}{did_you_mean(name, known)}; registered {kind}s: "
+                      f"{', '.join(sorted(known))}")
+
+
 _REGISTRY: dict[str, MixerEntry] = {}
 #: Deprecated names -> current names (still built, with a DeprecationWarning, so older run.json files load).
 ALIASES: dict[str, str] = {}
@@ -120,8 +127,7 @@ def get_entry(name: str) -> MixerEntry:
     _load_all()
     name = resolve_name(name)
     if name not in _REGISTRY:
-        raise ValueError(f"unknown mixer {name!r}{did_you_mean(name, _REGISTRY)}; registered mixers: "
-                         f"{', '.join(sorted(_REGISTRY))}")
+        raise unknown_name("mixer", name, _REGISTRY)
     return _REGISTRY[name]
 
 

@@ -174,10 +174,9 @@ def list_tasks() -> list[str]:
 def get_task_class(name: str) -> type[Task]:
     _load_all()
     if name not in _TASKS:
-        from seqmem.registry import did_you_mean
+        from seqmem.registry import unknown_name
 
-        raise ValueError(f"unknown task {name!r}{did_you_mean(name, _TASKS)}; registered tasks: "
-                         f"{', '.join(sorted(_TASKS))}")
+        raise unknown_name("task", name, _TASKS)
     return _TASKS[name]
 
 
