@@ -257,6 +257,10 @@ class Mixer(nn.Module):
         self.n_heads = check_positive_int("n_heads", n_heads)
         self.impl = check_choice("impl", impl, IMPLS)
 
+    def _op_mode(self, fast: str = "chunk") -> str:
+        """The ``mode`` of the op this mixer runs: ``"recurrent"`` for ``impl="reference"``, else ``fast``."""
+        return "recurrent" if self.impl == "reference" else fast
+
     def _head_dim(self, rope: bool = False) -> int:
         """``d_model // n_heads``: a ValueError unless ``n_heads`` divides ``d_model`` (and, with ``rope``, unless
         the head dimension is even: RoPE rotates pairs)."""

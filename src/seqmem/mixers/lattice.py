@@ -177,7 +177,7 @@ class LatticeMixer(Mixer):
         y, st = lattice_scan(
             q, k, v, gamma, {"S": state["S"]}, objective=self.objective, normalize=self.normalize, forget=mu,
             l1=self.l1 if self.l1 > 0 else None, chunk_size=self.chunk_size,
-            mode="recurrent" if self.impl == "reference" else "scan",
+            mode=self._op_mode("scan"),
         )  # fmt: skip
         y = y.reshape(B, T, -1) * F.gelu(self.gate_proj(x))  # GeLU post-gate
         return self.o_proj(y), {"S": st["S"], "conv_q": cq, "conv_k": ck}
@@ -284,7 +284,7 @@ class LatticeMinibatchMixer(LatticeMixer):
         q, k, v, gamma, _, cq, ck = self._features(x, state)
         y, st = lattice_minibatch(
             q, k, v, gamma, {n: state[n] for n in ("S", "A", "pos")}, objective=self.objective,
-            chunk_size=self.chunk_size, mode="chunk" if self.impl == "fast" else "recurrent",
+            chunk_size=self.chunk_size, mode=self._op_mode(),
         )  # fmt: skip
         y = y.reshape(B, T, -1) * F.gelu(self.gate_proj(x))
         return self.o_proj(y), {**st, "conv_q": cq, "conv_k": ck}

@@ -73,7 +73,8 @@ class _LinearFamily(Mixer):
 
     @property
     def mode(self) -> str:
-        return "recurrent" if self.impl == "reference" else "chunk"
+        """The op's ``mode`` for this ``impl`` (:meth:`Mixer._op_mode`)."""
+        return self._op_mode()
 
     def _core_keys(self) -> set[str]:
         return {"S"}

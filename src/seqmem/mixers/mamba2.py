@@ -106,7 +106,7 @@ class Mamba2(Mixer):
         A = -torch.exp(self.A_log)
         Bm = Bm[:, :, None, :].expand(b, t, h, n)
         Cm = Cm[:, :, None, :].expand(b, t, h, n)
-        mode = "recurrent" if self.impl == "reference" else "chunk"
+        mode = self._op_mode()
         y, st = ssd(
             xs, dt, A, Bm, Cm,
             initial_state=None if state is None else {"S": state["ssm"]}, mode=mode, chunk_size=self.chunk_size,

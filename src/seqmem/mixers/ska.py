@@ -139,7 +139,7 @@ class SKAMixer(Mixer):
             spec_iters=self.spec_iters,
             operator_form=self.operator_form,
             initial_state=state,
-            mode="recurrent" if self.impl == "reference" else "chunk",
+            mode=self._op_mode(),
         )
         y = self.w_o((self.eta * o.reshape(B, T, H * P)).to(x.dtype))
         return y, new_state

@@ -48,10 +48,6 @@ class _HeadProjections(Mixer):
         shape = (b, t, self.n_heads, self.head_dim)
         return self.q_proj(x).view(shape), self.k_proj(x).view(shape), self.v_proj(x).view(shape)
 
-    @property
-    def _mode(self) -> str:
-        return "recurrent" if self.impl == "reference" else "chunk"
-
 
 @register(
     "vla",
@@ -139,7 +135,7 @@ class VLA(_HeadProjections):
             lam0=self.lam0, u_scale=self.u_scale, refresh_period=self.refresh_period,
             refresh_eta=self.refresh_eta,
             eps=self.eps, normalizer=self.normalizer, normalize_key=self.normalize_key,
-            normalize_alpha=self.normalize_alpha, fixed_A=self.fixed_A, initial_state=state, mode=self._mode,
+            normalize_alpha=self.normalize_alpha, fixed_A=self.fixed_A, initial_state=state, mode=self._op_mode(),
             chunk_size=self.chunk_size,
         )  # fmt: skip
         return self.o_proj(o.reshape(b, t, self.d_model)), new_state
@@ -230,7 +226,7 @@ class VLAPaperDeltaNet(_HeadProjections):
         q, k, v = self._qkv(x)
         beta = torch.sigmoid(self.beta_proj(x))
         o, new_state = vla_paper_delta_rule(
-            q, k, v, beta, eps=self.eps, normalizer=self.normalizer, initial_state=state, mode=self._mode,
+            q, k, v, beta, eps=self.eps, normalizer=self.normalizer, initial_state=state, mode=self._op_mode(),
             chunk_size=self.chunk_size,
         )
         return self.o_proj(o.reshape(b, t, self.d_model)), new_state

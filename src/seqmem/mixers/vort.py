@@ -418,7 +418,7 @@ class VORT(Mixer):
         start = 0 if state is None else int(state["pos"][0])
         q, k, v = self.qkv(x).view(b, t, 3, h, dh).unbind(2)
         new_state: State = {}
-        mode = "recurrent" if self.impl == "reference" else "chunk"
+        mode = self._op_mode()
         # local sliding-window attention (eq. 17) and its entropy (eq. 11's H(a_t))
         if self.local_window > 0:
             # the op's window cache {"k", "v"} is kept as this mixer's "lk"/"lv" (no cache for a window of 1)
