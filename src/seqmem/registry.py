@@ -30,16 +30,22 @@ class MixerEntry:
         return {**self.cls.facts, **self.own_facts}
 
     def valid_options(self) -> list[str]:
+        """The constructor options, from the class's ``__init__`` and its parents'.  A class whose ``__init__``
+        forwards ``**kwargs`` to its parent's lists its own options after the parent's (the order of a signature
+        that spelled them all out)."""
         opts: list[str] = []
+        after: list[str] = []  # own options of classes that forward **kwargs: they follow their parents'
         for klass in self.cls.__mro__:
             if klass is object or not issubclass(klass, Mixer):
                 continue
-            for pname, p in inspect.signature(klass.__init__).parameters.items():
-                if pname in ("self", "d_model") or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
-                    continue
-                if pname not in opts:
-                    opts.append(pname)
-        return opts
+            params = inspect.signature(klass.__init__).parameters
+            own = [pname for pname, p in params.items()
+                   if pname not in ("self", "d_model") and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+            if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+                after = own + after
+            else:
+                opts += [pname for pname in own if pname not in opts]
+        return opts + [pname for pname in after if pname not in opts]
 
 
 def did_you_mean(word: str, choices: Any) -> str:

@@ -172,6 +172,35 @@ def test_bad_options_raise():
         build_mixer("elastic", 18, n_heads=2)  # odd head dim: no RoPE
 
 
+MEMORY_MIXERS = ["elastic", "memorizing", "infini", "melodi"]
+
+
+@pytest.mark.parametrize("name", MEMORY_MIXERS)
+def test_block_options_pass_through_keyword_only(name):
+    """The memory mixers declare only their own options; BlockAttention's pass through ``**block_options``,
+    keyword-only: a positional second argument is refused (it would once have been ``n_heads``), and the forwarded
+    options are listed, checked and reported under the mixer's own name as before."""
+    import seqmem
+
+    entry = seqmem.get_entry(name)
+    cls = entry.cls
+    with pytest.raises(TypeError):
+        cls(D, H)
+    m = cls(D, n_heads=H, block_len=5, rope_base=500.0, impl="reference")
+    assert (m.n_heads, m.block_len, m.rope_base, m.impl) == (H, 5, 500.0, "reference")
+    if hasattr(m, "mem_gate"):  # sized from self.n_heads after BlockAttention.__init__
+        assert m.mem_gate.shape == (H,)
+    opts = entry.valid_options()
+    assert opts[:4] == ["n_heads", "impl", "block_len", "rope_base"] and "block_options" not in opts
+    owner = cls.__name__
+    for opt, bad, want in [("n_heads", "2", "an integer"), ("n_heads", 0, "an integer > 0"),
+                           ("block_len", 2.0, "an integer"), ("rope_base", 1, "a finite number > 1")]:
+        with pytest.raises(ValueError, match=f"^{owner}: {opt} must be {want}, got"):
+            build_mixer(name, D, **{opt: bad})
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['block_lenn'\] \(did you mean 'block_len'\?\)"):
+        build_mixer(name, D, block_lenn=8)
+
+
 def test_memory_layer_stack():
     assert (
         memory_layer_stack(12, "elastic") == ["block_attention"] * 8 + ["elastic"] + ["block_attention"] * 3

@@ -167,8 +167,10 @@ def check_option(owner: str, name: str, value: Any, annotation: Any, domain: str
         raise ValueError(f"{owner}: {name} must be {want}, got {value!r}")
 
 
-def _checked_init(cls: type, init: Any) -> Any:
-    """``init`` preceded by :func:`check_option` for every annotated parameter (and ``cls.option_domains``)."""
+def _checked_init(init: Any) -> Any:
+    """``init`` preceded by :func:`check_option` for every annotated parameter (and ``option_domains``).  Errors
+    name the class being built (``type(self)``), so an option a subclass forwards through ``**kwargs`` to a parent's
+    ``__init__`` reads as that subclass's own."""
     import functools
     import inspect
     import typing
@@ -191,7 +193,7 @@ def _checked_init(cls: type, init: Any) -> Any:
         domains = getattr(type(self), "option_domains", {})
         for name, value in list(bound.arguments.items())[1:]:
             if name in hints:
-                check_option(cls.__name__, name, value, hints[name], domains.get(name))
+                check_option(type(self).__name__, name, value, hints[name], domains.get(name))
         return init(self, *args, **kwargs)
 
     wrapped._checks_options = True  # type: ignore[attr-defined]
@@ -249,7 +251,7 @@ class Mixer(nn.Module):
         cls.option_domains = merged
         init = cls.__dict__.get("__init__")
         if init is not None and not getattr(init, "_checks_options", False):
-            cls.__init__ = _checked_init(cls, init)  # type: ignore[method-assign]
+            cls.__init__ = _checked_init(init)  # type: ignore[method-assign]
 
     def __init__(self, d_model: int, n_heads: int = 4, impl: str = "fast") -> None:
         super().__init__()

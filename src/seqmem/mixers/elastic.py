@@ -325,11 +325,10 @@ class Elastic(BlockAttention):
     """Elastic Memory attention (Elastic Memory paper, Algorithm 1): block attention + HiPPO-LegS memory of raw K and V.
 
     Options: ``block_len`` (L, paper 2048), ``hippo_n`` (N, paper 540 at "1x"), ``mem_tokens`` (L_mem;
-    default N),
-    ``sampling`` (``"exponential"`` | ``"uniform"`` | ``"midpoint"``), ``alpha`` (exponential decay; default
-    ``eps^{1/(L_mem−1)}``), ``eps`` (distance of the newest sample point from the present, as a fraction of
-    the
-    history).  Zero trainable parameters beyond block attention's.
+    default N), ``sampling`` (``"exponential"`` | ``"uniform"`` | ``"midpoint"``), ``alpha`` (exponential decay;
+    default ``eps^{1/(L_mem−1)}``), ``eps`` (distance of the newest sample point from the present, as a fraction
+    of the history).  Zero trainable parameters beyond block attention's.
+    BlockAttention's options (``n_heads``, ``impl``, ``block_len``, ``rope_base``) pass through (keyword-only).
     """
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [
@@ -344,17 +343,15 @@ class Elastic(BlockAttention):
     def __init__(
         self,
         d_model: int,
-        n_heads: int = 4,
-        impl: str = "fast",
-        block_len: int = 2048,
-        rope_base: float = 10000.0,
+        *,
         hippo_n: int = 540,
         mem_tokens: int | None = None,
         sampling: str = "exponential",
         alpha: float | None = None,
         eps: float = 1e-3,
+        **block_options: Any,
     ) -> None:
-        super().__init__(d_model, n_heads, impl, block_len, rope_base)
+        super().__init__(d_model, **block_options)
         self.hippo_n = check_positive_int("hippo_n", hippo_n)
         self.mem_tokens = self.hippo_n if mem_tokens is None else check_positive_int("mem_tokens", mem_tokens)
         self._bank: dict[tuple, tuple[Tensor, Tensor]] = {}

@@ -64,7 +64,10 @@ def _gate(logit: Tensor, a_mem: Tensor, a_loc: Tensor) -> Tensor:
 )
 class Memorizing(BlockAttention):
     """Memorizing Transformer (dense-read variant; an Elastic Memory paper baseline): block attention + gated
-    FIFO K/V memory."""
+    FIFO K/V memory.
+
+    BlockAttention's options (``n_heads``, ``impl``, ``block_len``, ``rope_base``) pass through (keyword-only).
+    """
 
     single_token_impl: ClassVar[str] = "reference"  # decode step: the per-token form is cheaper at T = 1
 
@@ -82,18 +85,10 @@ class Memorizing(BlockAttention):
             return f"FIFO memory of {self.n_queue} tokens before the current {self.block_len}-token block (< {seq_len})"
         return None
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int = 4,
-        impl: str = "fast",
-        block_len: int = 2048,
-        rope_base: float = 10000.0,
-        n_queue: int = 2048,
-    ) -> None:
-        super().__init__(d_model, n_heads, impl, block_len, rope_base)
+    def __init__(self, d_model: int, *, n_queue: int = 2048, **block_options: Any) -> None:
+        super().__init__(d_model, **block_options)
         self.n_queue = check_positive_int("n_queue", n_queue)
-        self.mem_gate = nn.Parameter(torch.zeros(n_heads))
+        self.mem_gate = nn.Parameter(torch.zeros(self.n_heads))
 
     def _mem_keys(self) -> set[str]:
         return {"mem_k", "mem_v"}
@@ -171,7 +166,10 @@ class Memorizing(BlockAttention):
     description="Infini-Transformer: compressive delta-rule memory (linear-attention read) + gate",
 )
 class Infini(BlockAttention):
-    """Infini-attention (delta-rule memory; an Elastic Memory paper baseline) on block-local attention."""
+    """Infini-attention (delta-rule memory; an Elastic Memory paper baseline) on block-local attention.
+
+    BlockAttention's options (``n_heads``, ``impl``, ``block_len``, ``rope_base``) pass through (keyword-only).
+    """
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [
         {"block_len": 8},
@@ -179,21 +177,12 @@ class Infini(BlockAttention):
     ]
     option_domains: ClassVar[dict[str, str]] = {"norm_eps": ">0"}  # the read's denominator and the RMS norm
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int = 4,
-        impl: str = "fast",
-        block_len: int = 2048,
-        rope_base: float = 10000.0,
-        update: str = "delta",
-        norm_eps: float = 1e-6,
-    ) -> None:
-        super().__init__(d_model, n_heads, impl, block_len, rope_base)
+    def __init__(self, d_model: int, *, update: str = "delta", norm_eps: float = 1e-6, **block_options: Any) -> None:
+        super().__init__(d_model, **block_options)
         if update not in ("delta", "linear"):
             raise ValueError(f"update must be 'delta' or 'linear', got {update!r}")
         self.update, self.norm_eps = update, check_positive_float("norm_eps", norm_eps)
-        self.mem_gate = nn.Parameter(torch.zeros(n_heads))
+        self.mem_gate = nn.Parameter(torch.zeros(self.n_heads))
 
     def _mem_keys(self) -> set[str]:
         return {"mem_M", "mem_z"}
@@ -276,7 +265,10 @@ class Infini(BlockAttention):
     description="Melodi short-term memory: learned summary tokens, self-attn + linear mix, read by attention",
 )
 class Melodi(BlockAttention):
-    """Melodi short-term summary-token memory on block-local attention (an Elastic Memory paper baseline)."""
+    """Melodi short-term summary-token memory on block-local attention (an Elastic Memory paper baseline).
+
+    BlockAttention's options (``n_heads``, ``impl``, ``block_len``, ``rope_base``) pass through (keyword-only).
+    """
 
     single_token_impl: ClassVar[str] = "reference"  # decode step: the per-token form is cheaper at T = 1
 
@@ -284,16 +276,8 @@ class Melodi(BlockAttention):
     length_options: ClassVar[dict[str, str]] = {"block_len": "block", "n_summary": "memory"}
     option_domains: ClassVar[dict[str, str]] = {"n_summary": ">0"}
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int = 4,
-        impl: str = "fast",
-        block_len: int = 2048,
-        rope_base: float = 10000.0,
-        n_summary: int = 64,
-    ) -> None:
-        super().__init__(d_model, n_heads, impl, block_len, rope_base)
+    def __init__(self, d_model: int, *, n_summary: int = 64, **block_options: Any) -> None:
+        super().__init__(d_model, **block_options)
         self.n_summary = check_positive_int("n_summary", n_summary)
         self.summary = nn.Parameter(torch.randn(n_summary, d_model) * d_model**-0.5)
         self.mix_logit = nn.Parameter(torch.zeros(n_summary))
