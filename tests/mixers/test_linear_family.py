@@ -169,6 +169,40 @@ def test_bad_options_raise(name, opts):
         build_mixer(name, 16, **opts)
 
 
+FAMILY_OWN = {"linear_attention": ["feature_map", "normalize", "eps"], "deltanet": ["norm_eps"],
+              "gated_deltanet": ["norm_eps"]}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_OWN))
+def test_family_options_pass_through_keyword_only(name):
+    """linear_attention / deltanet / gated_deltanet declare only their own options; the family's (n_heads, impl,
+    conv_size, chunk_size; and DeltaNet's norm_eps for gated_deltanet) pass through ``**kwargs``, keyword-only: a
+    positional second argument is refused (it would once have been ``n_heads``), and the forwarded options are
+    listed, checked and reported under the mixer's own name as before."""
+    import seqmem
+
+    entry = seqmem.get_entry(name)
+    cls = entry.cls
+    with pytest.raises(TypeError):
+        cls(D, H)
+    m = cls(D, n_heads=H, impl="reference", conv_size=None, chunk_size=5)
+    assert (m.n_heads, m.impl, m.conv_size, m.chunk_size, m.conv) == (H, "reference", None, 5, None)
+    for p in ("b_proj", "a_proj"):  # per-head projections sized from self.n_heads
+        if hasattr(m, p):
+            assert getattr(m, p).out_features == H
+    if hasattr(m, "A_log"):
+        assert m.A_log.shape == m.dt_bias.shape == (H,)
+    opts = entry.valid_options()
+    assert opts == ["n_heads", "impl", "conv_size", "chunk_size", *FAMILY_OWN[name]]
+    owner = cls.__name__
+    for opt, bad, want in [("n_heads", "2", "an integer"), ("n_heads", 0, "an integer > 0"),
+                           ("conv_size", 2.0, "an integer"), ("chunk_size", 0, "an integer > 0")]:
+        with pytest.raises(ValueError, match=f"^{owner}: {opt} must be {want}, got"):
+            build_mixer(name, D, **{opt: bad})
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['chunk_sise'\] \(did you mean 'chunk_size'\?\)"):
+        build_mixer(name, D, chunk_sise=8)
+
+
 @pytest.mark.parametrize("name", ["linear_attention", "deltanet", "gated_deltanet", "mamba2"])
 def test_float32_long_sequence_finite_and_fast_equals_reference(name):
     torch.manual_seed(0)

@@ -126,7 +126,10 @@ class _LinearFamily(Mixer):
     ),
     description="causal linear attention (identity/elu+1, opt. normaliser)")
 class LinearAttention(_LinearFamily):
-    """Causal linear attention (Katharopoulos et al., 2020) with an optional short convolution."""
+    """Causal linear attention (Katharopoulos et al., 2020) with an optional short convolution.
+
+    The family's options (``n_heads``, ``impl``, ``conv_size``, ``chunk_size``) pass through (keyword-only).
+    """
 
     contract_configs: ClassVar[list[dict]] = [
         {"chunk_size": 8},
@@ -138,17 +141,10 @@ class LinearAttention(_LinearFamily):
     option_domains: ClassVar[dict[str, str]] = {"eps": ">=0"}
 
     def __init__(
-        self,
-        d_model: int,
-        n_heads: int = 4,
-        impl: str = "fast",
-        conv_size: int | None = 4,
-        chunk_size: int = 64,
-        feature_map: str = "elu1",
-        normalize: bool = False,
-        eps: float = 1e-6,
+        self, d_model: int, *, feature_map: str = "elu1", normalize: bool = False, eps: float = 1e-6,
+        **family_options: Any,
     ) -> None:
-        super().__init__(d_model, n_heads, impl, conv_size, chunk_size)
+        super().__init__(d_model, **family_options)
         self.feature_map = check_choice("feature_map", feature_map, ("identity", "elu1"))
         self.normalize = check_choice("normalize", normalize, (True, False))
         self.eps = check_positive_float("eps", eps, allow_zero=True)
@@ -207,23 +203,16 @@ class DeltaNet(_LinearFamily):
     """DeltaNet (Schlag et al. 2021; Yang et al. 2024).
 
     ``S_t = (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T``, ``o_t = S_t^T q_t / sqrt(d_k)``.
+    The family's options (``n_heads``, ``impl``, ``conv_size``, ``chunk_size``) pass through (keyword-only).
     """
 
     # norm_eps > 0: the per-head RMSNorm divides o by its RMS, and a head's o that is exactly zero is 0/0 = NaN
     # with eps = 0 (inputs of scale 1e4 do it: SiLU saturates to exact zeros)
     option_domains: ClassVar[dict[str, str]] = {"norm_eps": ">0"}
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int = 4,
-        impl: str = "fast",
-        conv_size: int | None = 4,
-        chunk_size: int = 64,
-        norm_eps: float = 1e-5,
-    ) -> None:
-        super().__init__(d_model, n_heads, impl, conv_size, chunk_size)
-        self.b_proj = nn.Linear(d_model, n_heads, bias=True)
+    def __init__(self, d_model: int, *, norm_eps: float = 1e-5, **family_options: Any) -> None:
+        super().__init__(d_model, **family_options)
+        self.b_proj = nn.Linear(d_model, self.n_heads, bias=True)
         self.o_norm = self._make_norm(check_positive_float("norm_eps", norm_eps))
 
     def _make_norm(self, eps: float) -> nn.Module:
@@ -265,21 +254,17 @@ class DeltaNet(_LinearFamily):
     ),
     description="Gated DeltaNet: gated delta rule, Mamba-2 style decay, output gate")
 class GatedDeltaNet(DeltaNet):
-    """Gated DeltaNet (Yang et al., 2025): ``S_t = exp(g_t) (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T``."""
+    """Gated DeltaNet (Yang et al., 2025): ``S_t = exp(g_t) (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T``.
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int = 4,
-        impl: str = "fast",
-        conv_size: int | None = 4,
-        chunk_size: int = 64,
-        norm_eps: float = 1e-5,
-    ) -> None:
-        super().__init__(d_model, n_heads, impl, conv_size, chunk_size, norm_eps)
-        self.a_proj = nn.Linear(d_model, n_heads, bias=False)
-        self.A_log = nn.Parameter(torch.log(torch.empty(n_heads).uniform_(1e-3, 16)))
-        self.dt_bias = nn.Parameter(init_dt_bias(n_heads))
+    No options of its own: DeltaNet's (``n_heads``, ``impl``, ``conv_size``, ``chunk_size``, ``norm_eps``) pass
+    through (keyword-only).
+    """
+
+    def __init__(self, d_model: int, **deltanet_options: Any) -> None:
+        super().__init__(d_model, **deltanet_options)
+        self.a_proj = nn.Linear(d_model, self.n_heads, bias=False)
+        self.A_log = nn.Parameter(torch.log(torch.empty(self.n_heads).uniform_(1e-3, 16)))
+        self.dt_bias = nn.Parameter(init_dt_bias(self.n_heads))
         self.g_proj = nn.Linear(d_model, d_model, bias=False)
 
     def _make_norm(self, eps: float) -> nn.Module:
