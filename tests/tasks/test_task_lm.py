@@ -111,6 +111,35 @@ def test_errors_and_config(corpus_dir):
         build_task("lm", corpora="code")
 
 
+WINDOW_OPTIONS = ["max_files", "fractions", "n_buckets", "eval_split", "cache", "eval_seed"]
+
+
+@pytest.mark.parametrize("name,own", [("lm", {"corpus": None}), ("text", {"dataset": None, "tokenizer": "byte"})])
+def test_window_options_pass_through_keyword_only(corpus_dir, name, own):
+    """lm and text declare only their own options and seq_len; SplitWindowsTask's shared ones (max_files, fractions,
+    n_buckets, eval_split, cache, eval_seed) pass through ``**window_options``, keyword-only, and are listed (in the
+    old order), defaulted, checked and reported as before."""
+    from seqmem.tasks import get_task_class, task_options
+
+    own = {k: str(corpus_dir) if v is None else v for k, v in own.items()}
+    cls = get_task_class(name)
+    lead = {"lm": ["corpus", "seq_len"], "text": ["dataset", "tokenizer", "seq_len", "text_field", "max_docs"]}[name]
+    assert task_options(name) == lead + WINDOW_OPTIONS
+    with pytest.raises(TypeError):  # the shared options are keyword-only
+        cls(*own.values(), 32, *([] if name == "lm" else ["text", None]), 20)
+    task = build_task(name, **own, seq_len=16)
+    assert (task.max_files, task.fractions, task.n_buckets, task.eval_split, task.cache, task.eval_seed) == (
+        None, (0.9, 0.05, 0.05), 8, "val", True, 2718281)
+    cfg = build_task(name, **own, seq_len=16, max_files=30, fractions=[0.5, 0.25, 0.25], n_buckets=4,
+                     eval_split="train", cache=False, eval_seed=7).config()
+    assert list(cfg)[-6:] == WINDOW_OPTIONS  # config() keeps its key order
+    assert [cfg[k] for k in WINDOW_OPTIONS] == [30, [0.5, 0.25, 0.25], 4, "train", False, 7]
+    with pytest.raises(ValueError, match="n_buckets must be an integer in"):
+        build_task(name, **own, seq_len=16, n_buckets=17)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) 'eval_splitt' \(did you mean 'eval_split'\?\)"):
+        build_task(name, **own, seq_len=16, eval_splitt="val")
+
+
 def test_code_corpus_task():
     task = LMTask(corpus="code", seq_len=128, max_files=30, cache=False)
     x, y = task.sample(4, _gen(0))

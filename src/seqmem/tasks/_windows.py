@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqmem.data import SPLITS
+from seqmem.data import DEFAULT_FRACTIONS, SPLITS
 from seqmem.io import check_int
-from seqmem.tasks.base import IGNORE_INDEX, Task, masked_accuracy
+from seqmem.tasks.base import DEFAULT_EVAL_SEED, IGNORE_INDEX, Task, masked_accuracy
 
 
 def bucket_edges(seq_len: int, n_buckets: int) -> list[tuple[int, int]]:
@@ -30,17 +30,39 @@ def bucket_edges(seq_len: int, n_buckets: int) -> list[tuple[int, int]]:
 class SplitWindowsTask(Task):
     """Windows ``(tokens[i:i+T], tokens[i+1:i+T+1])`` of a split, starting at uniformly random ``i``.
 
+    The options every such task shares are this class's: ``max_files`` (a deterministic subset of this many files
+    of a directory corpus), ``fractions`` ((train, val, test) document fractions), ``n_buckets`` (position buckets
+    in the metrics), ``eval_split`` (the split of :meth:`eval_data`), ``cache`` and ``eval_seed``; a subclass
+    declares its own options and ``seq_len`` (in its own order) and forwards these keyword-only.
+
     A subclass calls ``__init__`` first (it checks and sets ``seq_len``, ``n_buckets``, ``eval_split`` and the
-    position ``buckets``), loads its token arrays, then calls :meth:`_check_splits`."""
+    position ``buckets``, and sets ``max_files``, ``cache`` and ``fractions`` as given: the subclass's loader checks
+    ``fractions`` and stores them as floats), loads its token arrays, then calls :meth:`_check_splits`."""
 
     report_split: ClassVar[str] = "test"
     eval_split: str = "val"
 
-    def __init__(self, eval_seed: int, seq_len: int, n_buckets: int, eval_split: str) -> None:
+    def __init__(
+        self,
+        seq_len: int,
+        *,
+        max_files: int | None = None,
+        fractions: tuple[float, float, float] = DEFAULT_FRACTIONS,
+        n_buckets: int = 8,
+        eval_split: str = "val",
+        cache: bool = True,
+        eval_seed: int = DEFAULT_EVAL_SEED,
+    ) -> None:
         super().__init__(eval_seed)
         self._check_window_options(seq_len, n_buckets, eval_split)
         self.seq_len, self.n_buckets, self.eval_split = seq_len, n_buckets, eval_split
         self.buckets = bucket_edges(seq_len, n_buckets)
+        self.max_files, self.fractions, self.cache = max_files, fractions, bool(cache)
+
+    def _window_config(self) -> dict[str, Any]:
+        """The shared options' part of :meth:`config`."""
+        return {"max_files": self.max_files, "fractions": list(self.fractions), "n_buckets": self.n_buckets,
+                "eval_split": self.eval_split, "cache": self.cache, "eval_seed": self.eval_seed}
 
     def _check_split(self, split: str) -> np.ndarray:
         raise NotImplementedError

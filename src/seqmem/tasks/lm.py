@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from seqmem.data import DEFAULT_FRACTIONS, SPLITS, Corpus, load_corpus
+from seqmem.data import SPLITS, Corpus, load_corpus
 from seqmem.tasks._windows import SplitWindowsTask, bucket_edges
-from seqmem.tasks.base import DEFAULT_EVAL_SEED, register_task
+from seqmem.tasks.base import register_task
 
 __all__ = ["LMTask", "bucket_edges"]
 
@@ -43,45 +43,26 @@ class LMTask(SplitWindowsTask):
         eval_split: split used by :meth:`eval_data` (``"val"``; ``"train"`` to measure fitting).
         cache: cache the concatenated corpus under ``~/.cache/seqmem`` (``$SEQMEM_CACHE``).
         eval_seed: seed of the evaluation stream (the test stream uses ``eval_seed + 1``).
+
+    ``max_files`` … ``eval_seed`` are :class:`~seqmem.tasks._windows.SplitWindowsTask`'s options (keyword-only).
     """
 
 
     name = "lm"
     vocab_size = 256
 
-    def __init__(
-        self,
-        corpus: str = "code",
-        seq_len: int = 512,
-        max_files: int | None = None,
-        fractions: tuple[float, float, float] = DEFAULT_FRACTIONS,
-        n_buckets: int = 8,
-        eval_split: str = "val",
-        cache: bool = True,
-        eval_seed: int = DEFAULT_EVAL_SEED,
-    ) -> None:
-        super().__init__(eval_seed, seq_len, n_buckets, eval_split)
+    def __init__(self, corpus: str = "code", seq_len: int = 512, **window_options: Any) -> None:
+        super().__init__(seq_len, **window_options)
         if not isinstance(corpus, str | os.PathLike):
             raise ValueError(f"corpus must be 'code', 'docs' or a path, got {corpus!r}")
         self.corpus_name = str(corpus)
-        self.max_files = max_files
-        self.cache = bool(cache)
-        self.corpus: Corpus = load_corpus(corpus, max_files=max_files, fractions=fractions, cache=self.cache)
-        self.fractions = tuple(float(f) for f in fractions)
+        self.corpus: Corpus = load_corpus(corpus, max_files=self.max_files, fractions=self.fractions,
+                                          cache=self.cache)
+        self.fractions = tuple(float(f) for f in self.fractions)
         self._check_splits()
 
     def config(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "corpus": self.corpus_name,
-            "seq_len": self.seq_len,
-            "max_files": self.max_files,
-            "fractions": list(self.fractions),
-            "n_buckets": self.n_buckets,
-            "eval_split": self.eval_split,
-            "cache": self.cache,
-            "eval_seed": self.eval_seed,
-        }
+        return {"name": self.name, "corpus": self.corpus_name, "seq_len": self.seq_len, **self._window_config()}
 
     def _check_split(self, split: str) -> np.ndarray:
         arr = self.corpus.split(split)

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from seqmem.data import DEFAULT_FRACTIONS, SPLITS
+from seqmem.data import SPLITS
 from seqmem.tasks._windows import SplitWindowsTask
-from seqmem.tasks.base import DEFAULT_EVAL_SEED, register_task
+from seqmem.tasks.base import register_task
 from seqmem.textdata import TextTokenizer, load_documents, load_tokenizer, tokenize_splits
 
 __all__ = ["TextLMTask"]
@@ -40,6 +40,8 @@ class TextLMTask(SplitWindowsTask):
         n_buckets: position buckets in :meth:`metrics`.
         eval_split: split of :meth:`eval_data` (``val``).
         cache: cache corpora, trained tokenizers and token streams under ``$SEQMEM_CACHE``.
+
+    ``max_files`` … ``eval_seed`` are :class:`~seqmem.tasks._windows.SplitWindowsTask`'s options (keyword-only).
     """
 
 
@@ -52,20 +54,14 @@ class TextLMTask(SplitWindowsTask):
         seq_len: int = 512,
         text_field: str = "text",
         max_docs: int | None = None,
-        max_files: int | None = None,
-        fractions: tuple[float, float, float] = DEFAULT_FRACTIONS,
-        n_buckets: int = 8,
-        eval_split: str = "val",
-        cache: bool = True,
-        eval_seed: int = DEFAULT_EVAL_SEED,
+        **window_options: Any,
     ) -> None:
-        super().__init__(eval_seed, seq_len, n_buckets, eval_split)
+        super().__init__(seq_len, **window_options)
         self.dataset, self.tokenizer_spec = str(dataset), str(tokenizer)
-        self.text_field, self.max_docs, self.max_files = text_field, max_docs, max_files
-        self.fractions = tuple(float(f) for f in fractions)
-        self.cache = bool(cache)
-        docs, ident = load_documents(self.dataset, text_field=text_field, max_docs=max_docs, max_files=max_files,
-                                     fractions=self.fractions, cache=self.cache)
+        self.text_field, self.max_docs = text_field, max_docs
+        self.fractions = tuple(float(f) for f in self.fractions)
+        docs, ident = load_documents(self.dataset, text_field=text_field, max_docs=max_docs,
+                                     max_files=self.max_files, fractions=self.fractions, cache=self.cache)
         self.num_documents = {s: len(docs[s]) for s in SPLITS}
         self.tokenizer: TextTokenizer = load_tokenizer(self.tokenizer_spec, docs["train"], self.cache, ident)
         self.vocab_size = self.tokenizer.vocab_size
@@ -74,9 +70,7 @@ class TextLMTask(SplitWindowsTask):
 
     def config(self) -> dict[str, Any]:
         return {"name": self.name, "dataset": self.dataset, "tokenizer": self.tokenizer_spec, "seq_len": self.seq_len,
-                "text_field": self.text_field, "max_docs": self.max_docs, "max_files": self.max_files,
-                "fractions": list(self.fractions), "n_buckets": self.n_buckets, "eval_split": self.eval_split,
-                "cache": self.cache, "eval_seed": self.eval_seed}
+                "text_field": self.text_field, "max_docs": self.max_docs, **self._window_config()}
 
     def save_tokenizer(self, directory) -> None:  # noqa: ANN001
         """Write the tokenizer next to a run (``seqmem train`` does this into ``OUT/tokenizer``)."""
