@@ -432,3 +432,37 @@ def test_extra_metrics_are_tabulated_at_the_chosen_lr(tmp_path):
     for bad in ("loss", ["loss", "loss"], [""]):
         with pytest.raises(SpecError, match="extra_metrics"):
             load_spec(tiny(extra_metrics=bad))
+
+
+def test_headline_records_the_report(tmp_path, capsys):
+    """--headline writes the report's chosen lr, mean ± std and per-seed values into a paper's headline.json
+    under ours[<spec name>], keeps the rest of the file, and refuses a missing or malformed file."""
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps(tiny(train__steps=4, train__lrs=[1e-2], train__seeds=[0, 1],
+                                    mixers=["attention"])))
+    out = tmp_path / "o"
+    head = tmp_path / "headline.json"
+    head.write_text(json.dumps({"paper": "Toy", "verdict": "pending", "ours": {"older_spec": {"kept": True}}}))
+    assert main(["sweep", str(spec), "--out", str(out), "--no-probe", "--headline", str(head)]) == 0
+    data = json.loads(head.read_text())
+    assert data["paper"] == "Toy" and data["verdict"] == "pending" and data["ours"]["older_spec"] == {"kept": True}
+    rec = data["ours"][TINY["name"]]
+    report = json.loads((out / "report.json").read_text())
+    (row,) = [r for r in report["rows"] if r["setting"] == report["rows"][0]["setting"]]
+    entry = rec["settings"][row["setting"]]["attention"]
+    assert entry["lr"] == 1e-2 and entry["complete"] and entry["runs"] == "2/2"
+    assert entry["mean"] == round(row["report_mean"], 4) and entry["std"] == round(row["report_std"], 4)
+    assert entry["per_seed"] == {str(k): round(v, 4) for k, v in row["per_seed"].items()}
+    assert len(entry["per_seed"]) == 2
+    assert rec["runs"] == "2/2" and rec["report"] == str(out / "report.md")
+    # bad headline files: refused with a clear message, the file untouched
+    capsys.readouterr()
+    assert main(["sweep", str(spec), "--out", str(out), "--report", "--headline", str(tmp_path / "no.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["sweep", str(spec), "--out", str(out), "--report", "--headline", str(bad)]) == 2
+    assert "not valid JSON" in capsys.readouterr().err and bad.read_text() == "{not json"
+    bad.write_text(json.dumps({"ours": [1, 2]}))
+    assert main(["sweep", str(spec), "--out", str(out), "--report", "--headline", str(bad)]) == 2
+    assert "'ours' must be an object" in capsys.readouterr().err

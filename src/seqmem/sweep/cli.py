@@ -37,6 +37,9 @@ def add_parser(sub) -> None:
     p.add_argument("--reuse", type=Path, action="append", default=[], metavar="DIR",
                    help="another sweep's --out: its finished runs with exactly this spec's settings (all but the "
                         "sweep's name) are copied instead of retrained, marked reused_from (repeatable)")
+    p.add_argument("--headline", type=Path, default=None, metavar="JSON",
+                   help="also record the report in this paper's headline.json (its 'ours' entry for the spec: "
+                        "chosen lr, mean ± std, per-seed values; the rest of the file is kept)")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -44,6 +47,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from seqmem.cliargs import UsageError
     from seqmem.cliargs import check_out_dir as _check_out_dir
     from seqmem.sweep import SpecError, load_spec, run_sweep, write_report
+    from seqmem.sweep.report import update_headline
 
     for k in ("jobs", "threads"):
         if getattr(args, k) < 1:
@@ -53,6 +57,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.jobs > (os.cpu_count() or 1):
         print(f"seqmem sweep: warning: --jobs {args.jobs} exceeds the {os.cpu_count()} cores; timings will be "
               "inflated", file=sys.stderr)
+    if args.headline is not None and not Path(args.headline).is_file():
+        raise UsageError(f"--headline {args.headline}: no such file")
     try:
         spec = load_spec(args.spec)
     except SpecError as e:
@@ -84,4 +90,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     done = sum(r["runs_done"] for r in payload["rows"])
     total = sum(r["runs_total"] for r in payload["rows"])
     print(f"report: {report_dir / 'report.md'} ({done}/{total} runs finished)")
+    if args.headline is not None:
+        try:
+            update_headline(args.headline, spec, payload, report_dir)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        print(f"headline: {args.headline} (ours[{spec.name!r}])")
     return 0

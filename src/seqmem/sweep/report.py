@@ -329,3 +329,66 @@ def write_report(spec: SweepSpec, out: Path, report_dir: Path | None = None, com
     atomic_write_text(report_dir / "report.json", json.dumps(payload, indent=2, default=str))
     plot(spec, rows, report_dir / f"{spec.select}_vs_state.png")
     return payload
+
+
+def headline_summary(spec: SweepSpec, payload: dict[str, Any],
+                     report_dir: Path | str | None = None) -> dict[str, Any]:
+    """A sweep report reduced to what a paper's ``headline.json`` records: per setting and row (a row with model
+    axes is named ``mixer (axis=value, ...)``) the chosen lr, mean ± std over seeds on the reported split, the
+    per-seed values, validation by lr and the paper's value."""
+    def num(v: Any) -> float | None:  # 4 decimals; NaN (one seed's std, a diverged run) as null
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else round(float(v), 4)
+
+    by_setting: dict[str, dict[str, Any]] = {}
+    for r in payload["rows"]:
+        axes = ", ".join(f"{a}={r[a]}" for a in spec.model_axes if a in r)
+        name = f"{r['mixer']} ({axes})" if axes else r["mixer"]
+        entry: dict[str, Any] = {
+            "runs": f"{r['runs_done']}/{r['runs_total']}",
+            "complete": bool(r["complete"]),
+            "lr": r.get("best_lr"),
+            "mean": num(r.get("report_mean")),
+            "std": num(r.get("report_std")),
+            "per_seed": {str(k): num(v) for k, v in (r.get("per_seed") or {}).items()},
+            "valid_by_lr": {k: num(v) for k, v in (r.get("lr_valid") or {}).items()},
+        }
+        if r.get("diverged_seeds"):
+            entry["diverged_seeds"] = r["diverged_seeds"]
+        if r.get("extra"):
+            entry["extra"] = {k: {"mean": num(e["mean"]), "std": num(e["std"]),
+                                  "per_seed": [num(v) for v in e["per_seed"]]} for k, e in r["extra"].items()}
+        if r.get("paper") is not None:
+            entry["paper"] = r["paper"]
+        by_setting.setdefault(r["setting"], {})[name] = entry
+    done = sum(r["runs_done"] for r in payload["rows"])
+    total = sum(r["runs_total"] for r in payload["rows"])
+    out: dict[str, Any] = {
+        "select": payload["select"], "runs": f"{done}/{total}", "cpu_hours": round(float(payload["cpu_hours"]), 2),
+        "settings": by_setting,
+    }
+    if report_dir is not None:
+        out["report"] = str(Path(report_dir) / "report.md")
+    return out
+
+
+def update_headline(path: Path | str, spec: SweepSpec, payload: dict[str, Any],
+                    report_dir: Path | str | None = None) -> dict[str, Any]:
+    """Set ``ours[<spec name>]`` of the JSON object at ``path`` to :func:`headline_summary` (atomic rewrite; the
+    rest of the file is kept).  A missing or malformed file is refused before anything is written."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such headline file")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a headline file holds a JSON object")
+    ours = data.get("ours")
+    if ours is None:
+        ours = data["ours"] = {}
+    if not isinstance(ours, dict):
+        raise ValueError(f"{path}: 'ours' must be an object keyed by spec name")
+    ours[spec.name] = headline_summary(spec, payload, report_dir)
+    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    return data
