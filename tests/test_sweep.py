@@ -466,3 +466,39 @@ def test_headline_records_the_report(tmp_path, capsys):
     bad.write_text(json.dumps({"ours": [1, 2]}))
     assert main(["sweep", str(spec), "--out", str(out), "--report", "--headline", str(bad)]) == 2
     assert "'ours' must be an object" in capsys.readouterr().err
+
+
+def test_step_time_probe_counts_cpu_time_not_waiting(monkeypatch):
+    """The ETA probe times a step by CPU time, so time the process spends waiting (for a core on a loaded machine,
+    here a sleep) does not inflate the cost estimate; the wall clock would count it."""
+    import time
+
+    from seqmem.io import time_calls
+    from seqmem.sweep import runner
+
+    def wait():
+        time.sleep(0.2)
+
+    assert min(time_calls(wait, repeats=1)) >= 0.2
+    assert min(time_calls(wait, repeats=1, clock=time.process_time)) < 0.05
+    # step_seconds: a model whose forward only waits costs (almost) nothing by the probe
+    from seqmem.train import run as run_mod
+
+    point = load_spec(tiny(train__steps=4, mixers=["attention"])).points()[0]
+    base = runner.step_seconds(point.run_spec)
+
+    real_build = run_mod.build_run
+
+    def build_waiting(rs):
+        model, task = real_build(rs)
+        inner = model.forward
+
+        def forward(*a, **k):
+            time.sleep(0.3)
+            return inner(*a, **k)
+
+        model.forward = forward
+        return model, task
+
+    monkeypatch.setattr(run_mod, "build_run", build_waiting)
+    assert runner.step_seconds(point.run_spec) < base + 0.15

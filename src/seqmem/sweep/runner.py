@@ -189,14 +189,18 @@ def _run_point_safe(run_spec: dict[str, Any], run_dir: str, threads: int) -> dic
 
 
 def step_seconds(run_spec: dict[str, Any]) -> float:
-    """Seconds of one training step (forward + backward at the run's batch size, the faster of two) — for ETAs."""
+    """CPU seconds of one training step (forward + backward at the run's batch size, the faster of two), measured
+    with one thread — for ETAs and cost estimates."""
     import torch
 
     from seqmem.train.run import build_run
 
     model, task = build_run(run_spec)
     x, _ = task.sample(run_spec["train"].get("batch_size", 32), torch.Generator().manual_seed(0))
-    return min(time_calls(lambda: model(x)[0].float().logsumexp(-1).mean().backward(), repeats=2))
+    # CPU time, not wall clock: on a loaded machine the wall clock swings several-fold with the load, the CPU time a
+    # one-thread step needs does not
+    return min(time_calls(lambda: model(x)[0].float().logsumexp(-1).mean().backward(), repeats=2,
+                          clock=time.process_time))
 
 
 def estimate_costs(points: list[Point], log: Callable[[str], None] | None = None, runs_per_model: float = 1.0,
@@ -371,7 +375,7 @@ def run_sweep(
     # cost per row (all its runs share a model) for the ETA and for starting the longest runs first
     row_cost: dict[tuple, float] = {}
     if probe and n_left:
-        log("measuring one-thread step times for the ETA ...")
+        log("measuring one-thread step times (CPU time, not inflated by load) for the ETA ...")
         left_rows = [g for g in groups.values()
                      if sum(1 for p in wanted_points(spec, out, g) if is_finished(out / p.rel_dir))
                      < expected_runs(spec, g, out)]
