@@ -502,3 +502,26 @@ def test_step_time_probe_counts_cpu_time_not_waiting(monkeypatch):
 
     monkeypatch.setattr(run_mod, "build_run", build_waiting)
     assert runner.step_seconds(point.run_spec) < base + 0.15
+
+
+def test_runs_record_cpu_time_and_the_report_sums_it(tmp_path):
+    """A run records its CPU time beside its wall clock; the report's CPU-hours sum the CPU time, and runs recorded
+    without it (before it was kept) are counted by wall clock and said to be."""
+    spec = load_spec(tiny(train__steps=4, train__lrs=[1e-2], train__seeds=[0], mixers=["attention"]))
+    out = tmp_path / "o"
+    run_sweep(spec, out, jobs=1, log=quiet, probe=False)
+    results = sorted(out.rglob("result.json"))
+    assert results
+    for f in results:
+        r = json.loads(f.read_text())
+        assert 0 < r["cpu_seconds"] <= r["seconds"] * 1.5 + 0.5
+    payload = write_report(spec, out)
+    cpu = sum(json.loads(f.read_text())["cpu_seconds"] for f in results)
+    assert payload["cpu_hours"] == pytest.approx(cpu / 3600)
+    assert "CPU time)" in (out / "report.md").read_text()
+    r = json.loads(results[0].read_text())
+    r["seconds"], _ = 7200.0, r.pop("cpu_seconds")
+    results[0].write_text(json.dumps(r))
+    payload = write_report(spec, out)
+    assert payload["cpu_hours"] >= 2.0
+    assert "1 run(s) recorded without it by their wall clock" in (out / "report.md").read_text()

@@ -183,8 +183,10 @@ def _axis_combos(spec: SweepSpec) -> list[tuple[tuple[str, Any], ...]]:
     return combos
 
 
-def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu_seconds: float = 0.0) -> str:
-    """The report as Markdown: the protocol, the length rule, one table per setting, CPU-hours and machine."""
+def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu_seconds: float = 0.0,
+             wall_only: int = 0) -> str:
+    """The report as Markdown: the protocol, the length rule, one table per setting, CPU-hours and machine
+    (``wall_only``: finished runs recorded before runs kept their CPU time, counted by wall clock)."""
     info = machine_info()
     cpu_s = cpu_seconds
     sel = spec.select
@@ -256,8 +258,10 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
         lines.append("")
     done = sum(r["runs_done"] for r in rows)
     total = sum(r["runs_total"] for r in rows)
+    basis = "CPU time" if not wall_only else \
+        f"CPU time; {wall_only} run(s) recorded without it by their wall clock, which also counts waiting for a core"
     lines += [f"Runs finished: {done}/{total}; training time of the finished runs: {cpu_s / 3600:.2f} CPU-hours "
-              f"(one thread each). Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}; "
+              f"(one thread each; {basis}). Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}; "
               f"report written {time.strftime('%Y-%m-%d %H:%M')}.", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
@@ -315,12 +319,16 @@ def write_report(spec: SweepSpec, out: Path, report_dir: Path | None = None, com
     out = Path(out)
     report_dir = Path(report_dir or out)
     rows = collect(spec, out)
-    secs = 0.0
+    secs, wall_only = 0.0, 0
     for p in spec.points():
         r = read_result(out / p.rel_dir)
         if r:
-            secs += float(r.get("seconds", 0.0))
-    md = markdown(spec, rows, command, secs)
+            if "cpu_seconds" in r:
+                secs += float(r["cpu_seconds"])
+            else:
+                secs += float(r.get("seconds", 0.0))
+                wall_only += 1
+    md = markdown(spec, rows, command, secs, wall_only)
     payload = {
         "spec": spec.raw, "source": spec.source, "length_rule": length_rule_text(), "select": spec.select,
         "cpu_hours": secs / 3600, "machine": machine_info(), "rows": rows,

@@ -135,7 +135,7 @@ def run_point(run_spec: dict[str, Any], run_dir: str, threads: int = 1) -> dict[
     cfg = TrainConfig(**run_spec["train"])
     sweep = run_spec.get("sweep", {})
     resume = latest_good_checkpoint(d / "checkpoints") is not None
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     result: dict[str, Any] = {
         "setting": sweep.get("setting"), "mixer": sweep.get("mixer"), "family": sweep.get("family"),
         "lr": cfg.lr, "seed": cfg.seed, "steps": cfg.steps,
@@ -155,6 +155,7 @@ def run_point(run_spec: dict[str, Any], run_dir: str, threads: int = 1) -> dict[
         result["status"] = "diverged"
         result["error"] = str(e).splitlines()[0]
     result["seconds"] = time.perf_counter() - t0
+    result["cpu_seconds"] = time.process_time() - c0  # what the run cost; the wall clock also counts waiting for a core
     atomic_write_text(d / RESULT, json.dumps(result, indent=2))
     err = d / "error.json"
     if err.exists():
