@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The paper headline campaigns, in order, each a resumable `seqmem sweep` (re-run to continue where it stopped;
+# finished runs are skipped, partial ones resume from their checkpoints).  Every report is also recorded in the
+# paper's docs/results/<paper>/headline.json (`--headline`).
+#
+#   bash scripts/headlines.sh [calibrate|headline|all]     (default: all = calibrate, then headline)
+#
+# calibrate: the CPU-scale calibrations of Echo, Elastic, Lattice and VORT (≈ 3-4 CPU-hours together) — run the
+# headline of a paper only where its reference baseline calibrates (see that paper's headline.json).
+# headline:  VLA's capacity curve and copy task, then the CPU-scale headlines of the other four (≈ 35 CPU-hours).
+# Environment: JOBS (workers, default 2 = this machine's cores), SEQMEM (default .venv/bin/seqmem).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SEQMEM=${SEQMEM:-.venv/bin/seqmem}
+JOBS=${JOBS:-2}
+export OMP_NUM_THREADS=1
+
+sweep() {  # sweep SPEC PAPER DIR [extra args...]
+    local spec=$1 paper=$2 dir=$3
+    shift 3
+    echo "== $spec -> docs/results/$paper/$dir ($(date -u +%H:%M) UTC)"
+    "$SEQMEM" sweep "$spec" --out "docs/results/$paper/$dir/runs" --report-dir "docs/results/$paper/$dir" \
+        --jobs "$JOBS" --headline "docs/results/$paper/headline.json" "$@"
+}
+
+calibrate() {
+    sweep echo_calibrate_small echo calibrate_small
+    sweep elastic_calibrate_small elastic calibrate_small
+    sweep lattice_calibrate_small lattice calibrate_small
+    sweep vort_calibrate_small vort calibrate_small
+}
+
+headline() {
+    sweep vla_capacity vla capacity --reuse docs/results/vla/calibrate/runs
+    sweep vla_copy vla copy
+    sweep echo_mqar_small echo mqar_small --reuse docs/results/echo/calibrate_small/runs
+    sweep elastic_sampling_small elastic sampling_small --reuse docs/results/elastic/calibrate_small/runs
+    sweep lattice_context_small lattice context_small --reuse docs/results/lattice/calibrate_small/runs
+    sweep vort_zipf_small vort zipf_small --reuse docs/results/vort/calibrate_small/runs
+}
+
+case "${1:-all}" in
+    calibrate) calibrate ;;
+    headline) headline ;;
+    all) calibrate; headline ;;
+    *) echo "usage: bash scripts/headlines.sh [calibrate|headline|all]" >&2; exit 2 ;;
+esac
