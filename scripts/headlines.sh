@@ -32,6 +32,7 @@ calibrate() {
 
 headline() {
     sweep vla_capacity vla capacity --reuse docs/results/vla/calibrate/runs
+    sweep vla_conv vla conv
     sweep vla_copy vla copy
     sweep echo_mqar_small echo mqar_small --reuse docs/results/echo/calibrate_small/runs
     sweep elastic_sampling_small elastic sampling_small --reuse docs/results/elastic/calibrate_small/runs

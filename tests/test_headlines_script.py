@@ -32,7 +32,7 @@ def test_calibrations_run_before_headlines_and_every_call_is_a_recorded_packaged
     specs = [c[1] for c in calls]
     assert specs[:4] == ["echo_calibrate_small", "elastic_calibrate_small", "lattice_calibrate_small",
                          "vort_calibrate_small"]
-    assert set(specs[4:]) >= {"vla_capacity", "vla_copy", "echo_mqar_small", "elastic_sampling_small",
+    assert set(specs[4:]) >= {"vla_capacity", "vla_conv", "vla_copy", "echo_mqar_small", "elastic_sampling_small",
                               "lattice_context_small", "vort_zipf_small"}
     packaged = set(list_packaged_specs())
     for c in calls:
