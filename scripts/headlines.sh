@@ -7,7 +7,7 @@
 #
 # calibrate: the CPU-scale calibrations of Echo, Elastic, Lattice and VORT (≈ 3-4 CPU-hours together) — run the
 # headline of a paper only where its reference baseline calibrates (see that paper's headline.json).
-# headline:  VLA's capacity curve and copy task, then the CPU-scale headlines of the other four (≈ 35 CPU-hours).
+# headline:  VLA's convolution check, capacity curve and copy task, then the CPU-scale headlines of the other four (≈ 35 CPU-hours).
 # Environment: JOBS (workers, default 2 = this machine's cores), SEQMEM (default .venv/bin/seqmem).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,8 +31,8 @@ calibrate() {
 }
 
 headline() {
-    sweep vla_capacity vla capacity --reuse docs/results/vla/calibrate/runs
     sweep vla_conv vla conv
+    sweep vla_capacity vla capacity --reuse docs/results/vla/calibrate/runs
     sweep vla_copy vla copy
     sweep echo_mqar_small echo mqar_small --reuse docs/results/echo/calibrate_small/runs
     sweep elastic_sampling_small elastic sampling_small --reuse docs/results/elastic/calibrate_small/runs
