@@ -7,7 +7,8 @@
 #
 # calibrate: the CPU-scale calibrations of Echo, Elastic, Lattice and VORT (≈ 3-4 CPU-hours together) — run the
 # headline of a paper only where its reference baseline calibrates (see that paper's headline.json).
-# headline:  VLA's convolution check, capacity curve and copy task, then the CPU-scale headlines of the other four (≈ 35 CPU-hours).
+# headline:  VLA's convolution check, capacity curve and copy task, then the CPU-scale headlines of the other four
+#            and Echo's transfer suite at the paper's size, 3 seeds (≈ 70 CPU-hours in all).
 # Environment: JOBS (workers, default 2 = this machine's cores), SEQMEM (default .venv/bin/seqmem).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +36,9 @@ headline() {
     sweep vla_capacity vla capacity --reuse docs/results/vla/calibrate/runs
     sweep vla_copy vla copy
     sweep echo_mqar_small echo mqar_small --reuse docs/results/echo/calibrate_small/runs
+    # Echo Tables 2-3 (transfer suite) at the paper's d 128 / 6,000 steps, 3 seeds; resumes model by model
+    echo "== seqmem repro echo --scale paper --seeds 3 --no-mqar -> docs/results/echo/transfer_paper"
+    "$SEQMEM" repro echo --scale paper --seeds 3 --no-mqar --out docs/results/echo/transfer_paper
     sweep elastic_sampling_small elastic sampling_small --reuse docs/results/elastic/calibrate_small/runs
     sweep lattice_context_small lattice context_small --reuse docs/results/lattice/calibrate_small/runs
     sweep vort_zipf_small vort zipf_small --reuse docs/results/vort/calibrate_small/runs

@@ -29,13 +29,18 @@ def _run(tmp_path: Path, *args: str) -> tuple[int, list[list[str]], str]:
 def test_calibrations_run_before_headlines_and_every_call_is_a_recorded_packaged_sweep(tmp_path):
     rc, calls, err = _run(tmp_path, "all")
     assert rc == 0, err
-    specs = [c[1] for c in calls]
+    specs = [c[1] for c in calls if c[0] == "sweep"]
     assert specs[:4] == ["echo_calibrate_small", "elastic_calibrate_small", "lattice_calibrate_small",
                          "vort_calibrate_small"]
     assert set(specs[4:]) >= {"vla_capacity", "vla_conv", "vla_copy", "echo_mqar_small", "elastic_sampling_small",
                               "lattice_context_small", "vort_zipf_small"}
     packaged = set(list_packaged_specs())
+    repro = [c for c in calls if c[0] == "repro"]
+    assert repro == [["repro", "echo", "--scale", "paper", "--seeds", "3", "--no-mqar", "--out",
+                      "docs/results/echo/transfer_paper"]]
     for c in calls:
+        if c[0] == "repro":
+            continue
         assert c[0] == "sweep" and c[1] in packaged
         opt = {c[i]: c[i + 1] for i in range(2, len(c) - 1) if c[i].startswith("--")}
         paper = Path(opt["--headline"]).parent

@@ -84,3 +84,47 @@ def test_echo_koopman_configs_match_paper_param_counts():
     p50 = echo.meta_stats(echo.echo50m_config(ffn="koopman"), (64,))["params"]
     p180 = echo.meta_stats(echo.echo180m_config(ffn="koopman"), (64,))["params"]
     assert abs(p50 - 50.1e6) < 0.05e6 and abs(p180 - 185.0e6) < 0.2e6
+
+
+def test_repro_echo_seeds_resume_and_aggregate(tmp_path, monkeypatch):
+    """--seeds: every (seed, model) record is kept, a rerun takes them instead of training again, Tables 2-3 give
+    the mean over seeds and transfer_seeds the mean ± std with the per-seed values; a record from another
+    configuration is refused."""
+    from seqmem.repro.echo import runner
+
+    args = SimpleNamespace(scale="smoke", out=tmp_path, seed=3, models="ssm,ssm_ska", seeds=2, no_mqar=True)
+    assert echo.run(args) == 0
+    for s in (3, 4):
+        for m in ("ssm", "ssm_ska"):
+            assert (tmp_path / "seeds" / f"seed-{s}" / f"{m}.json").exists()
+    assert not (tmp_path / "mqar_grid.json").exists()  # --no-mqar
+    res = json.loads((tmp_path / "echo_results.json").read_text())
+    assert res["seeds"] == [3, 4]
+    per = res["per_seed"]
+    t3 = json.loads((tmp_path / "table3_transfer.json").read_text())
+    seeds_t = json.loads((tmp_path / "transfer_seeds.json").read_text())
+    row = next(r for r in t3["rows"] if r["task"] == "MQAR")
+    srow = next(r for r in seeds_t["rows"] if r["task"] == "MQAR")
+    for m, label in (("ssm", "SSM"), ("ssm_ska", "SSM+SKA")):
+        vals = [sum(per[s][m]["grids"]["MQAR"].values()) / len(per[s][m]["grids"]["MQAR"]) for s in ("3", "4")]
+        assert srow[f"ours {label} per seed"] == pytest.approx(vals)
+        assert row[f"ours {label}"] == pytest.approx(sum(vals) / 2)
+        assert srow[f"ours {label}"].startswith(f"{sum(vals) / 2:.1f} ± ")
+    assert any(r["task"] == "NIAH T = 64" for r in seeds_t["rows"])
+
+    # a rerun trains nothing: every record is kept
+    def no_training(*a, **k):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(runner, "fit_lm", no_training)
+    assert echo.run(args) == 0
+    assert json.loads((tmp_path / "transfer_seeds.json").read_text())["rows"] == seeds_t["rows"]
+    # a record written under another configuration is refused, not silently mixed in
+    rec_path = tmp_path / "seeds" / "seed-3" / "ssm.json"
+    rec = json.loads(rec_path.read_text())
+    rec["key"]["config"]["steps"] = 999
+    rec_path.write_text(json.dumps(rec))
+    with pytest.raises(ValueError, match="another configuration"):
+        echo.run(args)
+    with pytest.raises(ValueError, match="--seeds"):
+        echo.run(SimpleNamespace(scale="smoke", out=tmp_path / "x", seed=0, models="ssm", seeds=0, no_mqar=True))

@@ -4,15 +4,19 @@ grid, write the tables, the MQAR grid and ``echo_results.json``)."""
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import time
 from pathlib import Path
 from typing import Any
 
-from seqmem.repro.common import fit_lm, write_json
-from seqmem.repro.echo.configs import MODELS, SCALES
+from seqmem.io import mean_std
+from seqmem.repro.common import fit_lm, write_json, write_results
+from seqmem.repro.echo.configs import LABEL, MODELS, SCALES
 from seqmem.repro.echo.grids import accuracy, task_grids
 from seqmem.repro.echo.models import submillion_config, train_cfg
 from seqmem.repro.echo.mqar import mqar_grid
+from seqmem.repro.echo.paper import PAPER_TABLE2, PAPER_TABLE3
 from seqmem.repro.echo.tables import write_tables
 from seqmem.tasks.echo_tasks import EchoMixture, EchoNIAH
 
@@ -20,6 +24,18 @@ from seqmem.tasks.echo_tasks import EchoMixture, EchoNIAH
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--models", default=",".join(MODELS), help="comma-separated subset of " + ",".join(MODELS)
+    )
+    parser.add_argument(
+        "--seeds", type=int, default=None,
+        help="train every model with seeds seed, seed+1, ... (this many); each (seed, model) record is kept under "
+             "OUT/seeds/seed-S/MODEL.json, so a stopped run resumes model by model; Tables 2-3 then give the mean "
+             "over seeds and transfer_seeds.{md,json} mean ± std with the per-seed values (the MQAR grid, if the "
+             "scale has one, runs for the first seed only)",
+    )
+    parser.add_argument(
+        "--no-mqar", action="store_true",
+        help="skip the §4.2 MQAR grid (the echo_calibrate* / echo_mqar* sweep specs run it with lr selection and "
+             "seeds); Tables 2-3 only",
     )
 
 
@@ -43,29 +59,126 @@ def run(args) -> int:
     )
     t_start = time.time()
     grids = task_grids(sc["grid"])
-    results: dict[str, Any] = {"scale": scale, "models": {}}
-    for name in models:
-        cfg = submillion_config(name, d=sc["d"], heads=sc["heads"], rank=sc["rank"], d_state=sc["d_state"])
-        task = EchoMixture(seq_len=64)
-        fit = fit_lm(cfg, task, train_cfg(sc, seed=seed), seed=seed)
-        model, tr = fit.model, fit.result
-        rec: dict[str, Any] = {
-            "params": model.num_parameters(),
-            "train_seconds": fit.seconds,
-            "train_final": tr.final,
-            "history": tr.history,
-            "state_floats@64": model.state_size(64),
-            "state_floats@4096": model.state_size(4096),
-        }
-        model.eval()
-        rec["niah"] = {t: accuracy(model, EchoNIAH(seq_len=t, n_kv=1), sc["eval_n"]) for t in sc["niah"]}
-        rec["grids"] = {
-            tn: {lab: accuracy(model, tk, sc["eval_n"]) for lab, tk in cells} for tn, cells in grids.items()
-        }
-        results["models"][name] = rec
-        print(f"[echo] {name}: {rec['params']} params, train {rec['train_seconds']:.0f}s, niah {rec['niah']}")
+    n_seeds = getattr(args, "seeds", None)
+    if n_seeds is not None and int(n_seeds) < 1:
+        raise ValueError(f"--seeds must be at least 1, got {n_seeds}")
+    seeds = [seed + i for i in range(int(n_seeds))] if n_seeds else [seed]
+    per_seed: dict[int, dict[str, Any]] = {}
+    for s in seeds:
+        for name in models:
+            key = {"scale": scale, "seed": s, "model": name, "config": {k: sc[k] for k in sorted(sc)}}
+            cache = out / "seeds" / f"seed-{s}" / f"{name}.json" if n_seeds else None
+            if cache is not None and cache.exists():
+                rec = json.loads(cache.read_text())
+                rec["niah"] = {_key(t): v for t, v in rec.get("niah", {}).items()}
+                if json.loads(json.dumps(rec.get("key"))) != json.loads(json.dumps(key)):
+                    raise ValueError(f"{cache} was written by another configuration ({rec.get('key')}); "
+                                     "use another --out or remove it")
+                print(f"[echo] seed {s} {name}: kept from {cache}")
+            else:
+                rec = _train_and_score(name, sc, grids, s)
+                rec["key"] = key
+                if cache is not None:
+                    cache.parent.mkdir(parents=True, exist_ok=True)
+                    write_json(cache, rec, indent=1)
+            per_seed.setdefault(s, {})[name] = rec
+    results: dict[str, Any] = {"scale": scale, "seeds": seeds,
+                               "models": _mean_over_seeds(per_seed, models) if n_seeds else per_seed[seed]}
+    if n_seeds:
+        command += f" --seeds {n_seeds}" + (f" --seed {seed}" if seed else "")
+        scale_note += f"; mean over seeds {seeds} (per-seed values in transfer_seeds)"
+        results["per_seed"] = {str(s): per_seed[s] for s in seeds}
+        _write_seed_table(out, per_seed, models, command, scale_note)
     write_tables(out, results, models, sc, command, scale_note)
-    results["mqar"] = mqar_grid(out, sc, seed, command, scale)
+    results["mqar"] = {} if getattr(args, "no_mqar", False) else mqar_grid(out, sc, seed, command, scale)
     results["seconds"] = time.time() - t_start
     write_json(out / "echo_results.json", results, indent=1)
     return 0
+
+
+def _train_and_score(name: str, sc: dict, grids: dict, seed: int) -> dict[str, Any]:
+    """Train one sub-million model on the mixture with ``seed`` and score it on NIAH and every transfer grid."""
+    cfg = submillion_config(name, d=sc["d"], heads=sc["heads"], rank=sc["rank"], d_state=sc["d_state"])
+    fit = fit_lm(cfg, EchoMixture(seq_len=64), train_cfg(sc, seed=seed), seed=seed)
+    model, tr = fit.model, fit.result
+    rec: dict[str, Any] = {
+        "params": model.num_parameters(),
+        "train_seconds": fit.seconds,
+        "train_final": tr.final,
+        "history": tr.history,
+        "state_floats@64": model.state_size(64),
+        "state_floats@4096": model.state_size(4096),
+    }
+    model.eval()
+    rec["niah"] = {t: accuracy(model, EchoNIAH(seq_len=t, n_kv=1), sc["eval_n"]) for t in sc["niah"]}
+    rec["grids"] = {tn: {lab: accuracy(model, tk, sc["eval_n"]) for lab, tk in cells} for tn, cells in grids.items()}
+    print(f"[echo] seed {seed} {name}: {rec['params']} params, train {rec['train_seconds']:.0f}s, niah {rec['niah']}")
+    return rec
+
+
+def _mean_over_seeds(per_seed: dict[int, dict[str, Any]], models: list[str]) -> dict[str, Any]:
+    """Per model: the first seed's record with every NIAH and grid cell replaced by its mean over seeds."""
+    out: dict[str, Any] = {}
+    recs = list(per_seed.values())
+    for m in models:
+        first = recs[0][m]
+        niah = {t: sum(float(r[m]["niah"][t]) for r in recs) / len(recs) for t in first["niah"]}
+        grids = {tn: {lab: sum(float(r[m]["grids"][tn][lab]) for r in recs) / len(recs) for lab in cells}
+                 for tn, cells in first["grids"].items()}
+        train_s = sum(float(r[m]["train_seconds"]) for r in recs) / len(recs)
+        out[m] = {**first, "niah": niah, "grids": grids, "train_seconds": train_s}
+    return out
+
+
+def _key(t: Any) -> Any:
+    """NIAH lengths come back from JSON as strings: as ints again."""
+    return int(t) if isinstance(t, str) and t.isdigit() else t
+
+
+def _write_seed_table(out: Path, per_seed: dict[int, dict[str, Any]], models: list[str], command: str,
+                      scale_note: str) -> None:
+    """``transfer_seeds.{md,json}``: Table 3's task means and Table 2's NIAH lengths, mean ± sample std over seeds
+    with the per-seed values, beside the paper's value."""
+    seeds = list(per_seed)
+
+    def cell(values: list[float]) -> str:
+        m, sd = mean_std(values)
+        per = ", ".join(f"{v:.1f}" for v in values)
+        return f"{m:.1f} ± {'—' if math.isnan(sd) else f'{sd:.1f}'} ({per})"
+
+    rows: list[dict[str, Any]] = []
+    task_means: dict[str, dict[int, list[float]]] = {m: {s: [] for s in seeds} for m in models}
+    for tn, paper in PAPER_TABLE3.items():
+        if tn == "Mean":
+            continue
+        row: dict[str, Any] = {"table": "3", "task": tn}
+        for m in models:
+            vals = []
+            for s in seeds:
+                cells = list(per_seed[s][m]["grids"][tn].values())
+                v = sum(cells) / len(cells)
+                vals.append(v)
+                task_means[m][s].append(v)
+            row[f"paper {LABEL[m]}"] = paper[MODELS.index(m)]
+            row[f"ours {LABEL[m]}"] = cell(vals)
+            row[f"ours {LABEL[m]} per seed"] = vals
+        rows.append(row)
+    row = {"table": "3", "task": "Mean (of task means)"}
+    for m in models:
+        vals = [sum(task_means[m][s]) / len(task_means[m][s]) for s in seeds]
+        row[f"paper {LABEL[m]}"] = PAPER_TABLE3["Mean"][MODELS.index(m)]
+        row[f"ours {LABEL[m]}"] = cell(vals)
+        row[f"ours {LABEL[m]} per seed"] = vals
+    rows.append(row)
+    for t in per_seed[seeds[0]][models[0]]["niah"]:
+        row = {"table": "2", "task": f"NIAH T = {t}"}
+        for m in models:
+            vals = [float(per_seed[s][m]["niah"][t]) for s in seeds]
+            row[f"paper {LABEL[m]}"] = PAPER_TABLE2.get(_key(t), (None,) * 3)[MODELS.index(m)]
+            row[f"ours {LABEL[m]}"] = cell(vals)
+            row[f"ours {LABEL[m]} per seed"] = vals
+        rows.append(row)
+    cols = ["table", "task"] + [c for m in models for c in (f"paper {LABEL[m]}", f"ours {LABEL[m]}")]
+    write_results(out, "transfer_seeds", rows, columns=cols,
+                  title=f"Tables 2-3 over seeds {seeds}: accuracy %, mean ± std (per seed)", command=command,
+                  scale_note=scale_note + "; task grids are OURS (paper unspecified)")
