@@ -14,16 +14,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "headlines.sh"
 
 
-def _run(tmp_path: Path, *args: str) -> tuple[int, list[list[str]], str]:
+def _run(tmp_path: Path, *args: str, force: bool = True) -> tuple[int, list[list[str]], str]:
     log = tmp_path / "calls.jsonl"
     fake = tmp_path / "seqmem"
     fake.write_text("#!/usr/bin/env python3\nimport json, sys\n"
                     f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
     fake.chmod(0o755)
-    env = {**os.environ, "SEQMEM": str(fake), "JOBS": "2"}
+    env = {**os.environ, "SEQMEM": str(fake), "JOBS": "2", "FORCE": "1" if force else "0"}
     p = subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=60)
     calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    return p.returncode, calls, p.stderr
+    return p.returncode, calls, p.stderr + p.stdout
 
 
 def test_calibrations_run_before_headlines_and_every_call_is_a_recorded_packaged_sweep(tmp_path):
@@ -59,3 +59,19 @@ def test_phases_and_bad_phase(tmp_path):
                                                   "lattice_calibrate_small", "vort_calibrate_small"]
     rc, calls, err = _run(tmp_path / "b", "nope")
     assert rc == 2 and "usage" in err and calls == []
+
+
+def test_a_headline_waits_for_its_papers_calibration(tmp_path):
+    """Without FORCE a paper's headline sweeps run only when its headline.json records the calibration as passed
+    (calibration.calibrated starting with "yes"); the others are skipped with a message naming the paper."""
+    rc, calls, out = _run(tmp_path, "headline", force=False)
+    assert rc == 0
+    ran = {c[1] for c in calls if c[0] == "sweep"}
+    headline_specs = {"vla": {"vla_conv", "vla_capacity", "vla_copy"}, "echo": {"echo_mqar_small"},
+                      "elastic": {"elastic_sampling_small"}, "lattice": {"lattice_context_small"},
+                      "vort": {"vort_zipf_small"}}
+    for paper, specs in headline_specs.items():
+        cal = json.loads((ROOT / "docs" / "results" / paper / "headline.json").read_text()).get("calibration") or {}
+        passed = str(cal.get("calibrated", "")).lower().startswith("yes")
+        assert (specs <= ran) if passed else not (specs & ran), paper
+        assert passed or f"{paper} is not calibrated yet" in out
