@@ -71,7 +71,7 @@ def run(args) -> int:
             if cache is not None and cache.exists():
                 rec = json.loads(cache.read_text())
                 rec["niah"] = {_key(t): v for t, v in rec.get("niah", {}).items()}
-                if json.loads(json.dumps(rec.get("key"))) != json.loads(json.dumps(key)):
+                if rec.get("key") != json.loads(json.dumps(key)):  # as JSON stores it (tuples as lists)
                     raise ValueError(f"{cache} was written by another configuration ({rec.get('key')}); "
                                      "use another --out or remove it")
                 print(f"[echo] seed {s} {name}: kept from {cache}")
