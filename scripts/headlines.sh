@@ -50,6 +50,7 @@ gated() {  # gated PAPER SWEEP-ARGS...: a headline sweep, skipped while the pape
 calibrate() {
     sweep echo_calibrate_small echo calibrate_small
     sweep elastic_calibrate_small elastic calibrate_small
+    sweep elastic_calibrate_drift elastic calibrate_drift
     sweep lattice_calibrate_small lattice calibrate_small
     sweep vort_calibrate_small vort calibrate_small
 }
@@ -60,7 +61,7 @@ headline() {
     # β = 1 first (settings are run in order).
     gated vla sweep vla_conv vla conv
     gated lattice sweep lattice_context_small lattice context_small --reuse docs/results/lattice/calibrate_small/runs
-    gated elastic sweep elastic_sampling_small elastic sampling_small --reuse docs/results/elastic/calibrate_small/runs
+    gated elastic sweep elastic_sampling_small elastic sampling_small --reuse docs/results/elastic/calibrate_drift/runs
     gated echo sweep echo_mqar_small echo mqar_small --reuse docs/results/echo/calibrate_small/runs
     # Echo Tables 2-3 (transfer suite) at the paper's d 128 / 6,000 steps, 3 seeds; resumes model by model
     echo "== seqmem repro echo --scale paper --seeds 3 --no-mqar -> docs/results/echo/transfer_paper"

@@ -12,6 +12,8 @@ from seqmem.sweep import list_packaged_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "headlines.sh"
+CALIBRATIONS = ["echo_calibrate_small", "elastic_calibrate_small", "elastic_calibrate_drift", "lattice_calibrate_small",
+                "vort_calibrate_small"]
 
 
 def _run(tmp_path: Path, *args: str, force: bool = True) -> tuple[int, list[list[str]], str]:
@@ -30,9 +32,8 @@ def test_calibrations_run_before_headlines_and_every_call_is_a_recorded_packaged
     rc, calls, err = _run(tmp_path, "all")
     assert rc == 0, err
     specs = [c[1] for c in calls if c[0] == "sweep"]
-    assert specs[:4] == ["echo_calibrate_small", "elastic_calibrate_small", "lattice_calibrate_small",
-                         "vort_calibrate_small"]
-    assert set(specs[4:]) >= {"vla_capacity", "vla_conv", "vla_copy", "echo_mqar_small", "elastic_sampling_small",
+    assert specs[:5] == CALIBRATIONS
+    assert set(specs[5:]) >= {"vla_capacity", "vla_conv", "vla_copy", "echo_mqar_small", "elastic_sampling_small",
                               "lattice_context_small", "vort_zipf_small"}
     packaged = set(list_packaged_specs())
     repro = [c for c in calls if c[0] == "repro"]
@@ -55,8 +56,7 @@ def test_phases_and_bad_phase(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     rc, calls, _ = _run(tmp_path / "a", "calibrate")
-    assert rc == 0 and [c[1] for c in calls] == ["echo_calibrate_small", "elastic_calibrate_small",
-                                                  "lattice_calibrate_small", "vort_calibrate_small"]
+    assert rc == 0 and [c[1] for c in calls] == CALIBRATIONS
     rc, calls, err = _run(tmp_path / "b", "nope")
     assert rc == 2 and "usage" in err and calls == []
 

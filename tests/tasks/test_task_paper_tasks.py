@@ -121,3 +121,67 @@ def test_elastic_topic_metrics_see_history_use():
     assert mh["memory_gain"] == pytest.approx(math.log(32) - math.log(4), rel=1e-5)
     assert ml["memory_gain"] == pytest.approx(0.0, abs=1e-4)
     assert ml["loss_later_q1"] == pytest.approx(math.log(32), rel=1e-5)
+
+
+def test_elastic_topic_one_topic_stream_is_unchanged_by_topic_blocks_support():
+    """topic_blocks = 0 draws exactly the original one-topic stream (so committed runs stay reproducible) and keeps
+    the original config (no topic_blocks key: run identities unchanged)."""
+    t = ElasticTopicTask(vocab_size=40, topic=4, seq_len=48, block_len=12)
+    x, y = t.sample(5, torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(3)
+    subsets = torch.stack([torch.randperm(40, generator=g)[:4] for _ in range(5)])
+    tok = torch.gather(subsets, 1, torch.randint(0, 4, (5, 49), generator=g))
+    assert torch.equal(x, tok[:, :-1]) and torch.equal(y, tok[:, 1:])
+    assert "topic_blocks" not in t.config()
+    assert ElasticTopicTask(seq_len=48, block_len=12, topic_blocks=2).config()["topic_blocks"] == 2
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="topic_blocks"):
+            ElasticTopicTask(seq_len=48, block_len=12, topic_blocks=bad)
+
+
+def test_elastic_topic_drifting_topics_follow_the_blocks():
+    """topic_blocks = k: the targets of each k-block segment come from one topic of its own; a block that starts a
+    topic has seen none of its tokens (its first target's input is the previous segment's last token)."""
+    k, L, V = 2, 8, 64
+    t = ElasticTopicTask(vocab_size=V, topic=3, seq_len=64, block_len=L, topic_blocks=k)
+    x, y = t.sample(32, torch.Generator().manual_seed(1))
+    seg_len = k * L
+    n_seg = 64 // seg_len
+    disjoint = 0
+    for b in range(32):
+        topics = [set(y[b, s * seg_len:(s + 1) * seg_len].tolist()) for s in range(n_seg)]
+        assert all(len(tp) <= 3 for tp in topics)
+        assert set(x[b, 1:seg_len].tolist()) <= topics[0] | {int(x[b, 0])}
+        for s in range(1, n_seg):  # the input at a segment's first position is the previous segment's last target
+            assert x[b, s * seg_len] == y[b, s * seg_len - 1] and int(x[b, s * seg_len]) in topics[s - 1]
+        disjoint += sum(not (topics[s] & topics[s - 1]) for s in range(1, n_seg))
+    assert disjoint > 0.5 * 32 * (n_seg - 1)  # fresh topics (3 of 64 tokens overlap rarely)
+
+
+def test_elastic_topic_metrics_with_drifting_topics():
+    """With topic_blocks = k, memory_gain compares the first quarters of topic-starting blocks with those of
+    continuing blocks: a model that carries the current topic across blocks gains ln(V) − ln(topic), a block-local
+    one 0, and one that knows the topic only from block 0 (a stale memory) loses on continuing blocks."""
+    k, L, V, topic = 2, 16, 32, 4
+    t = ElasticTopicTask(vocab_size=V, topic=topic, seq_len=128, block_len=L, topic_blocks=k)
+    x, y = t.eval_data(32)
+    B, T = y.shape
+    seg = t.segments()[1:]  # the segment of each target
+    current = torch.full((B, T, V), -30.0)
+    stale = torch.full((B, T, V), -30.0)
+    for b in range(B):
+        for s in seg.unique().tolist():
+            pos = (seg == s).nonzero().flatten()
+            current[b, pos[:, None], torch.unique(y[b, pos])[None, :]] = 0.0
+        stale[b, :, torch.unique(y[b, seg == 0])] = 0.0
+    q = L // 4
+    carry, local = current.clone(), current.clone()
+    for blk in range(T // L):
+        local[:, blk * L: blk * L + q] = 0.0
+        if blk % k == 0:
+            carry[:, blk * L: blk * L + q] = 0.0
+    mc, ml, ms = t.metrics(carry, y), t.metrics(local, y), t.metrics(stale, y)
+    assert mc["memory_gain"] == pytest.approx(math.log(V) - math.log(topic), rel=1e-4)
+    assert mc["loss_cont_q1"] == pytest.approx(math.log(topic), rel=1e-4)
+    assert ml["memory_gain"] == pytest.approx(0.0, abs=1e-4)
+    assert ms["loss_cont_q1"] > 5.0  # block 0's topic is wrong for the later segments' continuing blocks

@@ -1,17 +1,20 @@
 """Synthetic long-range "topic" task for block-wise memories (ours; not in the Elastic Memory paper).
 
 Every sequence draws its tokens uniformly from a per-sequence random subset (the "topic") of ``topic`` tokens out of
-``vocab_size``.  Knowing the topic gives loss ``ln(topic)`` per token; a model that attends only within a block of
-``block_len`` tokens must rediscover the topic in every block, so its loss at the first in-block positions is higher,
-while a model whose memory carries a bag-of-tokens summary across blocks (what the low-order coefficients of
-Elastic Memory's HiPPO state hold) reaches ``ln(topic)`` from the start of every block after the first.  The
-memory is therefore provably useful, and whether it is used can be read off the per-block losses.
+``vocab_size``; with ``topic_blocks = k > 0`` the topic changes every ``k`` blocks instead (a fresh random subset per
+segment of ``k·block_len`` targets), so that recent history is worth more than old history.  Knowing the topic
+gives loss ``ln(topic)`` per token; a model that attends only within a block of ``block_len`` tokens must rediscover
+the topic in every block, so its loss at the first in-block positions is higher, while a model whose memory carries
+a bag-of-tokens summary across blocks (what the low-order coefficients of Elastic Memory's HiPPO state hold) reaches
+``ln(topic)`` from the start of every block that continues a topic.  The memory is therefore provably useful, and
+whether it is used can be read off the per-block losses.
 
 Every position is scored (next-token targets).  :meth:`ElasticTopicTask.metrics` adds, in nats per token,
 ``loss_block0_q1`` (the first quarter of block 0, where no model has history), ``loss_later_q1`` (first quarters
-of blocks >= 1), ``loss_later_rest`` (the rest of blocks >= 1), ``memory_gain`` = ``loss_block0_q1 −
-loss_later_q1`` (≈ 0 for a block-local model, > 0 when history is used) and ``excess_loss`` = mean loss −
-ln(topic).
+of blocks >= 1), ``loss_later_rest`` (the rest of blocks >= 1), ``loss_start_q1`` / ``loss_cont_q1`` (first quarters of
+the blocks that start a topic — block 0, and with ``topic_blocks = k`` every k-th block — and of those that continue
+one), ``memory_gain`` = ``loss_start_q1 − loss_cont_q1`` (≈ 0 for a block-local model, > 0 when history is used;
+with one topic per sequence it is ``loss_block0_q1 − loss_later_q1``) and ``excess_loss`` = mean loss − ln(topic).
 """
 
 from __future__ import annotations
@@ -37,31 +40,50 @@ class ElasticTopicTask(Task):
         vocab_size: V.
         topic: tokens per topic (``1 <= topic <= V``); the optimum loss is ``ln(topic)``.
         seq_len: T.
-        block_len: the memory models' block length L (``T`` must be a multiple of it); used by :meth:`metrics` only.
+        block_len: the memory models' block length L (``T`` must be a multiple of it).
+        topic_blocks: 0 (default) = one topic per sequence; k > 0 = a new topic every k blocks: the target at position
+            t belongs to segment t // (k·L) (the first input token belongs to segment 0), so a block that starts a
+            topic has seen none of its tokens.
         eval_seed: seed of the evaluation stream (:meth:`test_data` uses ``eval_seed + 1``).
     """
 
     name = "elastic_topic"
 
     def __init__(self, vocab_size: int = 64, topic: int = 4, seq_len: int = 128, block_len: int = 16,
-                 eval_seed: int = DEFAULT_EVAL_SEED) -> None:
+                 topic_blocks: int = 0, eval_seed: int = DEFAULT_EVAL_SEED) -> None:
         super().__init__(eval_seed)
         for k, v in (("vocab_size", vocab_size), ("topic", topic), ("seq_len", seq_len), ("block_len", block_len)):
             check_int(k, v)
+        check_int("topic_blocks", topic_blocks, minimum=0)
         if topic > vocab_size:
             raise ValueError(f"need 1 <= topic <= vocab, got topic={topic}, vocab={vocab_size}")
         if seq_len % block_len:
             raise ValueError(f"seq_len={seq_len} must be a multiple of block_len={block_len}")
         self.vocab_size, self.topic, self.seq_len, self.block_len = vocab_size, topic, seq_len, block_len
+        self.topic_blocks = topic_blocks
 
     def config(self) -> dict[str, Any]:
-        return {"name": self.name, "vocab_size": self.vocab_size, "topic": self.topic, "seq_len": self.seq_len,
-                "block_len": self.block_len, "eval_seed": self.eval_seed}
+        cfg = {"name": self.name, "vocab_size": self.vocab_size, "topic": self.topic, "seq_len": self.seq_len,
+               "block_len": self.block_len, "eval_seed": self.eval_seed}
+        if self.topic_blocks:  # absent at the default, so one-topic configs (and their run keys) are unchanged
+            cfg["topic_blocks"] = self.topic_blocks
+        return cfg
+
+    def segments(self) -> Tensor:
+        """Segment (topic) index of each of the T + 1 tokens: token i + 1 is the target at position i."""
+        seg = torch.zeros(self.seq_len + 1, dtype=torch.long)
+        if self.topic_blocks:
+            seg[1:] = torch.arange(self.seq_len) // (self.topic_blocks * self.block_len)
+        return seg
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         B = self._check_batch(batch_size)
-        subsets = torch.stack([torch.randperm(self.vocab_size, generator=generator)[: self.topic] for _ in range(B)])
-        idx = torch.randint(0, self.topic, (B, self.seq_len + 1), generator=generator)
+        seg = self.segments()
+        n_seg = int(seg[-1]) + 1
+        # (B, n_seg · topic): the topics of each sequence's segments, side by side
+        subsets = torch.stack([torch.randperm(self.vocab_size, generator=generator)[: self.topic]
+                               for _ in range(B * n_seg)]).view(B, n_seg * self.topic)
+        idx = torch.randint(0, self.topic, (B, self.seq_len + 1), generator=generator) + seg * self.topic
         tok = torch.gather(subsets, 1, idx)
         return tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
 
@@ -85,5 +107,10 @@ class ElasticTopicTask(Task):
             out["loss_later_q1"] = float(ce[:, 1:, :q].mean())
             if q < L:
                 out["loss_later_rest"] = float(ce[:, 1:, q:].mean())
-            out["memory_gain"] = out["loss_block0_q1"] - out["loss_later_q1"]
+            blocks = torch.arange(T // L)
+            starts = blocks % self.topic_blocks == 0 if self.topic_blocks else blocks == 0
+            out["loss_start_q1"] = float(ce[:, starts, :q].mean())
+            if (~starts).any():
+                out["loss_cont_q1"] = float(ce[:, ~starts, :q].mean())
+                out["memory_gain"] = out["loss_start_q1"] - out["loss_cont_q1"]
         return out
