@@ -41,9 +41,11 @@ class ElasticTopicTask(Task):
         topic: tokens per topic (``1 <= topic <= V``); the optimum loss is ``ln(topic)``.
         seq_len: T.
         block_len: the memory models' block length L (``T`` must be a multiple of it).
-        topic_blocks: 0 (default) = one topic per sequence; k > 0 = a new topic every k blocks: the target at position
-            t belongs to segment t // (k·L) (the first input token belongs to segment 0), so a block that starts a
-            topic has seen none of its tokens.
+        topic_blocks: 0 (default) = one topic per sequence; k > 0 = a new topic every k blocks: the input at
+            position t belongs to segment t // (k·L), so every input and every target of a block except its last
+            target come from the block's own topic (a block-local model sees the same statistics in a block that
+            starts a topic as in one that continues it), and the last target of a segment's last block is the first
+            token of the next topic.
         eval_seed: seed of the evaluation stream (:meth:`test_data` uses ``eval_seed + 1``).
     """
 
@@ -70,10 +72,12 @@ class ElasticTopicTask(Task):
         return cfg
 
     def segments(self) -> Tensor:
-        """Segment (topic) index of each of the T + 1 tokens: token i + 1 is the target at position i."""
+        """Segment (topic) index of each of the T + 1 tokens: token t is the input at position t, token t + 1 its
+        target (the final token, the last position's target, belongs to the last segment)."""
         seg = torch.zeros(self.seq_len + 1, dtype=torch.long)
         if self.topic_blocks:
-            seg[1:] = torch.arange(self.seq_len) // (self.topic_blocks * self.block_len)
+            seg[:-1] = torch.arange(self.seq_len) // (self.topic_blocks * self.block_len)
+            seg[-1] = seg[-2]
         return seg
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
