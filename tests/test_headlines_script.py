@@ -13,7 +13,7 @@ from seqmem.sweep import list_packaged_specs
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "headlines.sh"
 CALIBRATIONS = ["echo_calibrate_small", "elastic_calibrate_small", "elastic_calibrate_drift", "lattice_calibrate_small",
-                "vort_calibrate_small"]
+                "vort_calibrate_small", "vort_calibrate_long"]
 
 
 def _run(tmp_path: Path, *args: str, force: bool = True) -> tuple[int, list[list[str]], str]:
@@ -32,9 +32,9 @@ def test_calibrations_run_before_headlines_and_every_call_is_a_recorded_packaged
     rc, calls, err = _run(tmp_path, "all")
     assert rc == 0, err
     specs = [c[1] for c in calls if c[0] == "sweep"]
-    assert specs[:5] == CALIBRATIONS
-    assert set(specs[5:]) >= {"vla_capacity", "vla_conv", "vla_copy", "echo_mqar_small", "elastic_sampling_small",
-                              "lattice_context_small", "vort_zipf_small"}
+    assert specs[:len(CALIBRATIONS)] == CALIBRATIONS
+    assert set(specs[len(CALIBRATIONS):]) >= {"vla_capacity", "vla_conv", "vla_copy", "echo_mqar_small",
+                                              "elastic_sampling_small", "lattice_context_small", "vort_zipf_small"}
     packaged = set(list_packaged_specs())
     repro = [c for c in calls if c[0] == "repro"]
     assert repro == [["repro", "echo", "--scale", "paper", "--seeds", "3", "--no-mqar", "--out",

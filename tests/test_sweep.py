@@ -357,6 +357,34 @@ def test_lr_grid_is_extended_while_the_best_lr_is_at_an_edge(tmp_path):
         load_spec({**tiny(), "train": {**tiny()["train"], "lr_extend": 1}})
 
 
+def test_progress_counts_the_runs_an_lr_extension_adds(tmp_path, monkeypatch):
+    """The progress line's [finished/needed] counts grow with an lr extension and its second-stage seeds: never
+    more finished than needed, and "done" only on the last run (an extension used to print [5/4] ... done)."""
+    import re
+
+    from seqmem.io import atomic_write_text
+    from seqmem.sweep import runner
+
+    def fake_run(run_spec: dict, run_dir: str, threads: int) -> dict:  # the higher the lr the better: extends twice
+        lr = run_spec["train"]["lr"]
+        r = {"status": "finished", "state": 1, "params": 1, "seconds": 1.0,
+             "valid": {"accuracy": lr, "loss": 1.0}, "report": {"accuracy": lr, "loss": 1.0}}
+        atomic_write_text(Path(run_dir) / "run.json", json.dumps(run_spec))
+        atomic_write_text(Path(run_dir) / "result.json", json.dumps(r))
+        return r
+
+    monkeypatch.setattr(runner, "_run_point_safe", fake_run)
+    raw = tiny(lr_selection="first_seed", train__seeds=[0, 1], mixers=["attention"])
+    raw["train"]["lr_extend"] = 2
+    lines: list[str] = []
+    run_sweep(load_spec(raw), tmp_path, jobs=1, log=lines.append, probe=False)
+    progress = [re.match(r"\[(\d+)/(\d+)\] .*\| (.*)$", line) for line in lines if line.startswith("[")]
+    counts = [(int(m[1]), int(m[2])) for m in progress]
+    # 2 grid lrs, 2 extensions upwards (each the best when it finishes), then seed 1 at the last: 5 runs
+    assert counts == [(1, 3), (2, 4), (3, 5), (4, 5), (5, 5)]
+    assert [m[3] == "done" for m in progress] == [False, False, False, False, True]
+
+
 def test_reuse_copies_only_identical_finished_runs(tmp_path):
     """--reuse: another sweep's finished runs with the same settings (all but the sweep's name) are copied and
     marked; a run that differs in anything else is trained, never taken."""

@@ -407,16 +407,27 @@ def run_sweep(
 
     t0 = time.perf_counter()
     state = {"finished": 0, "errors": 0, "done_cost": 0.0}
-    cost_left = sum(row_cost.get(g[0].group, 0.0) * (expected_runs(spec, g, out)
-                    - sum(1 for p in g if is_finished(out / p.rel_dir))) for g in groups.values())
+
+    def left_now() -> tuple[int, int, float]:
+        """(runs needed in all, runs finished, CPU-seconds left) as known now: an lr extension adds runs to a row
+        (and, if it wins, that row's other seeds) only once the results that ask for it exist."""
+        n_all = n_done = 0
+        cost = 0.0
+        for g in groups.values():
+            n = expected_runs(spec, g, out)
+            d = sum(1 for q in wanted_points(spec, out, g) if is_finished(out / q.rel_dir))
+            n_all, n_done = n_all + n, n_done + d
+            c = row_cost.get(g[0].group, 0.0)
+            if c == c:
+                cost += c * max(n - d, 0)
+        return n_all, n_done, cost
 
     def report(p: Point, r: dict[str, Any]) -> None:
-        nonlocal cost_left
         state["finished"] += 1
         c = row_cost.get(p.group, 0.0)
         if c == c:
             state["done_cost"] += c
-            cost_left -= c
+        n_all, n_done, cost_left = left_now()
         el = time.perf_counter() - t0
         if r.get("status") == "finished":
             what = (f"valid {_metric(r['valid'], spec.select)}  {r.get('report_split', 'eval')} "
@@ -426,12 +437,14 @@ def run_sweep(
         else:
             what = f"ERROR {r.get('error', '')}"
             state["errors"] += 1
-        if state["done_cost"] > 0 and cost_left > 1e-9:
+        left = n_all - n_done
+        if left <= 0:
+            eta = "done"
+        elif state["done_cost"] > 0 and cost_left > 1e-9:
             eta = f"ETA {_fmt_secs(el / state['done_cost'] * cost_left)}"
         else:
-            left = n_left - state["finished"]
-            eta = f"ETA {_fmt_secs(el / state['finished'] * left)}" if left > 0 else "done"
-        log(f"[{done_before + state['finished']}/{n_expected}] {p.rel_dir}  {what}  "
+            eta = f"ETA {_fmt_secs(el / state['finished'] * left)}"
+        log(f"[{n_done}/{n_all}] {p.rel_dir}  {what}  "
             f"{_fmt_secs(r.get('seconds', 0.0))}  | {eta}")
 
     # one run at a time per worker, always the first in priority order among the runs wanted *now*: a row's
