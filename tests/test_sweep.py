@@ -383,6 +383,8 @@ def test_progress_counts_the_runs_an_lr_extension_adds(tmp_path, monkeypatch):
     # 2 grid lrs, 2 extensions upwards (each the best when it finishes), then seed 1 at the last: 5 runs
     assert counts == [(1, 3), (2, 4), (3, 5), (4, 5), (5, 5)]
     assert [m[3] == "done" for m in progress] == [False, False, False, False, True]
+    # the report's CPU-hours count every run trained, the extensions' too (1 s of wall clock each here)
+    assert write_report(load_spec(raw), tmp_path)["cpu_hours"] * 3600 == pytest.approx(5.0)
 
 
 def test_reuse_copies_only_identical_finished_runs(tmp_path):

@@ -23,6 +23,7 @@ from seqmem.sweep.runner import (
     row_plan,
     selection_lrs,
     valid_value,
+    wanted_points,
 )
 from seqmem.sweep.spec import SweepSpec, length_rule_text
 
@@ -320,8 +321,10 @@ def write_report(spec: SweepSpec, out: Path, report_dir: Path | None = None, com
     report_dir = Path(report_dir or out)
     rows = collect(spec, out)
     secs, wall_only = 0.0, 0
-    for p in spec.points():
-        r = read_result(out / p.rel_dir)
+    # the grid's runs and those an lr extension added (outside the grid), each once
+    run_dirs = {p.rel_dir for p in spec.points()} | {p.rel_dir for p in wanted_points(spec, out)}
+    for rel in sorted(run_dirs):
+        r = read_result(out / rel)
         if r:
             if "cpu_seconds" in r:
                 secs += float(r["cpu_seconds"])
