@@ -14,6 +14,9 @@
 # headline.json starts with "yes" (set after reading the calibration report against the criterion stated there);
 # FORCE=1 runs them all anyway.
 # Environment: JOBS (workers, default 2 = this machine's cores), SEQMEM (default .venv/bin/seqmem), FORCE.
+# A sweep with fewer runs left than JOBS leaves cores idle; the two phases touch different run directories, so on
+# 2 cores they can run side by side as two lanes of one worker each:
+#   JOBS=1 bash scripts/headlines.sh calibrate &  JOBS=1 bash scripts/headlines.sh headline
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEQMEM=${SEQMEM:-.venv/bin/seqmem}
