@@ -61,13 +61,13 @@ calibrate() {
 }
 
 headline() {
-    # Each paper's first answer before any paper's second: VLA's Table 9 (n = 24) is measured, so its convolution
-    # check comes first and the rest of its capacity curve and copy task last; VORT's grid (≈ 33 CPU-hours) runs
+    # Each paper's first answer before any paper's second: Echo's MQAR cell first (a few runs left), then VLA's
+    # convolution check (its Table 9, n = 24, is measured) and the rest of its capacity curve and copy task last; VORT's grid (≈ 33 CPU-hours) runs
     # β = 1 first (settings are run in order).
+    gated echo sweep echo_mqar_small echo mqar_small --reuse docs/results/echo/calibrate_small/runs
     gated vla sweep vla_conv vla conv
     gated lattice sweep lattice_context_small lattice context_small --reuse docs/results/lattice/calibrate_small/runs
     gated elastic sweep elastic_sampling_small elastic sampling_small --reuse docs/results/elastic/calibrate_drift/runs
-    gated echo sweep echo_mqar_small echo mqar_small --reuse docs/results/echo/calibrate_small/runs
     # Echo Tables 2-3 (transfer suite) at the paper's d 128 / 6,000 steps, 3 seeds; resumes model by model
     echo "== seqmem repro echo --scale paper --seeds 3 --no-mqar -> docs/results/echo/transfer_paper"
     "$SEQMEM" repro echo --scale paper --seeds 3 --no-mqar --out docs/results/echo/transfer_paper
