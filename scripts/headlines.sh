@@ -62,8 +62,8 @@ calibrate() {
 
 headline() {
     # Each paper's first answer before any paper's second: Echo's MQAR cell first (a few runs left), then VLA's
-    # convolution check (its Table 9, n = 24, is measured) and the rest of its capacity curve and copy task last; VORT's grid (≈ 33 CPU-hours) runs
-    # β = 1 first (settings are run in order).
+    # convolution check (its Table 9, n = 24, is measured), the rest of VLA's capacity curve and copy task last;
+    # VORT's grid (≈ 33 CPU-hours) runs β = 1 first (settings are run in order).
     gated echo sweep echo_mqar_small echo mqar_small --reuse docs/results/echo/calibrate_small/runs
     gated vla sweep vla_conv vla conv
     gated lattice sweep lattice_context_small lattice context_small --reuse docs/results/lattice/calibrate_small/runs
