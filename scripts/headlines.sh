@@ -17,6 +17,9 @@
 # A sweep with fewer runs left than JOBS leaves cores idle; the two phases touch different run directories, so on
 # 2 cores they can run side by side as two lanes of one worker each:
 #   JOBS=1 bash scripts/headlines.sh calibrate &  JOBS=1 bash scripts/headlines.sh headline
+# Checkpoints are git-ignored: before committing run records from a session that ends mid-run, stage the
+# unfinished runs' newest good checkpoints (`.venv/bin/python scripts/stage_partial_runs.py`), or a fresh clone
+# restarts those runs from step 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEQMEM=${SEQMEM:-.venv/bin/seqmem}
