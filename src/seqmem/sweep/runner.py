@@ -199,9 +199,15 @@ def step_seconds(run_spec: dict[str, Any]) -> float:
     model, task = build_run(run_spec)
     x, _ = task.sample(run_spec["train"].get("batch_size", 32), torch.Generator().manual_seed(0))
     # CPU time, not wall clock: on a loaded machine the wall clock swings several-fold with the load, the CPU time a
-    # one-thread step needs does not
-    return min(time_calls(lambda: model(x)[0].float().logsumexp(-1).mean().backward(), repeats=2,
-                          clock=time.process_time))
+    # one-thread step needs does not.  One thread: the process's CPU time also counts idle intra-op threads spinning
+    # while they wait for work.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return min(time_calls(lambda: model(x)[0].float().logsumexp(-1).mean().backward(), repeats=2,
+                              clock=time.process_time))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def estimate_costs(points: list[Point], log: Callable[[str], None] | None = None, runs_per_model: float = 1.0,
@@ -337,6 +343,16 @@ def expected_runs(spec: SweepSpec, pts: list[Point], out: Path | None = None) ->
     return n_stage1 + len(spec.seeds) - 1
 
 
+def row_counts(spec: SweepSpec, pts: list[Point], out: Path) -> tuple[int, int]:
+    """``(needed, finished)`` of one row (``pts``: its grid points) as known now: the runs it needs in all
+    (:func:`expected_runs`) and how many of the runs it needs now (:func:`wanted_points`) have finished."""
+    if spec.lr_selection == "all_seeds":
+        return len(pts), sum(1 for p in pts if is_finished(out / p.rel_dir))
+    stage1, stage2, _ = row_plan(spec, pts, out)
+    return (len(stage1) + len(spec.seeds) - 1,
+            sum(1 for p in stage1 + stage2 if is_finished(out / p.rel_dir)))
+
+
 def _fmt_secs(s: float) -> str:
     if s != s:
         return "?"
@@ -368,8 +384,9 @@ def run_sweep(
     if reuse:
         reuse_finished(points, out, list(reuse), dry_run=dry_run, log=log)
     groups = group_points(points)
-    n_expected = sum(expected_runs(spec, g, out) for g in groups.values())
-    done_before = sum(1 for p in wanted_points(spec, out, points) if is_finished(out / p.rel_dir))
+    counts = {k: row_counts(spec, g, out) for k, g in groups.items()}
+    n_expected = sum(n for n, _ in counts.values())
+    done_before = sum(d for _, d in counts.values())
     n_left = n_expected - done_before
     log(f"sweep {spec.name}: {n_expected} runs ({spec.lr_selection} lr selection), {done_before} finished, "
         f"{n_left} to run ({jobs} worker(s) x {threads} thread(s)) -> {out}")
@@ -377,16 +394,12 @@ def run_sweep(
     row_cost: dict[tuple, float] = {}
     if probe and n_left:
         log("measuring one-thread step times (CPU time, not inflated by load) for the ETA ...")
-        left_rows = [g for g in groups.values()
-                     if sum(1 for p in wanted_points(spec, out, g) if is_finished(out / p.rel_dir))
-                     < expected_runs(spec, g, out)]
-        runs_left = sum(expected_runs(spec, g, out) for g in left_rows) - sum(
-            1 for g in left_rows for p in g if is_finished(out / p.rel_dir))
-        c = estimate_costs([g[0] for g in left_rows], log, runs_per_model=runs_left / max(len(left_rows), 1),
-                           jobs=jobs)
+        left = {k: n - d for k, (n, d) in counts.items() if d < n}
+        left_rows = [groups[k] for k in left]
+        c = estimate_costs([g[0] for g in left_rows], log,
+                           runs_per_model=sum(left.values()) / max(len(left_rows), 1), jobs=jobs)
         row_cost = {p.group: v for p, v in c.items()}
-        total = sum(v * (expected_runs(spec, g, out) - sum(1 for p in g if is_finished(out / p.rel_dir)))
-                    for g in left_rows for v in [row_cost[g[0].group]] if v == v)
+        total = sum(v * left[k] for k in left for v in [row_cost[groups[k][0].group]] if v == v)
         log(f"estimated {total / 3600:.2f} CPU-hours for the runs left, about {_fmt_secs(total / max(jobs, 1))} "
             f"with {jobs} worker(s)")
     slice_order = {}
@@ -414,8 +427,7 @@ def run_sweep(
         n_all = n_done = 0
         cost = 0.0
         for g in groups.values():
-            n = expected_runs(spec, g, out)
-            d = sum(1 for q in wanted_points(spec, out, g) if is_finished(out / q.rel_dir))
+            n, d = row_counts(spec, g, out)
             n_all, n_done = n_all + n, n_done + d
             c = row_cost.get(g[0].group, 0.0)
             if c == c:
