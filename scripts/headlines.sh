@@ -65,6 +65,8 @@ calibrate() {
     sweep vort_calibrate_rope vort calibrate_rope
     sweep vort_calibrate_tiny vort calibrate_tiny
     sweep vort_calibrate_tiny_wide vort calibrate_tiny_wide
+    # the wide model began to form the recall circuit at the end of its 4,000 steps: 8,000
+    sweep vort_calibrate_tiny_wide_long vort calibrate_tiny_wide_long
 }
 
 headline() {
