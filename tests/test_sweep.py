@@ -176,6 +176,25 @@ def test_run_report_resume_and_conflict(tmp_path):
     assert all(r["n_seeds"] == 2 and r["complete"] for r in payload["rows"])
 
 
+def test_report_records_the_run_command_also_when_rewritten_by_report(tmp_path):
+    """The report's Command line is the command that runs the sweep: a later ``--report`` keeps it (and, with no
+    earlier report, gives its own arguments without ``--report``), rather than recording the report command."""
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps(tiny(train__steps=4, train__lrs=[1e-2], train__seeds=[0], mixers=["attention"])))
+    out, rep = tmp_path / "o", tmp_path / "rep"
+    run = ["sweep", str(spec), "--out", str(out), "--report-dir", str(rep), "--no-probe", "--jobs", "1"]
+    assert main(run) == 0
+    want = "seqmem sweep " + " ".join(run[1:])
+    assert f"Command: `{want}`" in (rep / "report.md").read_text()
+    assert json.loads((rep / "report.json").read_text())["command"] == want
+    assert main(["sweep", str(spec), "--out", str(out), "--report", "--report-dir", str(rep)]) == 0
+    assert f"Command: `{want}`" in (rep / "report.md").read_text()
+    # no earlier report in that directory: this invocation's arguments, less --report
+    assert main(["sweep", str(spec), "--out", str(out), "--report", "--report-dir", str(tmp_path / "r2")]) == 0
+    assert (f"Command: `seqmem sweep {spec} --out {out} --report-dir {tmp_path / 'r2'}`"
+            in (tmp_path / "r2" / "report.md").read_text())
+
+
 def test_cli_sweep_exit_codes(tmp_path, capsys):
     spec = tmp_path / "s.json"
     spec.write_text(json.dumps(tiny(train__steps=4, train__lrs=[1e-2], train__seeds=[0], mixers=["attention"])))

@@ -609,6 +609,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "config", None):  # seqmem train --config: the run's settings as defaults, then the flags
             args.config_parser.set_defaults(**config_defaults(args.config))
             args = ap.parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed, for the records a command writes
         return int(args.func(args) or 0)
     except (UsageError, ValueError, FileNotFoundError, FloatingPointError) as e:
         print(f"seqmem: error: {e}".splitlines()[0], file=sys.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
@@ -43,6 +44,21 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_sweep)
 
 
+def _run_command(args: argparse.Namespace, out: Path) -> str:
+    """The command that runs the sweep, for the report: this invocation's; for ``--report`` alone, the run command
+    an earlier report in the same report directory recorded, else this one without ``--report``."""
+    argv = list(getattr(args, "argv", None) or [])[1:]  # after "sweep"
+    if args.report:
+        try:
+            prev = json.loads((Path(args.report_dir or out) / "report.json").read_text()).get("command")
+        except (OSError, ValueError, AttributeError):
+            prev = None
+        if isinstance(prev, str) and prev:
+            return prev
+        argv = [a for a in argv if a != "--report"]
+    return "seqmem sweep " + " ".join(shlex.quote(a) for a in argv) if argv else ""
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from seqmem.cliargs import UsageError
     from seqmem.cliargs import check_out_dir as _check_out_dir
@@ -64,7 +80,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except SpecError as e:
         raise UsageError(str(e)) from None
     out = Path(args.out) if args.out is not None else Path("runs/sweeps") / spec.name
-    command = "seqmem sweep " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
+    command = _run_command(args, out)
     if not args.report:
         out = _check_out_dir(out)
         import signal

@@ -334,7 +334,7 @@ def write_report(spec: SweepSpec, out: Path, report_dir: Path | None = None, com
     md = markdown(spec, rows, command, secs, wall_only)
     payload = {
         "spec": spec.raw, "source": spec.source, "length_rule": length_rule_text(), "select": spec.select,
-        "cpu_hours": secs / 3600, "machine": machine_info(), "rows": rows,
+        "cpu_hours": secs / 3600, "machine": machine_info(), "command": command, "rows": rows,
     }
     atomic_write_text(report_dir / "report.md", md)
     atomic_write_text(report_dir / "report.json", json.dumps(payload, indent=2, default=str))
