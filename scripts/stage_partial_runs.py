@@ -68,15 +68,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"stage_partial_runs: {r} is not a directory", file=sys.stderr)
             return 2
     stage, untrack = plan(a.roots)
+    sizes = {p: size_mb(p) for p in stage}
     for p in stage:
-        print(f"stage    {p} ({size_mb(p):.1f} MB)")
+        print(f"stage    {p} ({sizes[p]:.1f} MB)")
         if not a.dry_run:
             git("add", "-f", "--", str(p))
     for p in untrack:
         print(f"untrack  {p}")
         if not a.dry_run:
             git("rm", "-r", "-q", "--cached", "--ignore-unmatch", "--", str(p))
-    total = sum(size_mb(p) for p in stage)
+    total = sum(sizes.values())
     print(f"{'would stage' if a.dry_run else 'staged'} {len(stage)} unfinished run(s) ({total:.1f} MB), "
           f"{'would untrack' if a.dry_run else 'untracked'} {len(untrack)} checkpoint(s)")
     return 0

@@ -38,7 +38,7 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
             stage1, stage2, _ = row_plan(spec, grid_pts, out)
             pts = stage1 + stage2
             lr_valid = selection_lrs(spec, stage1, out)
-            n_total = len(stage1) + len(spec.seeds) - 1  # what expected_runs gives, without planning the row again
+            n_total = len(stage1) + len(spec.seeds) - 1  # what row_counts gives, without planning the row again
         else:
             pts = grid_pts
             lr_valid = selection_lrs(spec, pts, out)

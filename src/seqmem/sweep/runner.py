@@ -332,20 +332,10 @@ def wanted_points(spec: SweepSpec, out: Path, points: list[Point] | None = None)
     return out_pts
 
 
-def expected_runs(spec: SweepSpec, pts: list[Point], out: Path | None = None) -> int:
-    """Runs a row needs in all as far as known now (``pts``: the row's grid points; extensions of the lr grid
-    appear once the results that ask for them exist)."""
-    if spec.lr_selection == "all_seeds":
-        return len(pts)
-    n_stage1 = len({p.lr for p in pts})
-    if out is not None:
-        n_stage1 = len(row_plan(spec, pts, out)[0])
-    return n_stage1 + len(spec.seeds) - 1
-
-
 def row_counts(spec: SweepSpec, pts: list[Point], out: Path) -> tuple[int, int]:
-    """``(needed, finished)`` of one row (``pts``: its grid points) as known now: the runs it needs in all
-    (:func:`expected_runs`) and how many of the runs it needs now (:func:`wanted_points`) have finished."""
+    """``(needed, finished)`` of one row (``pts``: its grid points) as known now: the runs it needs in all (stage 1,
+    with the lr extensions its results ask for, plus the other seeds) and how many of the runs it needs now
+    (:func:`wanted_points`) have finished."""
     if spec.lr_selection == "all_seeds":
         return len(pts), sum(1 for p in pts if is_finished(out / p.rel_dir))
     stage1, stage2, _ = row_plan(spec, pts, out)
