@@ -35,7 +35,7 @@ def test_calibrations_run_before_headlines_and_every_call_is_a_recorded_packaged
     specs = [c[1] for c in calls if c[0] == "sweep"]
     assert specs[:len(CALIBRATIONS)] == CALIBRATIONS
     assert set(specs[len(CALIBRATIONS):]) >= {"vla_capacity", "vla_conv", "vla_copy", "echo_mqar_small",
-                                              "elastic_sampling_small", "lattice_context_small", "vort_zipf_small"}
+                                              "elastic_sampling_small", "lattice_context_small", "vort_zipf_tiny"}
     packaged = set(list_packaged_specs())
     repro = [c for c in calls if c[0] == "repro"]
     assert repro == [["repro", "echo", "--scale", "paper", "--seeds", "3", "--no-mqar", "--out",
@@ -60,17 +60,26 @@ def test_phases_and_bad_phase(tmp_path):
     assert rc == 0 and [c[1] for c in calls] == CALIBRATIONS
     rc, calls, err = _run(tmp_path / "b", "nope")
     assert rc == 2 and "usage" in err and calls == []
+    (tmp_path / "c").mkdir()
+    rc, calls, err = _run(tmp_path / "c", "long")  # the lane of its own: VORT's grid, reusing its calibration
+    assert rc == 0, err
+    assert [c[:2] for c in calls] == [["sweep", "vort_zipf_tiny"]]
+    assert calls[0][calls[0].index("--reuse") + 1] == "docs/results/vort/calibrate_tiny_wide_long/runs"
 
 
 def test_a_headline_waits_for_its_papers_calibration(tmp_path):
     """Without FORCE a paper's headline sweeps run only when its headline.json records the calibration as passed
     (calibration.calibrated starting with "yes"); the others are skipped with a message naming the paper."""
-    rc, calls, out = _run(tmp_path, "headline", force=False)
-    assert rc == 0
-    ran = {c[1] for c in calls if c[0] == "sweep"}
+    (tmp_path / "h").mkdir()
+    (tmp_path / "l").mkdir()
+    rc, calls, out = _run(tmp_path / "h", "headline", force=False)
+    rc_long, calls_long, out_long = _run(tmp_path / "l", "long", force=False)
+    assert rc == 0 and rc_long == 0
+    out += out_long
+    ran = {c[1] for c in calls + calls_long if c[0] == "sweep"}
     headline_specs = {"vla": {"vla_conv", "vla_capacity", "vla_copy"}, "echo": {"echo_mqar_small"},
                       "elastic": {"elastic_sampling_small"}, "lattice": {"lattice_context_small"},
-                      "vort": {"vort_zipf_small"}}
+                      "vort": {"vort_zipf_tiny"}}
     for paper, specs in headline_specs.items():
         cal = json.loads((ROOT / "docs" / "results" / paper / "headline.json").read_text()).get("calibration") or {}
         passed = str(cal.get("calibrated", "")).lower().startswith("yes")

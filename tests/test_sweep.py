@@ -574,3 +574,53 @@ def test_runs_record_cpu_time_and_the_report_sums_it(tmp_path):
     payload = write_report(spec, out)
     assert payload["cpu_hours"] >= 2.0
     assert "1 run(s) recorded without it by their wall clock" in (out / "report.md").read_text()
+
+
+def test_a_resumed_run_records_the_cpu_time_of_its_earlier_parts(tmp_path, monkeypatch):
+    """A run cut mid-way and resumed by a later process counts the CPU time its checkpoint records for the steps
+    before it (not only the last part's); a checkpoint written before that record is estimated at the resumed
+    part's rate per step and the report says so; a legacy result (resumed, no record) is flagged as an undercount."""
+    from seqmem.io import atomic_write_text
+    from seqmem.train import TrainConfig, train
+    from seqmem.train.checkpoint import latest_good_checkpoint
+    from seqmem.train.run import build_run
+
+    spec = load_spec(tiny(train__steps=20, train__lrs=[1e-2], train__seeds=[0, 1], mixers=["attention"],
+                          train__checkpoint_every=10))
+    out = tmp_path / "o"
+    p, q = spec.points()[:2]
+    pre = {}
+    for pt in (p, q):
+        d = out / pt.rel_dir
+        atomic_write_text(d / "run.json", json.dumps(pt.run_spec))
+        torch.manual_seed(pt.seed)
+        model, task = build_run(pt.run_spec)
+        train(model, task, TrainConfig(**pt.run_spec["train"]), out_dir=d, stop_after=10)
+        ck = latest_good_checkpoint(d / "checkpoints")
+        st = torch.load(ck / "trainer.pt", weights_only=True)
+        assert st["step"] == 10 and st["cpu_seconds"] > 0
+        pre[pt] = st["cpu_seconds"]
+    # q's checkpoint as an older version wrote it: no CPU-time record (its manifest hash must follow the edit)
+    from seqmem.train import checkpoint as ckmod
+    ck = latest_good_checkpoint(out / q.rel_dir / "checkpoints")
+    st = torch.load(ck / "trainer.pt", weights_only=True)
+    del st["cpu_seconds"]
+    torch.save(st, ck / "trainer.pt")
+    man = json.loads((ck / "manifest.json").read_text())
+    man["files"]["trainer.pt"] = ckmod._sha256(ck / "trainer.pt")
+    (ck / "manifest.json").write_text(json.dumps(man))
+
+    run_sweep(spec, out, jobs=1, log=quiet, probe=False)
+    rp = json.loads((out / p.rel_dir / "result.json").read_text())
+    rq = json.loads((out / q.rel_dir / "result.json").read_text())
+    assert rp["resumed"] and rp["cpu_seconds_before_resume"] == pytest.approx(pre[p])
+    assert rp["cpu_seconds"] > pre[p] and "cpu_seconds_estimated" not in rp
+    assert rq["resumed"] and rq["cpu_seconds_estimated"] is True and rq["cpu_seconds_before_resume"] > 0
+    assert rq["cpu_seconds"] > rq["cpu_seconds_before_resume"]
+    md = write_report(spec, out) and (out / "report.md").read_text()
+    assert "1 resumed run(s) from checkpoints that predate CPU-time records" in md
+    assert "last part only" not in md
+    del rp["cpu_seconds_before_resume"]  # a result written before the record: its CPU time is the last part's
+    (out / p.rel_dir / "result.json").write_text(json.dumps(rp))
+    write_report(spec, out)
+    assert "1 resumed run(s) recorded with the CPU time of their last part only" in (out / "report.md").read_text()

@@ -185,7 +185,7 @@ def _axis_combos(spec: SweepSpec) -> list[tuple[tuple[str, Any], ...]]:
 
 
 def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu_seconds: float = 0.0,
-             wall_only: int = 0) -> str:
+             wall_only: int = 0, estimated: int = 0, last_part: int = 0) -> str:
     """The report as Markdown: the protocol, the length rule, one table per setting, CPU-hours and machine
     (``wall_only``: finished runs recorded before runs kept their CPU time, counted by wall clock)."""
     info = machine_info()
@@ -261,6 +261,11 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
     total = sum(r["runs_total"] for r in rows)
     basis = "CPU time" if not wall_only else \
         f"CPU time; {wall_only} run(s) recorded without it by their wall clock, which also counts waiting for a core"
+    if estimated:
+        basis += (f"; {estimated} resumed run(s) from checkpoints that predate CPU-time records: their earlier steps "
+                  "estimated at the resumed part's rate")
+    if last_part:
+        basis += f"; {last_part} resumed run(s) recorded with the CPU time of their last part only (an undercount)"
     lines += [f"Runs finished: {done}/{total}; training time of the finished runs: {cpu_s / 3600:.2f} CPU-hours "
               f"(one thread each; {basis}). Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}; "
               f"report written {time.strftime('%Y-%m-%d %H:%M')}.", ""]
@@ -320,7 +325,7 @@ def write_report(spec: SweepSpec, out: Path, report_dir: Path | None = None, com
     out = Path(out)
     report_dir = Path(report_dir or out)
     rows = collect(spec, out)
-    secs, wall_only = 0.0, 0
+    secs, wall_only, estimated, last_part = 0.0, 0, 0, 0
     # the grid's runs and those an lr extension added (outside the grid), each once
     run_dirs = {p.rel_dir for p in spec.points()} | {p.rel_dir for p in wanted_points(spec, out)}
     for rel in sorted(run_dirs):
@@ -328,10 +333,12 @@ def write_report(spec: SweepSpec, out: Path, report_dir: Path | None = None, com
         if r:
             if "cpu_seconds" in r:
                 secs += float(r["cpu_seconds"])
+                estimated += bool(r.get("cpu_seconds_estimated"))
+                last_part += bool(r.get("resumed")) and "cpu_seconds_before_resume" not in r
             else:
                 secs += float(r.get("seconds", 0.0))
                 wall_only += 1
-    md = markdown(spec, rows, command, secs, wall_only)
+    md = markdown(spec, rows, command, secs, wall_only, estimated, last_part)
     payload = {
         "spec": spec.raw, "source": spec.source, "length_rule": length_rule_text(), "select": spec.select,
         "cpu_hours": secs / 3600, "machine": machine_info(), "command": command, "rows": rows,

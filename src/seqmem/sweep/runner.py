@@ -142,8 +142,14 @@ def run_point(run_spec: dict[str, Any], run_dir: str, threads: int = 1) -> dict[
         "params": model.num_parameters(), "state": peak_state(model, task.seq_len), "seq_len": task.seq_len,
         "resumed": resume,
     }
+    before: float | None = 0.0  # CPU seconds of the steps earlier processes trained (a resumed run)
     try:
         res = train(model, task, cfg, out_dir=d, resume=resume)
+        before = res.cpu_seconds_before
+        if before is None:  # the checkpoint predates the record: estimate at this process's rate per step
+            done = cfg.steps - res.start_step
+            before = res.cpu_seconds / done * res.start_step if done > 0 else 0.0
+            result["cpu_seconds_estimated"] = True
         report_split = getattr(task, "report_split", "eval")
         result["valid"] = evaluate(model, task, sweep.get("valid_examples", 512), cfg.eval_batch_size,
                                    split="valid")
@@ -155,7 +161,10 @@ def run_point(run_spec: dict[str, Any], run_dir: str, threads: int = 1) -> dict[
         result["status"] = "diverged"
         result["error"] = str(e).splitlines()[0]
     result["seconds"] = time.perf_counter() - t0
-    result["cpu_seconds"] = time.process_time() - c0  # what the run cost; the wall clock also counts waiting for a core
+    # what the run cost, earlier processes of a resumed run included; the wall clock also counts waiting for a core
+    result["cpu_seconds"] = time.process_time() - c0 + (before or 0.0)
+    if resume:
+        result["cpu_seconds_before_resume"] = before
     atomic_write_text(d / RESULT, json.dumps(result, indent=2))
     err = d / "error.json"
     if err.exists():

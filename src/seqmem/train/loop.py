@@ -118,6 +118,13 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     final: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    #: the step training started from (0, or the resumed checkpoint's step)
+    start_step: int = 0
+    #: CPU seconds this process spent training (all ranks' own process only)
+    cpu_seconds: float = 0.0
+    #: CPU seconds the steps before ``start_step`` cost in earlier processes, as recorded in the resumed checkpoint
+    #: (0.0 for a fresh run; None when the checkpoint predates this record)
+    cpu_seconds_before: float | None = 0.0
 
 
 def dist_info() -> tuple[int, int]:
@@ -297,6 +304,9 @@ def train(
             gen.set_state(st["data_rng"])
             torch.set_rng_state(st["torch_rng"])
             start = st["step"]
+            result.start_step = start
+            prior = st.get("cpu_seconds")
+            result.cpu_seconds_before = float(prior) if isinstance(prior, int | float) else None
             result.history = [r for r in _read_jsonl(metrics_path) if r["step"] <= start]
             if main:
                 _write_jsonl(metrics_path, result.history)
@@ -346,7 +356,7 @@ def train(
         else:
             lines = True
     model.train()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     tokens = 0
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     for step in range(start + 1, end + 1):
@@ -419,6 +429,9 @@ def train(
                     "step": step, "optimizer": opt_sd, "scheduler": sched.state_dict(),
                     "data_rng": gen.get_state(), "torch_rng": torch.get_rng_state(),
                     "train_config": config_dict(cfg),
+                    # CPU seconds of the steps so far, across resumes (None-safe: an older checkpoint's earlier
+                    # segments are unknown and left out)
+                    "cpu_seconds": (result.cpu_seconds_before or 0.0) + time.process_time() - c0,
                 })
         if world > 1 and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == end):
             import torch.distributed as dist
@@ -427,6 +440,7 @@ def train(
     if bar is not None:
         bar.close()
     result.seconds = time.perf_counter() - t0
+    result.cpu_seconds = time.process_time() - c0
     return result
 
 
