@@ -22,5 +22,25 @@ def test_cli_writes_json(tmp_path, capsys):
                  "2", "--repeats", "1", "--warmup", "0", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["mixer"] for r in rows] == ["attention"]
-    assert "tokens / s" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "tokens / s" in printed
+    # the Command line repeats the run: real options only (not the raw argv the CLI keeps for records)
+    assert "Command: `seqmem bench train --mixers attention" in printed and "--argv" not in printed
     assert main(["bench", "train", "--mixers", "nope"]) == 2
+
+
+def test_scored_fraction_is_recorded_and_checked(tmp_path, capsys):
+    import pytest
+
+    r = train_step_seconds("attention", d_model=16, n_layers=1, n_heads=2, vocab=8, seq_len=16, batch=2, repeats=1,
+                           warmup=0, scored=0.1)
+    assert r["scored"] == 0.1 and r["full_head"] is False and r["seconds_per_step"] > 0
+    with pytest.raises(ValueError, match="scored"):
+        train_step_seconds("attention", scored=0.0)
+    out = tmp_path / "t.json"
+    assert main(["bench", "train", "--mixers", "attention", "--d-model", "16", "--seq-len", "8", "--batch-size",
+                 "2", "--repeats", "1", "--warmup", "0", "--scored", "0.25", "--full-head", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["rows"][0]["full_head"] is True
+    assert "0.25 of the positions scored, logits at every position" in capsys.readouterr().out
+    assert main(["bench", "train", "--mixers", "attention", "--scored", "1.5"]) == 2
+    assert "--scored must be a fraction" in capsys.readouterr().err

@@ -85,6 +85,11 @@ def add_parser(sub: Any) -> None:
     tr.add_argument("--seq-len", type=_pos_int, default=32, help="tokens per sequence")
     tr.add_argument("--batch-size", type=_pos_int, default=32, help="sequences per step")
     add_repeat_options(tr, 5, 2, "timed steps (the median counts)", "untimed steps first")
+    tr.add_argument("--scored", type=float, default=1.0,
+                    help="fraction of positions with a target (1: language modelling; recall tasks score a few %%)")
+    tr.add_argument("--full-head", action="store_true",
+                    help="compute the logits at every position, not just the scored ones (the cost without "
+                         "training's sparse head)")
     tr.add_argument("--threads", type=_pos_int, default=1, help="torch.set_num_threads")
     add_output_options(tr, "the table")
     tr.set_defaults(func=cmd_train)
@@ -244,6 +249,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from seqmem.io import machine_info
 
     mixers = resolve_mixers(args.mixers)
+    if not 0.0 < args.scored <= 1.0:
+        _log(f"error: --scored must be a fraction in (0, 1], got {args.scored}")
+        return 2
     for f in (args.json, args.markdown):
         if f is not None:
             check_writable_file(f)
@@ -251,13 +259,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     rows = []
     for i, m in enumerate(mixers, 1):
         r = train_step_seconds(m, args.d_model, args.layers, args.heads, args.vocab_size, args.seq_len,
-                               args.batch_size, args.repeats, args.warmup)
+                               args.batch_size, args.repeats, args.warmup, scored=args.scored,
+                               full_head=args.full_head)
         _log(f"[{i}/{len(mixers)}] {m}: {r['seconds_per_step'] * 1e3:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s")
         rows.append(r)
     machine = machine_info()  # its thread count is args.threads, set above
+    head = ", logits at every position" if args.full_head else ""
     text = _header(args, machine, "Training-step cost (fwd + bwd + AdamW)",
                    f"{args.layers} layers, d_model {args.d_model}, {args.heads} heads, vocab {args.vocab_size}, "
-                   f"T = {args.seq_len}, batch {args.batch_size}; median of {args.repeats} steps.") + markdown(rows)
+                   f"T = {args.seq_len}, batch {args.batch_size}; {args.scored:g} of the positions scored{head}; "
+                   f"median of {args.repeats} steps.") + markdown(rows)
     _emit(args, text, {"machine": machine, "config": {k: v for k, v in vars(args).items()
                                                       if k not in ("func",) and not callable(v)}, "rows": rows})
     return 0

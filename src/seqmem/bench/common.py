@@ -81,10 +81,11 @@ def add_output_options(p: Any, tables: str, plot: bool = False) -> None:
 
 def command_line(prefix: str, args: Any) -> str:
     """``prefix`` followed by every option of ``args`` spelled out: the command that repeats the run (also when it
-    was called from Python).  Unset (None) and off (False) options and derived ``*_parsed`` values are left out."""
+    was called from Python).  Unset (None) and off (False) options, derived ``*_parsed`` values and the raw
+    ``argv`` the CLI attaches are left out."""
     parts = [prefix]
     for k, v in vars(args).items():
-        if k in ("func", "cmd", "bench") or k.endswith("_parsed") or v is None or v is False:
+        if k in ("func", "cmd", "bench", "argv") or k.endswith("_parsed") or v is None or v is False:
             continue
         parts.append("--" + k.replace("_", "-"))
         if v is not True:

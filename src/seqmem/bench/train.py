@@ -1,7 +1,9 @@
 """``seqmem bench train``: the cost of one training step of a small language model with each mixer.
 
 One step = forward of the whole model, cross-entropy, backward and an AdamW update, at the demo's size by default
-(2 layers, d_model 128, 2 heads, SwiGLU, vocab 32, 32 tokens, batch 32; lengths scaled by the sweep's length rule).
+(2 layers, d_model 128, 2 heads, SwiGLU, vocab 32, 32 tokens, batch 32; lengths scaled by the sweep's length rule);
+``--scored`` sets the fraction of positions with a target, as in a recall task, where training evaluates the head
+(and the last block's MLP) at those positions only (``--full-head``: at every position, for comparison).
 The median over repeats of wall-clock time, and tokens per second, so that an experiment's budget is
 ``steps × seconds/step × runs``.  Measured, never asserted in tests."""
 
@@ -17,12 +19,21 @@ from seqmem.io import table_lines, time_calls
 
 def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_heads: int = 2, vocab: int = 32,
                        seq_len: int = 32, batch: int = 32, repeats: int = 5, warmup: int = 2,
-                       seed: int = 0) -> dict[str, Any]:
-    """Median seconds of one training step of the LM with ``mixer`` in every layer (see the module docstring)."""
+                       seed: int = 0, scored: float = 1.0, full_head: bool = False) -> dict[str, Any]:
+    """Median seconds of one training step of the LM with ``mixer`` in every layer (see the module docstring).
+
+    ``scored``: the fraction of positions with a target (1.0: language modelling; a recall task scores a few
+    percent), drawn at random; the step computes the loss as training does (the head and the last MLP at the
+    scored positions only), or, with ``full_head``, from the logits of every position."""
+    import torch.nn.functional as F
+
     from seqmem.models import LanguageModel, LMConfig
     from seqmem.sweep import fair_options
     from seqmem.sweep.runner import peak_state
-    from seqmem.train.loop import lm_loss
+    from seqmem.train.loop import scored_logits
+
+    if not 0.0 < scored <= 1.0:
+        raise ValueError(f"scored must be a fraction in (0, 1], got {scored!r}")
 
     torch.manual_seed(seed)
     model = LanguageModel(LMConfig(vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
@@ -31,10 +42,13 @@ def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_head
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, vocab, (batch, seq_len), generator=g)
     y = torch.randint(0, vocab, (batch, seq_len), generator=g)
+    if scored < 1.0:
+        y = y.masked_fill(torch.rand(batch, seq_len, generator=g) >= scored, -100)
+        y.view(-1)[0] = 0  # at least one scored position
 
     def step() -> None:
-        logits, _ = model(x)
-        loss = lm_loss(logits, y)
+        logits, targets = scored_logits(model, x, y, sparse=not full_head)
+        loss = F.cross_entropy(logits.float(), targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -43,7 +57,7 @@ def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_head
     med = statistics.median(times)
     return {"mixer": mixer, "seconds_per_step": med, "tokens_per_s": batch * seq_len / med,
             "min_seconds": min(times), "params": model.num_parameters(), "state": peak_state(model, seq_len),
-            "options": fair_options(mixer, seq_len)}
+            "options": fair_options(mixer, seq_len), "scored": scored, "full_head": full_head}
 
 
 def markdown(rows: list[dict[str, Any]], steps: int = 1000) -> str:

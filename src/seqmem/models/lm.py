@@ -93,9 +93,14 @@ class Block(nn.Module):
         else:
             self.norm2 = self.mlp = None
 
-    def forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
+    def forward(self, x: Tensor, state: State | None, keep: Tensor | None = None) -> tuple[Tensor, State]:
+        """``keep`` (batch, time) bool, optional: after the mixer (which sees every position) only those positions go
+        on, flattened to (N, d_model) in row-major order; the MLP is per position, so they equal the full output's
+        ``[keep]`` rows."""
         y, state = self.mixer(self.norm1(x), state)
         x = x + y
+        if keep is not None:
+            x = x[keep]
         if self.mlp is not None:
             x = x + self.mlp(self.norm2(x))
         return x, state
@@ -159,12 +164,31 @@ class LanguageModel(nn.Module):
         """Numbers per sequence held in the recurrent state (all layers) after ``seq_len`` tokens."""
         return sum(blk.mixer.state_size(seq_len) for blk in self.blocks)
 
-    def forward(self, input_ids: Tensor, state: list[State] | None = None) -> tuple[Tensor, list[State]]:
+    def forward(
+        self, input_ids: Tensor, state: list[State] | None = None, positions: Tensor | None = None,
+    ) -> tuple[Tensor, list[State]]:
+        """``logits (batch, time, vocab), state``.
+
+        ``positions`` (batch, time) bool, optional: the logits of those positions only, ``(N, vocab)`` in row-major
+        order — equal to the full call's ``logits[positions]`` — with the last block's MLP, the final norm and the
+        head evaluated there alone (every layer's mixer still reads every position, and the state is the same).
+        A task scored at a few positions (recall, copying) trains at a fraction of the head's cost."""
         check_ids(input_ids, self.cfg.vocab_size)
         if state is not None and (not isinstance(state, list) or len(state) != len(self.blocks)):
             raise ValueError(f"state must be the list of {len(self.blocks)} per-layer states returned by the model")
-        x, new_state = run_blocks(self.blocks, self.embed(input_ids.long()), state)
-        return self.head(self.norm(x)), new_state
+        x = self.embed(input_ids.long())
+        if positions is None:
+            x, new_state = run_blocks(self.blocks, x, state)
+            return self.head(self.norm(x)), new_state
+        if not isinstance(positions, Tensor) or positions.dtype != torch.bool or positions.shape != input_ids.shape:
+            raise ValueError(
+                f"positions must be a bool tensor shaped like input_ids {tuple(input_ids.shape)}, got "
+                f"{getattr(positions, 'dtype', type(positions).__name__)} {tuple(getattr(positions, 'shape', ()))}"
+            )
+        positions = positions.to(x.device)
+        x, new_state = run_blocks(self.blocks[:-1], x, None if state is None else state[:-1])
+        x, last = self.blocks[-1](x, None if state is None else state[-1], keep=positions)
+        return self.head(self.norm(x)), new_state + [last]
 
     @torch.no_grad()
     def generate(

@@ -199,22 +199,30 @@ def _run_point_safe(run_spec: dict[str, Any], run_dir: str, threads: int) -> dic
 
 
 def step_seconds(run_spec: dict[str, Any]) -> float:
-    """CPU seconds of one training step (forward + backward at the run's batch size, the faster of two), measured
-    with one thread — for ETAs and cost estimates."""
+    """CPU seconds of one training step (forward + backward at the run's batch size, the faster of two, with the
+    loss computed as training computes it: the head at the scored positions only), measured with one thread — for
+    ETAs and cost estimates."""
     import torch
+    import torch.nn.functional as F
 
+    from seqmem.train.loop import scored_logits, takes_positions
     from seqmem.train.run import build_run
 
     model, task = build_run(run_spec)
-    x, _ = task.sample(run_spec["train"].get("batch_size", 32), torch.Generator().manual_seed(0))
+    x, y = task.sample(run_spec["train"].get("batch_size", 32), torch.Generator().manual_seed(0))
+    sparse = takes_positions(model)
+
+    def step() -> None:
+        logits, targets = scored_logits(model, x, y, sparse)
+        F.cross_entropy(logits.float(), targets).backward()
+
     # CPU time, not wall clock: on a loaded machine the wall clock swings several-fold with the load, the CPU time a
     # one-thread step needs does not.  One thread: the process's CPU time also counts idle intra-op threads spinning
     # while they wait for work.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return min(time_calls(lambda: model(x)[0].float().logsumexp(-1).mean().backward(), repeats=2,
-                              clock=time.process_time))
+        return min(time_calls(step, repeats=2, clock=time.process_time))
     finally:
         torch.set_num_threads(threads)
 

@@ -19,6 +19,7 @@ same run with N = 1 up to float rounding; ``precision="bf16"`` runs forward pass
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import time
@@ -138,6 +139,30 @@ def dist_info() -> tuple[int, int]:
 
 def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100)
+
+
+def takes_positions(model: nn.Module) -> bool:
+    """Whether ``model`` (or the module a DDP wrapper holds) computes logits at chosen positions only
+    (``model(x, positions=mask)``, as :class:`~seqmem.models.LanguageModel` does)."""
+    inner = getattr(model, "module", model)
+    try:
+        return "positions" in inspect.signature(inner.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def scored_logits(model: nn.Module, x: Tensor, y: Tensor, sparse: bool) -> tuple[Tensor, Tensor]:
+    """The logits and targets of the scored positions (``y != -100``), flattened to ``(N, vocab)`` and ``(N,)``.
+
+    ``sparse`` (the model :func:`takes_positions`): when some positions are unscored, the model evaluates its head
+    (and its last block's MLP) at the scored ones only — the same loss and gradients, computed without the rows
+    the loss ignores (a recall task scores a few percent of its positions)."""
+    mask = y != -100
+    if sparse and not bool(mask.all()):
+        logits, _ = model(x, positions=mask)
+        return logits, y[mask]
+    logits, _ = model(x)
+    return logits.reshape(-1, logits.shape[-1])[mask.reshape(-1)], y[mask]
 
 
 @torch.no_grad()
@@ -342,6 +367,7 @@ def train(
             opt.load_state_dict(opt_state)
         sched.load_state_dict(sched_state)
     simple = world == 1 and cfg.grad_accum == 1  # one forward/backward per step (the original single-process path)
+    sparse = takes_positions(model)  # the head at the scored positions only (scored_logits)
 
     bar = None
     lines = False  # progress as plain lines (stderr is a log file or a pipe: no carriage returns)
@@ -367,11 +393,12 @@ def train(
             if simple:
                 x, y = x.to(device), y.to(device)
                 with autocast(device, cfg.precision):
-                    logits, _ = model(x)
-                loss = report = lm_loss(logits, y)
+                    logits, scored = scored_logits(model, x, y, sparse)
+                loss = report = F.cross_entropy(logits.float(), scored)
             else:
                 opt.zero_grad(set_to_none=True)
-                report, acc = _micro_steps(ddp, x, y, cfg.grad_accum, cfg.precision, rank, world, device, log_now)
+                report, acc = _micro_steps(ddp, x, y, cfg.grad_accum, cfg.precision, rank, world, device, log_now,
+                                           sparse)
         except NonFiniteError as e:
             raise NonFiniteError(f"training step {step}: {e}") from None
         if not torch.isfinite(report):
@@ -390,8 +417,7 @@ def train(
         if log_now:
             if simple:
                 with torch.no_grad():
-                    mask = y != -100
-                    acc = float((logits[mask].argmax(-1) == y[mask]).float().mean()) if mask.any() else float("nan")
+                    acc = float((logits.argmax(-1) == scored).float().mean()) if scored.numel() else float("nan")
             el = time.perf_counter() - t0
             record = {"step": step, "loss": float(report.detach()), "accuracy": acc, "lr": sched.get_last_lr()[0],
                       "tokens_per_s": tokens / max(el, 1e-9)}
@@ -468,7 +494,7 @@ def _eval_line(record: dict[str, Any], total: int) -> str:
 
 def _micro_steps(
     net: nn.Module, x: Tensor, y: Tensor, n_micro: int, precision: str, rank: int, world: int, device: torch.device,
-    want_acc: bool,
+    want_acc: bool, sparse: bool = False,
 ) -> tuple[Tensor, float]:
     """Forward and backward over this rank's slice of the global batch in ``n_micro`` micro-batches (gradients
     summed), each loss scaled so that the summed — and, across ranks,
@@ -487,15 +513,14 @@ def _micro_steps(
         # (DDP averages every micro-batch's gradients: DDP with static_graph refuses no_sync; the sum of averages
         # is the average of the sums, at the cost of one all-reduce per micro-batch)
         with autocast(device, precision):
-            logits, _ = net(xs)
-        loss_sum = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ys.reshape(-1),
-                                   ignore_index=-100, reduction="sum")
+            logits, scored = scored_logits(net, xs, ys, sparse)
+        loss_sum = F.cross_entropy(logits.float(), scored, reduction="sum")
         (loss_sum * (world / max(n_global, 1))).backward()
         total += loss_sum.detach()
         if want_acc:
             with torch.no_grad():
-                mask = ys != -100
-                counts += torch.stack([(logits[mask].argmax(-1) == ys[mask]).sum(), mask.sum()]).double()
+                counts += torch.tensor([float((logits.argmax(-1) == scored).sum()), scored.numel()],
+                                       dtype=torch.float64, device=device)
     if world > 1:
         import torch.distributed as dist
 

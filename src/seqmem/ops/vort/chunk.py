@@ -206,6 +206,8 @@ def _running_offsets(beta: Tensor, m_prev: Tensor | None, strict: bool) -> tuple
 def _chunked(q, k, v, c, cn, xi, G, b, z, m, beta, eps0, strict, n_chunk):
     outs = []
     scaled = beta is not None
+    B, H, _, F = q.shape
+    S, Dv = xi.shape[0], v.shape[-1]
     split = [x.split(n_chunk, dim=2) for x in (q, k, v, c, cn) + ((beta,) if scaled else ())]
     # split once: slicing inside the loop gives every chunk a backward that zero-fills a full-length gradient
     # buffer (O(T^2 / m) memory traffic; docs/BENCHMARKS.md)
@@ -214,12 +216,19 @@ def _chunked(q, k, v, c, cn, xi, G, b, z, m, beta, eps0, strict, n_chunk):
     diff_all = r_all[:, None] - r_all[None, :]
     mask_all = diff_all > 0 if strict else diff_all >= 0
     E_all = torch.exp(-xi[:, None, None] * diff_all.clamp_min(0)) * mask_all  # (S, n, n): e^{-ξ_s (i - j)}, i ≥ j
+    # The state is kept as (b, h, F, S·Dv) inside the loop: the read φ(q)·G_s of every channel is then one matmul
+    # (b, h, n, F) @ (b, h, F, S·Dv) and the write one matmul φ(k)ᵀ @ (w ⊗ v), with no (n, S·F) expansion of q
+    # or k (Dv < F for FAVOR+ features, so the S-fold tensors are the smaller ones).
+    if G is not None:
+        G = G.permute(0, 1, 3, 2, 4).reshape(B, H, F, S * Dv)
     for parts in zip(*split):
         qc, kc, vc, cc, cnc = parts[:5]
         n = qc.shape[2]
         r, mask, E = r_all[:n], mask_all[:n, :n], E_all[:, :n, :n]
-        # D[i, j] = Σ_s c_s(α_j) e^{-ξ_s (i - j)}; a broadcast product and sum (einsum took a slow per-j path here)
-        D = (cc.transpose(-1, -2)[..., None, :] * E).sum(-3)
+        # D[i, j] = Σ_s c_s(α_j) e^{-ξ_s (i - j)}: for each column j a (b·h, S) @ (S, i) product, batched over j
+        # (a broadcast product and sum materialised (b, h, S, n, n))
+        D = torch.bmm(cc.permute(2, 0, 1, 3).reshape(n, B * H, S), E.permute(2, 0, 1))  # (j, b·h, i)
+        D = D.view(n, B, H, n).permute(1, 2, 3, 0)  # (b, h, i, j)
         if not strict:
             D = D + torch.diag_embed(cnc)
         QK = qc @ kc.transpose(-1, -2)
@@ -236,13 +245,13 @@ def _chunked(q, k, v, c, cn, xi, G, b, z, m, beta, eps0, strict, n_chunk):
         num = A @ vc
         den = A.sum(-1)
         if G is not None:  # contribution of the state before the chunk (None: zero)
-            dq = torch.exp(-xi[None, :] * (r[:, None] + 1))  # (n, S): decay from the previous state to row r
-            qd = (qc[..., None, :] * dq[:, :, None]).flatten(-2)  # (b, h, n, S·F)
+            wq = torch.exp(-xi[None, :] * (r[:, None] + 1))  # (n, S): decay from the previous state to row r
             if carry is not None:
-                qd = qd * carry
-            num = num + qd @ G.flatten(2, 3)
+                wq = wq * carry  # (b, h, n, S)
+            P = (qc @ G).unflatten(-1, (S, Dv))  # (b, h, n, S, Dv): φ(q_r)·G_s for every channel
+            num = num + (wq[..., None, :] @ P)[..., 0, :]
             if z is None:
-                den = den + (qd @ b.flatten(2)[..., None])[..., 0]
+                den = den + ((qc @ b.transpose(-1, -2)) * wq).sum(-1)
         if z is not None:
             zq = qc if carry is None else qc * carry
             den = (QK * mask).sum(-1) + (zq @ z[..., None])[..., 0]
@@ -253,21 +262,22 @@ def _chunked(q, k, v, c, cn, xi, G, b, z, m, beta, eps0, strict, n_chunk):
             kw = kc * torch.exp(bc - M_end[..., None])[..., None]  # keys in units of e^{M_end}
             if m is not None:  # re-express the state (G, b, z) in units of e^{M_end}
                 rs = torch.exp(m - M_end)  # ≤ 1
-                G, b = rs[..., None, None, None] * G, rs[..., None, None] * b
+                G, b = rs[..., None, None] * G, rs[..., None, None] * b
                 z = None if z is None else rs[..., None] * z
             m = M_end
         if z is not None:
             z = z + kw.sum(2)
         dk = torch.exp(-xi[None, :] * (n - 1 - r[:, None]))  # (n, S): decay from row j to the chunk end
         w = cc * dk  # (b, h, n, S)
-        wk = (w[..., None] * kw[..., None, :]).flatten(-2)  # (b, h, n, S·F)
-        G_add = (wk.transpose(-1, -2) @ vc).unflatten(2, (w.shape[-1], kc.shape[-1]))  # (b, h, S, F, Dv)
-        b_add = wk.sum(2).unflatten(2, (w.shape[-1], kc.shape[-1]))  # (b, h, S, F)
+        G_add = kw.transpose(-1, -2) @ (w[..., None] * vc[..., None, :]).flatten(-2)  # (b, h, F, S·Dv)
+        b_add = w.transpose(-1, -2) @ kw  # (b, h, S, F)
         if G is None:
             G, b = G_add, b_add
         else:
-            G = torch.exp(-xi * n)[:, None, None] * G + G_add
-            b = torch.exp(-xi * n)[:, None] * b + b_add
+            lam_n = torch.exp(-xi * n)  # (S,): the whole chunk's decay of each channel
+            G = (G.unflatten(-1, (S, Dv)) * lam_n[:, None]).flatten(-2) + G_add
+            b = lam_n[:, None] * b + b_add
+    G = G.view(B, H, F, S, Dv).permute(0, 1, 3, 2, 4).contiguous()  # back to (b, h, S, F, Dv)
     return torch.cat(outs, 2), G, b, z, m
 
 
