@@ -341,3 +341,37 @@ def test_one_token_step_equals_the_recurrent_step(normalizer, strict, scaled, wi
         assert rel(a, b) < 1e-10
     for a32, r32, b in zip(run("chunk", torch.float32)[0], run("recurrent", torch.float32)[0], ref64):
         assert rel(a32, b) <= 10 * rel(r32, b) + 1e-5  # gradients of a ratio: float32 rounding is amplified
+
+
+@pytest.mark.parametrize("bmm_min", [0, 10**9])  # D by the bmm over columns / by the broadcast product
+@pytest.mark.parametrize("scaled", [False, True])
+def test_chunked_d_forms_equal_the_recurrence_with_gradients(monkeypatch, bmm_min, scaled):
+    """Both ways of building the chunk's lag-weight matrix D, at the paper's 16 channels and 4 x 4 sequences x heads
+    (the size where the bmm form is the default), give the recurrence's outputs, state and gradients, also when
+    streamed from a state."""
+    from seqmem.ops.vort import chunk as vchunk
+
+    monkeypatch.setattr(vchunk, "D_BMM_MIN", bmm_min)
+    g = torch.Generator().manual_seed(5)
+    b, t, h, f, d = 4, 23, 4, 6, 3
+    q = torch.rand(b, t, h, f, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.rand(b, t, h, f, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(b, t, h, d, generator=g, dtype=torch.float64, requires_grad=True)
+    a = (0.1 + 0.9 * torch.rand(b, t, generator=g, dtype=torch.float64)).requires_grad_(True)
+    beta = (3 * torch.randn(b, t, h, generator=g, dtype=torch.float64)) if scaled else None
+    res = {}
+    for mode in ("recurrent", "chunk"):
+        c, xi, cn = soe_coefficients(a, 15, 500)
+        assert xi.numel() * b * h >= 256
+        o1, st = soe_retention(q[:, :9], k[:, :9], v[:, :9], c[:, :9], xi, cn[:, :9], mode=mode, chunk_size=4,
+                               k_log_scale=None if beta is None else beta[:, :9])
+        o2, st = soe_retention(q[:, 9:], k[:, 9:], v[:, 9:], c[:, 9:], xi, cn[:, 9:], mode=mode, chunk_size=4,
+                               initial_state=st, k_log_scale=None if beta is None else beta[:, 9:])
+        o = torch.cat([o1, o2], 1)
+        res[mode] = (o, st, torch.autograd.grad(o.square().sum(), (q, k, v, a)))
+    torch.testing.assert_close(res["chunk"][0], res["recurrent"][0], rtol=1e-10, atol=1e-12)
+    for key in res["recurrent"][1]:
+        torch.testing.assert_close(res["chunk"][1][key], res["recurrent"][1][key], rtol=1e-10, atol=1e-12)
+    for gc, gr in zip(res["chunk"][2], res["recurrent"][2], strict=True):
+        assert gr.abs().max() > 0
+        torch.testing.assert_close(gc, gr, rtol=1e-9, atol=1e-12)
