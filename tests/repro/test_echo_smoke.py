@@ -128,3 +128,40 @@ def test_repro_echo_seeds_resume_and_aggregate(tmp_path, monkeypatch):
         echo.run(args)
     with pytest.raises(ValueError, match="--seeds"):
         echo.run(SimpleNamespace(scale="smoke", out=tmp_path / "x", seed=0, models="ssm", seeds=0, no_mqar=True))
+
+
+def test_a_cut_off_transfer_training_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    """With --seeds each training checkpoints into its run directory: one cut off mid-way (a session's end) continues
+    from its newest checkpoint and ends with the uninterrupted run's record; the checkpoints go once it is written."""
+    import seqmem.train
+    from seqmem.repro.echo import runner
+    from seqmem.repro.echo.configs import SCALES
+    from seqmem.repro.echo.grids import task_grids
+
+    sc = SCALES["smoke"]
+    grids = task_grids(sc["grid"])
+    whole = runner._train_and_score("ssm", sc, grids, 0, tmp_path / "whole")
+    assert whole["resumed_from_step"] == 0 and whole["train_cpu_seconds"] > 0
+
+    real_train = seqmem.train.train
+
+    def cut(*a, **k):
+        real_train(*a, **k, stop_after=2)
+        raise KeyboardInterrupt("the session ended")
+
+    monkeypatch.setattr(seqmem.train, "train", cut)
+    with pytest.raises(KeyboardInterrupt):
+        runner._train_and_score("ssm", sc, grids, 0, tmp_path / "cut")
+    assert (tmp_path / "cut" / "checkpoints").is_dir()
+    monkeypatch.setattr(seqmem.train, "train", real_train)
+    resumed = runner._train_and_score("ssm", sc, grids, 0, tmp_path / "cut")
+    assert resumed["resumed_from_step"] == 2
+    assert resumed["train_final"] == pytest.approx(whole["train_final"], rel=1e-5)
+    assert resumed["niah"] == pytest.approx(whole["niah"])
+    assert resumed["grids"] == whole["grids"]
+
+    # through run(): the record is written and the run's checkpoints removed
+    args = SimpleNamespace(scale="smoke", out=tmp_path / "o", seed=0, models="ssm", seeds=1, no_mqar=True)
+    assert echo.run(args) == 0
+    assert (tmp_path / "o" / "seeds" / "seed-0" / "ssm.json").exists()
+    assert not (tmp_path / "o" / "seeds" / "seed-0" / "ssm" / "checkpoints").exists()

@@ -41,15 +41,20 @@ class Fit:
 
 
 def fit_lm(lm_config: Any, task: Any, train_config: Any, *, seed: int, device: Any = None,
-           keep_diverged: bool = False) -> Fit:
+           keep_diverged: bool = False, out_dir: str | Path | None = None) -> Fit:
     """Train one language model the way every reproduction does: seed torch with ``seed``, build
     :class:`seqmem.models.LanguageModel` from ``lm_config`` (moved to ``device`` when given), train it on ``task``
     with :func:`seqmem.train.train` and time it.  A diverged run (``FloatingPointError``) raises unless
-    ``keep_diverged``, in which case it is returned with ``result=None`` and the message in ``diverged``."""
+    ``keep_diverged``, in which case it is returned with ``result=None`` and the message in ``diverged``.
+
+    ``out_dir``: the run's directory (metrics and checkpoints, every ``train_config.checkpoint_every`` steps); a
+    run cut off earlier continues from its newest good checkpoint there, exactly as if it had not stopped.
+    ``seconds`` is then this process's part."""
     import torch
 
     from seqmem.models import LanguageModel
     from seqmem.train import train
+    from seqmem.train.checkpoint import latest_good_checkpoint
 
     torch.manual_seed(seed)
     model = LanguageModel(lm_config)
@@ -57,7 +62,8 @@ def fit_lm(lm_config: Any, task: Any, train_config: Any, *, seed: int, device: A
         model = model.to(device)
     t0 = time.perf_counter()
     try:
-        result = train(model, task, train_config)
+        resume = out_dir is not None and latest_good_checkpoint(Path(out_dir) / "checkpoints") is not None
+        result = train(model, task, train_config, out_dir=out_dir, resume=resume)
     except FloatingPointError as e:
         if not keep_diverged:
             raise

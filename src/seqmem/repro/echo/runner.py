@@ -4,8 +4,10 @@ grid, write the tables, the MQAR grid and ``echo_results.json``)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -76,11 +78,15 @@ def run(args) -> int:
                                      "use another --out or remove it")
                 print(f"[echo] seed {s} {name}: kept from {cache}")
             else:
-                rec = _train_and_score(name, sc, grids, s)
+                # with --seeds each training keeps checkpoints beside its cache file, so a run cut off (a session's
+                # end) continues from its newest one; they are removed once the record is written
+                run_dir = cache.with_suffix("") if cache is not None else None
+                rec = _train_and_score(name, sc, grids, s, run_dir)
                 rec["key"] = key
                 if cache is not None:
                     cache.parent.mkdir(parents=True, exist_ok=True)
                     write_json(cache, rec, indent=1)
+                    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
             per_seed.setdefault(s, {})[name] = rec
     results: dict[str, Any] = {"scale": scale, "seeds": seeds,
                                "models": _mean_over_seeds(per_seed, models) if n_seeds else per_seed[seed]}
@@ -96,14 +102,21 @@ def run(args) -> int:
     return 0
 
 
-def _train_and_score(name: str, sc: dict, grids: dict, seed: int) -> dict[str, Any]:
-    """Train one sub-million model on the mixture with ``seed`` and score it on NIAH and every transfer grid."""
+def _train_and_score(name: str, sc: dict, grids: dict, seed: int, run_dir: Path | None = None) -> dict[str, Any]:
+    """Train one sub-million model on the mixture with ``seed`` and score it on NIAH and every transfer grid
+    (``run_dir``: checkpoints every twelfth of the steps there, and resume from them)."""
     cfg = submillion_config(name, d=sc["d"], heads=sc["heads"], rank=sc["rank"], d_state=sc["d_state"])
-    fit = fit_lm(cfg, EchoMixture(seq_len=64), train_cfg(sc, seed=seed), seed=seed)
+    tcfg = train_cfg(sc, seed=seed)
+    if run_dir is not None:
+        tcfg = dataclasses.replace(tcfg, checkpoint_every=max(1, tcfg.steps // 12))
+    fit = fit_lm(cfg, EchoMixture(seq_len=64), tcfg, seed=seed, out_dir=run_dir)
     model, tr = fit.model, fit.result
     rec: dict[str, Any] = {
         "params": model.num_parameters(),
         "train_seconds": fit.seconds,
+        # CPU time of the whole training, earlier processes of a resumed run included; the step it resumed from
+        "train_cpu_seconds": tr.cpu_seconds + (tr.cpu_seconds_before or 0.0),
+        "resumed_from_step": tr.start_step,
         "train_final": tr.final,
         "history": tr.history,
         "state_floats@64": model.state_size(64),
