@@ -10,7 +10,7 @@
 # headline:  VLA's convolution check, the CPU-scale headlines of Lattice, Elastic and Echo, Echo's transfer suite at
 #            the paper's size (3 seeds), Echo's longer calibration of the cells that did not calibrate in 2,000
 #            steps, then the rest of VLA's capacity curve and its copy task (≈ 25 CPU-hours).
-# long:      VORT's Zipf grid at 1/40 scale, β = 1 (≈ 37 CPU-hours): a lane of its own.
+# long:      VORT's Zipf grid at 1/40 scale, β = 1 (≈ 22 CPU-hours): a lane of its own.
 # A paper's headline runs only once its calibration is recorded as passed: `calibration.calibrated` in its
 # headline.json starts with "yes" (set after reading the calibration report against the criterion stated there);
 # FORCE=1 runs them all anyway.
@@ -88,7 +88,7 @@ headline() {
 }
 
 long() {
-    # VORT Table 1 at 1/40 scale, β = 1 (≈ 37 CPU-hours, many sessions): the one campaign far longer than a
+    # VORT Table 1 at 1/40 scale, β = 1 (≈ 22 CPU-hours, many sessions): the one campaign far longer than a
     # session, so it runs in a lane of its own beside `headline`.  vort_zipf_small (1/10 scale) is not run: its
     # reference did not calibrate (docs/results/vort/README.md).
     gated vort sweep vort_zipf_tiny vort zipf_tiny --reuse docs/results/vort/calibrate_tiny_wide_long/runs
