@@ -7,9 +7,9 @@
 #
 # calibrate: the CPU-scale calibrations of Echo, Elastic, Lattice and VORT (≈ 7 CPU-hours together) — run the
 # headline of a paper only where its reference baseline calibrates (see that paper's headline.json).
-# headline:  VLA's convolution check, the CPU-scale headlines of Lattice, Elastic and Echo, Echo's transfer suite at
-#            the paper's size (3 seeds), Echo's longer calibration of the cells that did not calibrate in 2,000
-#            steps, then the rest of VLA's capacity curve and its copy task (≈ 25 CPU-hours).
+# headline:  VLA's convolution check, the CPU-scale headlines of Lattice, Elastic and Echo, VLA's copy task, Echo's
+#            longer calibration of the cells that did not calibrate in 2,000 steps, Echo's transfer suite at the
+#            paper's size (3 seeds), then the rest of VLA's capacity curve (≈ 14 CPU-hours left on 2026-11-26).
 # long:      VORT's Zipf grid at 1/40 scale, β = 1 (≈ 22 CPU-hours): a lane of its own.
 # A paper's headline runs only once its calibration is recorded as passed: `calibration.calibrated` in its
 # headline.json starts with "yes" (set after reading the calibration report against the criterion stated there);
@@ -71,20 +71,22 @@ calibrate() {
 }
 
 headline() {
-    # Each paper's first answer before any paper's second: Echo's MQAR cell first (a few runs left), then VLA's
-    # convolution check (its Table 9, n = 24, is measured), the rest of VLA's capacity curve and copy task last;
+    # Each paper's first answer before any paper's second, then the cheaper answers first: Echo's MQAR cell, VLA's
+    # convolution check (its Table 9, n = 24, is measured), Lattice, Elastic; then VLA's copy task (≈ 1 CPU-hour),
+    # Echo's longer calibration (≈ 1.5), Echo's transfer suite (≈ 4.5) and the rest of VLA's capacity curve (≈ 5).
     # VORT's grid is the `long` lane.
     gated echo sweep echo_mqar_small echo mqar_small --reuse docs/results/echo/calibrate_small/runs
     gated vla sweep vla_conv vla conv
     gated lattice sweep lattice_context_small lattice context_small --reuse docs/results/lattice/calibrate_small/runs
     gated elastic sweep elastic_sampling_small elastic sampling_small --reuse docs/results/elastic/calibrate_drift/runs
-    # Echo Tables 2-3 (transfer suite) at the paper's d 128 / 6,000 steps, 3 seeds; resumes model by model
-    echo "== seqmem repro echo --scale paper --seeds 3 --no-mqar -> docs/results/echo/transfer_paper"
-    "$SEQMEM" repro echo --scale paper --seeds 3 --no-mqar --out docs/results/echo/transfer_paper
+    gated vla sweep vla_copy vla copy
     # Echo's cells that did not calibrate in 2,000 steps (M = 32 gap 64, M = 4 gap 256), at 6,000 steps
     sweep echo_calibrate_long echo calibrate_long
+    # Echo Tables 2-3 (transfer suite) at the paper's d 128 / 6,000 steps, 3 seeds; each training resumes from its
+    # checkpoints
+    echo "== seqmem repro echo --scale paper --seeds 3 --no-mqar -> docs/results/echo/transfer_paper"
+    "$SEQMEM" repro echo --scale paper --seeds 3 --no-mqar --out docs/results/echo/transfer_paper
     gated vla sweep vla_capacity vla capacity --reuse docs/results/vla/calibrate/runs
-    gated vla sweep vla_copy vla copy
 }
 
 long() {
