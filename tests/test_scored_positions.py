@@ -128,3 +128,17 @@ def test_scored_logits_on_a_fully_scored_batch_is_the_full_call():
     logits, tgt = scored_logits(m, x, y, sparse=True)
     torch.testing.assert_close(logits, m(x)[0].reshape(-1, 32))
     assert torch.equal(tgt, y.reshape(-1))
+
+
+def test_positions_without_an_mlp_and_with_one_layer():
+    """The gather happens after the last mixer whether or not a block has an MLP, and with a single block."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randint(0, 32, (2, 12), generator=g)
+    mask = torch.rand(2, 12, generator=g) < 0.3
+    mask[0, 0] = True
+    for layers, ratio in ((1, 2.0), (2, 0.0)):
+        torch.manual_seed(0)
+        m = LanguageModel(LMConfig(vocab_size=32, d_model=16, n_layers=layers, n_heads=2, mixer="gated_deltanet",
+                                   mlp_ratio=ratio)).double()
+        with torch.no_grad():
+            torch.testing.assert_close(m(x, positions=mask)[0], m(x)[0][mask], rtol=1e-12, atol=1e-12)
