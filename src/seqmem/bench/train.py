@@ -25,12 +25,10 @@ def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_head
     ``scored``: the fraction of positions with a target (1.0: language modelling; a recall task scores a few
     percent), drawn at random; the step computes the loss as training does (the head and the last MLP at the
     scored positions only), or, with ``full_head``, from the logits of every position."""
-    import torch.nn.functional as F
-
     from seqmem.models import LanguageModel, LMConfig
     from seqmem.sweep import fair_options
     from seqmem.sweep.runner import peak_state
-    from seqmem.train.loop import scored_logits
+    from seqmem.train.loop import scored_loss
 
     if not 0.0 < scored <= 1.0:
         raise ValueError(f"scored must be a fraction in (0, 1], got {scored!r}")
@@ -47,8 +45,7 @@ def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_head
         y.view(-1)[0] = 0  # at least one scored position
 
     def step() -> None:
-        logits, targets = scored_logits(model, x, y, sparse=not full_head)
-        loss = F.cross_entropy(logits.float(), targets)
+        loss = scored_loss(model, x, y, sparse=not full_head)[0]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

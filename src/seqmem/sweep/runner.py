@@ -203,9 +203,8 @@ def step_seconds(run_spec: dict[str, Any]) -> float:
     loss computed as training computes it: the head at the scored positions only), measured with one thread — for
     ETAs and cost estimates."""
     import torch
-    import torch.nn.functional as F
 
-    from seqmem.train.loop import scored_logits, takes_positions
+    from seqmem.train.loop import scored_loss, takes_positions
     from seqmem.train.run import build_run
 
     model, task = build_run(run_spec)
@@ -213,8 +212,7 @@ def step_seconds(run_spec: dict[str, Any]) -> float:
     sparse = takes_positions(model)
 
     def step() -> None:
-        logits, targets = scored_logits(model, x, y, sparse)
-        F.cross_entropy(logits.float(), targets).backward()
+        scored_loss(model, x, y, sparse)[0].backward()
 
     # CPU time, not wall clock: on a loaded machine the wall clock swings several-fold with the load, the CPU time a
     # one-thread step needs does not.  One thread: the process's CPU time also counts idle intra-op threads spinning

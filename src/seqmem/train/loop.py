@@ -165,6 +165,14 @@ def scored_logits(model: nn.Module, x: Tensor, y: Tensor, sparse: bool) -> tuple
     return logits.reshape(-1, logits.shape[-1])[mask.reshape(-1)], y[mask]
 
 
+def scored_loss(model: nn.Module, x: Tensor, y: Tensor, sparse: bool,
+                reduction: str = "mean") -> tuple[Tensor, Tensor, Tensor]:
+    """Training's loss: cross-entropy in float32 over the scored positions (:func:`scored_logits`), with the
+    logits and targets it was computed from: ``(loss, logits (N, vocab), targets (N,))``."""
+    logits, targets = scored_logits(model, x, y, sparse)
+    return F.cross_entropy(logits.float(), targets, reduction=reduction), logits, targets
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module, task: Any, n_examples: int = 512, batch_size: int = 64, distributed: bool = False,
@@ -393,8 +401,8 @@ def train(
             if simple:
                 x, y = x.to(device), y.to(device)
                 with autocast(device, cfg.precision):
-                    logits, scored = scored_logits(model, x, y, sparse)
-                loss = report = F.cross_entropy(logits.float(), scored)
+                    loss, logits, scored = scored_loss(model, x, y, sparse)
+                report = loss
             else:
                 opt.zero_grad(set_to_none=True)
                 report, acc = _micro_steps(ddp, x, y, cfg.grad_accum, cfg.precision, rank, world, device, log_now,
@@ -513,14 +521,13 @@ def _micro_steps(
         # (DDP averages every micro-batch's gradients: DDP with static_graph refuses no_sync; the sum of averages
         # is the average of the sums, at the cost of one all-reduce per micro-batch)
         with autocast(device, precision):
-            logits, scored = scored_logits(net, xs, ys, sparse)
-        loss_sum = F.cross_entropy(logits.float(), scored, reduction="sum")
+            loss_sum, logits, scored = scored_loss(net, xs, ys, sparse, reduction="sum")
         (loss_sum * (world / max(n_global, 1))).backward()
         total += loss_sum.detach()
         if want_acc:
             with torch.no_grad():
-                counts += torch.tensor([float((logits.argmax(-1) == scored).sum()), scored.numel()],
-                                       dtype=torch.float64, device=device)
+                hits = (logits.argmax(-1) == scored).sum()
+                counts += torch.stack([hits, torch.full_like(hits, scored.numel())]).double()
     if world > 1:
         import torch.distributed as dist
 
