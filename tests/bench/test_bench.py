@@ -98,7 +98,48 @@ def test_time_cap_reports_not_run(tmp_path):
     assert all("max-seconds" in r["note"] for r in recs)
 
 
+def test_mixer_option_reaches_the_mixer_the_record_and_the_command(tmp_path, capsys):
+    js = tmp_path / "s.json"
+    argv = ["bench", "speed", "--mixers", "swa", "--lengths", "32", "--repeats", "1", "--warmup", "0", "--d-model",
+            "32", "--heads", "2", "--impl", "fast", "--no-flops", "--no-floor", "--gemm-sizes", "64",
+            "--mixer-option", "window=3", "--mixer-option", "rope_base=500", "--json", str(js)]
+    seen = []
+    import seqmem.bench.speed as speed
+
+    real = speed.build_mixer
+
+    def spy(*a, **kw):
+        m = real(*a, **kw)
+        seen.append((m.window, m.rope_base))
+        return m
+
+    speed.build_mixer = spy
+    try:
+        assert main(argv) == 0
+    finally:
+        speed.build_mixer = real
+    assert seen == [(3, 500.0)]  # swa's own default window is 64
+    data = json.loads(js.read_text())
+    assert [r["mixer_options"] for r in data["records"]] == [{"window": 3, "rope_base": 500}]
+    # the repeat command spells a repeatable option once per value
+    assert "--mixer-option window=3 --mixer-option rope_base=500" in data["command"]
+    assert "--mixer-option window=3 --mixer-option rope_base=500" in capsys.readouterr().out
+
+
+def test_bench_train_takes_mixer_options(tmp_path):
+    js = tmp_path / "t.json"
+    assert main(["bench", "train", "--mixers", "swa", "--d-model", "16", "--heads", "2", "--layers", "1",
+                 "--seq-len", "16", "--batch-size", "2", "--repeats", "1", "--warmup", "0",
+                 "--mixer-option", "window=3", "--json", str(js)]) == 0
+    (row,) = json.loads(js.read_text())["rows"]
+    assert row["options"]["window"] == 3  # over the length rule's window (0.25·T = 4)
+
+
 @pytest.mark.parametrize("argv", [
+    ["bench", "speed", "--mixers", "swa", "--mixer-option", "windw=8"],
+    ["bench", "speed", "--mixers", "swa,deltanet", "--mixer-option", "window=8"],  # deltanet has no window
+    ["bench", "decode", "--mixers", "swa", "--mixer-option", "window"],
+    ["bench", "train", "--mixers", "swa", "--mixer-option", "nope=1"],
     ["bench", "speed", "--mixers", "no_such_mixer"],
     ["bench", "speed", "--lengths", "abc"],
     ["bench", "speed", "--lengths", "0"],

@@ -14,6 +14,7 @@ from seqmem.bench.common import (
     add_model_options,
     add_output_options,
     add_repeat_options,
+    check_mixer_options,
     check_writable_dir,
     check_writable_file,
     command_line,
@@ -45,7 +46,14 @@ def _common(p: argparse.ArgumentParser, repeats: int, warmup: int, impl: str) ->
                    help="time cap per measurement; what would exceed it is reported 'not run'")
     p.add_argument("--threads", type=_pos_int, default=None, help="torch.set_num_threads (default: unchanged)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")
+    _mixer_option(p)
     add_output_options(p, "the summary tables", plot=True)
+
+
+def _mixer_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mixer-option", action="append", metavar="KEY=VALUE",
+                   help="option given to every benchmarked mixer, value as JSON (repeatable, e.g. window=8; "
+                        "default: each mixer's own options)")
 
 
 def add_parser(sub: Any) -> None:
@@ -91,6 +99,7 @@ def add_parser(sub: Any) -> None:
                     help="compute the logits at every position, not just the scored ones (the cost without "
                          "training's sparse head)")
     tr.add_argument("--threads", type=_pos_int, default=1, help="torch.set_num_threads")
+    _mixer_option(tr)
     add_output_options(tr, "the table")
     tr.set_defaults(func=cmd_train)
 
@@ -108,6 +117,7 @@ def _setup(args: argparse.Namespace):
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype)
     mixers = resolve_mixers(args.mixers)
+    args.mixer_option_parsed = check_mixer_options(mixers, args.mixer_option)
     if args.json is not None:
         check_writable_file(args.json)
     if args.plot is not None:
@@ -249,6 +259,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from seqmem.io import machine_info
 
     mixers = resolve_mixers(args.mixers)
+    options = check_mixer_options(mixers, args.mixer_option)
     if not 0.0 < args.scored <= 1.0:
         _log(f"error: --scored must be a fraction in (0, 1], got {args.scored}")
         return 2
@@ -260,7 +271,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     for i, m in enumerate(mixers, 1):
         r = train_step_seconds(m, args.d_model, args.layers, args.heads, args.vocab_size, args.seq_len,
                                args.batch_size, args.repeats, args.warmup, scored=args.scored,
-                               full_head=args.full_head)
+                               full_head=args.full_head, options=options)
         _log(f"[{i}/{len(mixers)}] {m}: {r['seconds_per_step'] * 1e3:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s")
         rows.append(r)
     machine = machine_info()  # its thread count is args.threads, set above

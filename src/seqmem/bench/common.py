@@ -87,10 +87,26 @@ def command_line(prefix: str, args: Any) -> str:
     for k, v in vars(args).items():
         if k in ("func", "cmd", "bench", "argv") or k.endswith("_parsed") or v is None or v is False:
             continue
-        parts.append("--" + k.replace("_", "-"))
-        if v is not True:
-            parts.append(shlex.quote(str(v)))
+        for item in v if isinstance(v, list) else [v]:  # a repeatable option: its flag once per value
+            parts.append("--" + k.replace("_", "-"))
+            if item is not True:
+                parts.append(shlex.quote(str(item)))
     return " ".join(parts)
+
+
+def check_mixer_options(mixers: list[str], pairs: list[str] | None) -> dict[str, Any]:
+    """``--mixer-option KEY=VALUE`` pairs as a dict, checked against every mixer to be benchmarked (one that does
+    not take an option is an error naming it, before anything is measured)."""
+    from seqmem.cliargs import parse_options
+    from seqmem.registry import get_entry
+
+    options = parse_options(pairs)
+    for name in mixers:
+        valid = get_entry(name).valid_options()
+        bad = sorted(set(options) - set(valid))
+        if bad:
+            raise ValueError(f"--mixer-option: mixer {name!r} has no option(s) {bad}; its options: {valid}")
+    return options
 
 
 def resolve_mixers(spec: str | None) -> list[str]:
@@ -256,6 +272,7 @@ def base_record(bench: str, mixer: str, impl: str, seq_len: int, args: Any, devi
         "bench": bench, "mixer": mixer, "impl": impl, "seq_len": seq_len, "batch": args.batch,
         "d_model": args.d_model, "n_heads": args.heads, "device": str(device),
         "dtype": str(dtype).replace("torch.", ""),
+        "mixer_options": getattr(args, "mixer_option_parsed", None) or {},  # --mixer-option
         "machine": machine,
     }
 

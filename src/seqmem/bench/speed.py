@@ -33,7 +33,8 @@ def impls_of(choice: str) -> list[str]:
 
 def build(name: str, args: Any, impl: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     torch.manual_seed(args.seed)
-    return build_mixer(name, args.d_model, n_heads=args.heads, impl=impl).to(device=device, dtype=dtype)
+    options = getattr(args, "mixer_option_parsed", None) or {}  # --mixer-option, checked by the CLI
+    return build_mixer(name, args.d_model, n_heads=args.heads, impl=impl, **options).to(device=device, dtype=dtype)
 
 
 def _step_fn(m: torch.nn.Module, x: torch.Tensor, g: torch.Tensor) -> Callable[[], None]:

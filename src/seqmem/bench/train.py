@@ -19,12 +19,14 @@ from seqmem.io import table_lines, time_calls
 
 def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_heads: int = 2, vocab: int = 32,
                        seq_len: int = 32, batch: int = 32, repeats: int = 5, warmup: int = 2,
-                       seed: int = 0, scored: float = 1.0, full_head: bool = False) -> dict[str, Any]:
+                       seed: int = 0, scored: float = 1.0, full_head: bool = False,
+                       options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Median seconds of one training step of the LM with ``mixer`` in every layer (see the module docstring).
 
     ``scored``: the fraction of positions with a target (1.0: language modelling; a recall task scores a few
     percent), drawn at random; the step computes the loss as training does (the head and the last MLP at the
-    scored positions only), or, with ``full_head``, from the logits of every position."""
+    scored positions only), or, with ``full_head``, from the logits of every position.  ``options``: mixer
+    options on top of the length rule's (:func:`seqmem.sweep.fair_options`)."""
     from seqmem.models import LanguageModel, LMConfig
     from seqmem.sweep import fair_options
     from seqmem.sweep.runner import peak_state
@@ -34,8 +36,9 @@ def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_head
         raise ValueError(f"scored must be a fraction in (0, 1], got {scored!r}")
 
     torch.manual_seed(seed)
+    mixer_options = {**fair_options(mixer, seq_len), **(options or {})}
     model = LanguageModel(LMConfig(vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                                   mixer=mixer, mixer_options=fair_options(mixer, seq_len)))
+                                   mixer=mixer, mixer_options=mixer_options))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, vocab, (batch, seq_len), generator=g)
@@ -54,7 +57,7 @@ def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_head
     med = statistics.median(times)
     return {"mixer": mixer, "seconds_per_step": med, "tokens_per_s": batch * seq_len / med,
             "min_seconds": min(times), "params": model.num_parameters(), "state": peak_state(model, seq_len),
-            "options": fair_options(mixer, seq_len), "scored": scored, "full_head": full_head}
+            "options": mixer_options, "scored": scored, "full_head": full_head}
 
 
 def markdown(rows: list[dict[str, Any]], steps: int = 1000) -> str:
