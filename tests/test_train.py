@@ -70,3 +70,16 @@ def test_resume_without_checkpoint_or_with_other_config(tmp_path):
 def test_bad_train_config(kw):
     with pytest.raises(ValueError):
         TrainConfig(**kw)
+
+
+def test_total_cpu_seconds_of_a_resumed_run():
+    from seqmem.train.loop import TrainResult
+
+    # a fresh run: this process's time; a resumed one adds the recorded earlier part
+    assert TrainResult(cpu_seconds=12.0).total_cpu_seconds(100) == (12.0, False)
+    assert TrainResult(cpu_seconds=12.0, start_step=40, cpu_seconds_before=30.0).total_cpu_seconds(100) == (42.0, False)
+    # a checkpoint without the record: the 40 earlier steps at this process's 0.2 s per step (60 steps, 12 s)
+    total, estimated = TrainResult(cpu_seconds=12.0, start_step=40, cpu_seconds_before=None).total_cpu_seconds(100)
+    assert estimated and total == pytest.approx(12.0 + 8.0)
+    # resumed at the end (nothing left to train): no rate to estimate with
+    assert TrainResult(cpu_seconds=0.5, start_step=100, cpu_seconds_before=None).total_cpu_seconds(100) == (0.5, True)

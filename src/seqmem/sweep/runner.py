@@ -145,10 +145,9 @@ def run_point(run_spec: dict[str, Any], run_dir: str, threads: int = 1) -> dict[
     before: float | None = 0.0  # CPU seconds of the steps earlier processes trained (a resumed run)
     try:
         res = train(model, task, cfg, out_dir=d, resume=resume)
-        before = res.cpu_seconds_before
-        if before is None:  # the checkpoint predates the record: estimate at this process's rate per step
-            done = cfg.steps - res.start_step
-            before = res.cpu_seconds / done * res.start_step if done > 0 else 0.0
+        total, estimated = res.total_cpu_seconds(cfg.steps)
+        before = total - res.cpu_seconds
+        if estimated:  # the checkpoint predates the record: estimated at this process's rate per step
             result["cpu_seconds_estimated"] = True
         report_split = getattr(task, "report_split", "eval")
         result["valid"] = evaluate(model, task, sweep.get("valid_examples", 512), cfg.eval_batch_size,

@@ -127,6 +127,16 @@ class TrainResult:
     #: (0.0 for a fresh run; None when the checkpoint predates this record)
     cpu_seconds_before: float | None = 0.0
 
+    def total_cpu_seconds(self, steps: int) -> tuple[float, bool]:
+        """``(CPU seconds of the whole run of `steps` steps, estimated)``: this process's plus the earlier
+        processes' of a resumed run; where the checkpoint predates that record, the earlier steps are estimated at
+        this process's rate per step (``estimated`` True)."""
+        if self.cpu_seconds_before is not None:
+            return self.cpu_seconds + self.cpu_seconds_before, False
+        done = steps - self.start_step
+        before = self.cpu_seconds / done * self.start_step if done > 0 else 0.0
+        return self.cpu_seconds + before, True
+
 
 def dist_info() -> tuple[int, int]:
     """``(rank, world_size)`` of the initialised default process group, else ``(0, 1)``."""

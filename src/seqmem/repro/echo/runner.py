@@ -111,12 +111,14 @@ def _train_and_score(name: str, sc: dict, grids: dict, seed: int, run_dir: Path 
         tcfg = dataclasses.replace(tcfg, checkpoint_every=max(1, tcfg.steps // 12))
     fit = fit_lm(cfg, EchoMixture(seq_len=64), tcfg, seed=seed, out_dir=run_dir)
     model, tr = fit.model, fit.result
+    cpu, cpu_estimated = tr.total_cpu_seconds(tcfg.steps)
     rec: dict[str, Any] = {
         "params": model.num_parameters(),
         "train_seconds": fit.seconds,
         # CPU time of the whole training, earlier processes of a resumed run included; the step it resumed from
-        "train_cpu_seconds": tr.cpu_seconds + (tr.cpu_seconds_before or 0.0),
+        "train_cpu_seconds": cpu,
         "resumed_from_step": tr.start_step,
+        **({"train_cpu_seconds_estimated": True} if cpu_estimated else {}),
         "train_final": tr.final,
         "history": tr.history,
         "state_floats@64": model.state_size(64),
