@@ -155,7 +155,7 @@ def test_state_sizes_exact():
         ("linear_attention", {"feature_map": "relu"}),
         ("linear_attention", {"normalize": "yes"}),
         ("linear_attention", {"eps": -1.0}),
-        ("deltanet", {"conv_size": 0}),
+        ("deltanet", {"conv_size": -1}),
         ("deltanet", {"n_heads": 3}),
         ("gated_deltanet", {"chunk_size": 0}),
         ("mamba2", {"headdim": 5}),
@@ -215,3 +215,19 @@ def test_float32_long_sequence_finite_and_fast_equals_reference(name):
     yr, _ = ref(x)
     assert torch.isfinite(yf).all()
     assert_rel_close(yf, yr, 1e-4, f"{name} float32 fast vs reference at T=200")
+
+
+@pytest.mark.parametrize("name", ["linear_attention", "deltanet", "gated_deltanet"])
+def test_conv_size_zero_is_no_convolution(name):
+    """``conv_size=0`` (how a TOML spec, which has no null, switches the convolution off) is the model
+    ``conv_size=None`` builds: no convolution, the same parameters and outputs, no ``"conv"`` state."""
+    torch.manual_seed(0)
+    off = build_mixer(name, D, n_heads=H, conv_size=None)
+    torch.manual_seed(0)
+    zero = build_mixer(name, D, n_heads=H, conv_size=0)
+    assert zero.conv is None and zero.conv_size is None
+    assert [n for n, _ in zero.named_parameters()] == [n for n, _ in off.named_parameters()]
+    x = torch.randn(2, 7, D)
+    (y0, s0), (y1, s1) = off(x), zero(x)
+    assert torch.equal(y0, y1) and "conv" not in s1 and set(s0) == set(s1)
+    assert "conv" in build_mixer(name, D, n_heads=H)(x)[1]  # the default keeps its convolution

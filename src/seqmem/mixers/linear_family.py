@@ -1,8 +1,8 @@
 """Linear-attention-family baselines: ``linear_attention``, ``deltanet``, ``gated_deltanet``.
 
 All three project ``x`` to per-head ``q, k, v``, optionally pass them through a short causal depthwise
-convolution (``conv_size``; the Based / zoology / flash-linear-attention recipe, followed by SiLU), run a
-matrix-valued recurrence from :mod:`seqmem.ops` (``impl="reference"`` -> ``mode="recurrent"``,
+convolution (``conv_size``, None or 0 = off; the Based / zoology / flash-linear-attention recipe, followed by
+SiLU), run a matrix-valued recurrence from :mod:`seqmem.ops` (``impl="reference"`` -> ``mode="recurrent"``,
 ``impl="fast"`` -> ``mode="chunk"``) and project back.  State: ``"S"`` ``(batch, heads, d_k, d_v)``;
 ``"conv"`` ``(batch, conv_size - 1, 3 * d_model)`` when the convolution is on (its last inputs, so streaming
 is exact); ``"z"`` ``(batch, heads, d_k)`` (sum of feature-mapped keys) for ``linear_attention`` with
@@ -53,7 +53,8 @@ class _LinearFamily(Mixer):
     single_token_impl: ClassVar[str] = "reference"  # decode step: the per-token form is cheaper at T = 1
 
     contract_configs: ClassVar[list[dict]] = [{"chunk_size": 8}, {"chunk_size": 8, "conv_size": None}]
-    option_domains: ClassVar[dict[str, str]] = {"conv_size": ">0", "chunk_size": ">0"}  # conv_size None: no conv
+    # conv_size None or 0: no convolution (0 is how a TOML spec, which has no null, says it)
+    option_domains: ClassVar[dict[str, str]] = {"conv_size": ">=0", "chunk_size": ">0"}
 
     def __init__(
         self,
@@ -65,10 +66,10 @@ class _LinearFamily(Mixer):
     ) -> None:
         super().__init__(d_model, n_heads, impl)
         self.head_dim = self._head_dim()
-        self.conv_size = None if conv_size is None else check_positive_int("conv_size", conv_size)
+        self.conv_size = None if conv_size in (None, 0) else check_positive_int("conv_size", conv_size)
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
-        self.conv = ShortConv(3 * d_model, conv_size) if conv_size is not None else None
+        self.conv = ShortConv(3 * d_model, self.conv_size) if self.conv_size is not None else None
         self.out = nn.Linear(d_model, d_model, bias=False)
 
     @property
