@@ -3,14 +3,15 @@
 # finished runs are skipped, partial ones resume from their checkpoints).  Every report is also recorded in the
 # paper's docs/results/<paper>/headline.json (`--headline`).
 #
-#   bash scripts/headlines.sh [calibrate|headline|long|all]     (default: all = calibrate, headline, then long)
+#   bash scripts/headlines.sh [calibrate|headline|long|all]     (default: all = calibrate, then headline)
 #
 # calibrate: the CPU-scale calibrations of Echo, Elastic, Lattice and VORT (≈ 7 CPU-hours together) — run the
 # headline of a paper only where its reference baseline calibrates (see that paper's headline.json).
 # headline:  VLA's convolution check, the CPU-scale headlines of Lattice, Elastic and Echo, VLA's copy task, Echo's
 #            longer calibration of the cells that did not calibrate in 2,000 steps, Echo's transfer suite at the
-#            paper's size (3 seeds), then the rest of VLA's capacity curve (≈ 14 CPU-hours left on 2026-11-26).
-# long:      VORT's Zipf grid at 1/40 scale, β = 1 (≈ 22 CPU-hours): a lane of its own.
+#            paper's size (3 seeds), then the rest of VLA's capacity curve (≈ 12 CPU-hours left on 2026-11-26),
+#            then it joins `long` as a second worker.
+# long:      VORT's Zipf grid at 1/40 scale, β = 1 (≈ 18 CPU-hours left on 2026-11-26): a lane of its own.
 # A paper's headline runs only once its calibration is recorded as passed: `calibration.calibrated` in its
 # headline.json starts with "yes" (set after reading the calibration report against the criterion stated there);
 # FORCE=1 runs them all anyway.
@@ -87,6 +88,9 @@ headline() {
     echo "== seqmem repro echo --scale paper --seeds 3 --no-mqar -> docs/results/echo/transfer_paper"
     "$SEQMEM" repro echo --scale paper --seeds 3 --no-mqar --out docs/results/echo/transfer_paper
     gated vla sweep vla_capacity vla capacity --reuse docs/results/vla/calibrate/runs
+    # then a second worker on VORT's grid beside the `long` lane: a run being trained is locked, so the two lanes
+    # share the grid without training a run twice
+    long
 }
 
 long() {
@@ -100,6 +104,6 @@ case "${1:-all}" in
     calibrate) calibrate ;;
     headline) headline ;;
     long) long ;;
-    all) calibrate; headline; long ;;
+    all) calibrate; headline ;;  # headline ends with long
     *) echo "usage: bash scripts/headlines.sh [calibrate|headline|long|all]" >&2; exit 2 ;;
 esac

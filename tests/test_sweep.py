@@ -624,3 +624,38 @@ def test_a_resumed_run_records_the_cpu_time_of_its_earlier_parts(tmp_path, monke
     (out / p.rel_dir / "result.json").write_text(json.dumps(rp))
     write_report(spec, out)
     assert "1 resumed run(s) recorded with the CPU time of their last part only" in (out / "report.md").read_text()
+
+
+def test_a_run_another_process_trains_is_skipped_and_taken_up_once_released(tmp_path):
+    """Two sweeps into one --out share the grid: a run whose lock another process holds is neither trained twice
+    nor touched (a race at the start returns "busy"), and is trained by a later invocation once the lock is free
+    (as when its holder crashed)."""
+    import fcntl
+    import os
+
+    from seqmem.sweep.runner import LOCK, is_locked, run_point
+
+    spec = load_spec("tiny")
+    out = tmp_path / "out"
+    held = spec.points()[0]
+    d = out / held.rel_dir
+    d.mkdir(parents=True)
+    fd = os.open(d / LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # "another process" (flock locks are per open file)
+    try:
+        assert is_locked(d) and not is_locked(out / spec.points()[1].rel_dir)
+        log: list[str] = []
+        assert run_sweep(spec, out, jobs=1, log=log.append, probe=False, dry_run=True)["ran"] == 0
+        assert any(str(held.rel_dir) in m and "another process is training it now" in m for m in log)
+        res = run_sweep(spec, out, jobs=1, log=quiet, probe=False)
+        assert res["ran"] == 7 and res["errors"] == 0
+        assert sorted(p.name for p in d.iterdir()) == [LOCK]  # untouched: no run.json, metrics or checkpoints
+        # the race: locked after the check, run_point refuses without writing anything
+        assert run_point(held.run_spec, str(d))["status"] == "busy"
+        assert sorted(p.name for p in d.iterdir()) == [LOCK]
+    finally:
+        os.close(fd)
+    assert not is_locked(d)
+    res = run_sweep(spec, out, jobs=1, log=quiet, probe=False)
+    assert res["ran"] == 1 and json.loads((d / "result.json").read_text())["status"] == "finished"
+    assert not is_locked(d)  # released after training

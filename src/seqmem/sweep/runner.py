@@ -6,10 +6,15 @@ and reported metrics, state size, parameters, seconds).  Re-running the same swe
 partial ones from their newest good checkpoint, so a campaign can be stopped and continued on any machine.
 A run that diverges (NaN loss at its learning rate) is a result too (``status: "diverged"``); any other error is
 written to ``error.json`` and retried on the next invocation.
+
+A run being trained holds a lock on its directory (``flock`` on ``.lock``, released when the process ends, even by a
+crash), so several sweeps of one spec into one ``--out`` — two terminals, or a second worker started later — share
+the grid instead of training the same run twice: each skips the runs another holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -23,6 +28,7 @@ from seqmem.io import atomic_write_text, time_calls
 from seqmem.sweep.spec import Point, SpecError, SweepSpec
 
 RESULT = "result.json"
+LOCK = ".lock"
 
 
 class SweepConflict(SpecError):
@@ -115,8 +121,58 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+@contextlib.contextmanager
+def run_lock(run_dir: Path):
+    """Hold ``run_dir``'s lock while the block runs: yields True when this process holds it, False when another
+    process does (nothing is waited for).  An ``flock`` on ``run_dir/.lock``: the operating system releases it
+    when the holder exits, however it exits, so a crashed sweep leaves nothing stale.  Where ``fcntl`` does not
+    exist (Windows) there is no lock and this always yields True."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield True
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def is_locked(run_dir: Path) -> bool:
+    """Whether another process is training the run in ``run_dir`` now (holds its lock).  Opens the lock file
+    read-only and writes nothing (a dry run of a read-only checkout works)."""
+    try:
+        import fcntl
+
+        fd = os.open(run_dir / LOCK, os.O_RDONLY)
+    except (ImportError, OSError):  # no lock file (never trained here), or no fcntl
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def run_point(run_spec: dict[str, Any], run_dir: str, threads: int = 1) -> dict[str, Any]:
-    """Train (or resume) one grid point and write its ``result.json``; returns the result."""
+    """Train (or resume) one grid point and write its ``result.json``; returns the result — or, when another
+    process holds the run's lock (:func:`run_lock`), ``{"status": "busy"}`` without touching the run."""
+    with run_lock(Path(run_dir)) as held:
+        if not held:
+            return {"status": "busy", "error": "another process is training this run"}
+        return _train_point(run_spec, run_dir, threads)
+
+
+def _train_point(run_spec: dict[str, Any], run_dir: str, threads: int) -> dict[str, Any]:
     import torch
 
     from seqmem.mixers.base import NonFiniteError
@@ -417,7 +473,8 @@ def run_sweep(
     if dry_run:
         todo = order([p for p in wanted_points(spec, out, points) if not is_finished(out / p.rel_dir)])
         for p in todo[:limit]:
-            log(f"  would run {p.rel_dir}")
+            log(f"  would run {p.rel_dir}" + ("  (another process is training it now)"
+                                               if is_locked(out / p.rel_dir) else ""))
         if spec.lr_selection == "first_seed":
             log(f"  (+ the second-stage runs of rows whose lr is not chosen yet: {n_left - len(todo)})")
         return {"total": n_expected, "finished_before": done_before, "ran": 0, "errors": 0}
@@ -439,6 +496,9 @@ def run_sweep(
         return n_all, n_done, cost
 
     def report(p: Point, r: dict[str, Any]) -> None:
+        if r.get("status") == "busy":  # another process took it between the check and the start
+            log(f"skipped {p.rel_dir}: another process is training it")
+            return
         state["finished"] += 1
         c = row_cost.get(p.group, 0.0)
         if c == c:
@@ -472,8 +532,9 @@ def run_sweep(
         nonlocal budget
         if budget is not None and budget <= 0:
             return None
+        # a run another process holds is left to it (not marked attempted: if that process dies, it is taken up)
         cand = order([p for p in wanted_points(spec, out, points)
-                      if p not in attempted and not is_finished(out / p.rel_dir)])
+                      if p not in attempted and not is_finished(out / p.rel_dir) and not is_locked(out / p.rel_dir)])
         if not cand:
             return None
         if budget is not None:
