@@ -76,3 +76,53 @@ def test_demo_scales_long_context_options_only():
     assert demo_options("attention", 32) == {}  # full attention stays full
     assert demo_options("swa", 32) == {"window": 8}
     assert demo_options("deltanet", 32) == {}
+
+
+def test_train_into_a_directory_another_process_trains_in_is_refused(tmp_path, capsys):
+    """While one process trains into --out (it holds the directory's lock), a second `seqmem train` there —
+    with or without --resume — is a one-line usage error that touches nothing; once the lock is free it runs."""
+    import fcntl
+    import os
+
+    from seqmem.io import LOCK
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the other process (flock locks are per open file)
+    try:
+        for extra in ([], ["--resume"]):
+            capsys.readouterr()
+            assert main([*TRAIN, "--out", str(out), *extra]) == 2
+            assert "another process is training into" in capsys.readouterr().err
+            assert sorted(p.name for p in out.iterdir()) == [LOCK, "notes.txt"]
+    finally:
+        os.close(fd)
+    assert main([*TRAIN, "--out", str(out)]) == 0
+    assert (out / "run.json").exists() and (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_failed_start_leaves_an_existing_directory_as_it_was(tmp_path, monkeypatch):
+    """A run that fails after taking the directory's lock, before its first checkpoint, leaves an existing
+    directory as it found it (the lock file it created removed too) and removes a directory it created."""
+    import seqmem.cli as cli
+    from seqmem.io import is_locked
+
+    seen = []
+
+    def boom(args, rank, world, device, out):
+        seen.append(is_locked(out))
+        raise RuntimeError("failed before the first checkpoint")
+
+    monkeypatch.setattr(cli, "_train_into", boom)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(RuntimeError):
+        main([*TRAIN, "--out", str(out)])
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]  # not even the lock file
+    with pytest.raises(RuntimeError):
+        main([*TRAIN, "--out", str(tmp_path / "new" / "run")])
+    assert not (tmp_path / "new").exists()
+    assert seen == [True, True]  # the lock was held while it trained

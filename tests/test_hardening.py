@@ -63,7 +63,8 @@ def test_rerun_into_existing_run_is_refused_unless_resume_or_overwrite(tmp_path,
     cks = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert cks == ["ckpt-00000004", "ckpt-00000006"]  # only the new run's checkpoints
     assert [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())][-1] == 6
-    assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no leftovers of the old run
+    # no leftovers of the old run (the directory's lock file is not one: it stays, released)
+    assert not [p for p in run.iterdir() if p.name.startswith(".") and p.name != ".lock"]
     assert main(["eval", "--run", str(run), "--examples", "8"]) == 0
     ev = _final(capsys)
     assert ev["checkpoint"].endswith("ckpt-00000006") and ev["loss"] == pytest.approx(final["eval_loss"], rel=1e-6)

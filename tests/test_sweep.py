@@ -633,7 +633,8 @@ def test_a_run_another_process_trains_is_skipped_and_taken_up_once_released(tmp_
     import fcntl
     import os
 
-    from seqmem.sweep.runner import LOCK, is_locked, run_point
+    from seqmem.io import LOCK, is_locked
+    from seqmem.sweep.runner import run_point
 
     spec = load_spec("tiny")
     out = tmp_path / "out"

@@ -252,6 +252,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, device: str) -> int:
 
 
 def _train_checked(args: argparse.Namespace, rank: int, world: int, device: str) -> int:
+    from seqmem.io import LOCK, run_lock
     from seqmem.train.checkpoint import holds_run, list_checkpoints, read_run_spec
 
     out = Path(args.out)
@@ -260,23 +261,33 @@ def _train_checked(args: argparse.Namespace, rank: int, world: int, device: str)
     overwrite = getattr(args, "overwrite", False)
     if args.resume and overwrite:
         raise UsageError("give --resume or --overwrite, not both")
-    if not args.resume and not overwrite and holds_run(out):
-        raise UsageError(f"{out} already holds a training run: --resume continues it, --overwrite replaces it, "
-                         "or choose another --out")
-    if args.resume and (out / "run.json").exists():
-        old = read_run_spec(out)  # a corrupt run.json: one line naming it
-        if args.checkpoint_every is None:  # the interval the run was started with (0 in runs from before the default)
-            args.checkpoint_every = old.get("train", {}).get("checkpoint_every")
-    if args.checkpoint_every is None:
-        args.checkpoint_every = default_checkpoint_every(args.steps)
     created = _first_missing(out)  # removed again if this run fails before its first checkpoint
+    lock_was_there = (out / LOCK).exists()
+    ours = False  # whether this process holds the directory's lock (only then is anything cleaned up)
     try:
-        return _train_into(args, rank, world, device, _check_out_dir(out))
+        # a second `seqmem train` (or sweep) into the same directory while one trains there is refused
+        with run_lock(_check_out_dir(out)) as ours:
+            if not ours:
+                raise UsageError(f"another process is training into {out} now: wait for it to end (then --resume "
+                                 "continues its run), or choose another --out")
+            if not args.resume and not overwrite and holds_run(out):
+                raise UsageError(f"{out} already holds a training run: --resume continues it, --overwrite replaces "
+                                 "it, or choose another --out")
+            if args.resume and (out / "run.json").exists():
+                old = read_run_spec(out)  # a corrupt run.json: one line naming it
+                if args.checkpoint_every is None:  # the run's own interval (0 in runs from before the default)
+                    args.checkpoint_every = old.get("train", {}).get("checkpoint_every")
+            if args.checkpoint_every is None:
+                args.checkpoint_every = default_checkpoint_every(args.steps)
+            return _train_into(args, rank, world, device, out)
     except BaseException:
-        if created is not None and not list_checkpoints(out / "checkpoints"):
-            import shutil
+        if ours and not list_checkpoints(out / "checkpoints"):
+            if created is not None:
+                import shutil
 
-            shutil.rmtree(created, ignore_errors=True)
+                shutil.rmtree(created, ignore_errors=True)
+            elif not lock_was_there:  # an existing directory is left as it was found
+                (out / LOCK).unlink(missing_ok=True)
         raise
 
 

@@ -5,6 +5,7 @@ Nothing here imports the rest of seqmem, so training, sweeps, reproductions and 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import math
@@ -14,7 +15,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,51 @@ def check_int(name: str, value: Any, minimum: int = 1, prefix: str = "") -> int:
         kind = {1: "a positive integer", 0: "a non-negative integer"}.get(minimum, f"an integer >= {minimum}")
         raise ValueError(f"{prefix}{name} must be {kind}, got {value!r}")
     return value
+
+
+#: the lock file of a run directory (see :func:`run_lock`)
+LOCK = ".lock"
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path | str) -> Iterator[bool]:
+    """Hold ``run_dir``'s lock while the block runs: yields True when this process holds it, False when another
+    process does (nothing is waited for).  An ``flock`` on ``run_dir/.lock``: the operating system releases it
+    when the holder exits, however it exits, so a crashed run leaves nothing stale.  Where ``fcntl`` does not
+    exist (Windows) there is no lock and this always yields True."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield True
+        return
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def is_locked(run_dir: Path | str) -> bool:
+    """Whether the run in ``run_dir`` is being trained now: its lock is held (by another process, or by a
+    :func:`run_lock` block of this one).  Opens the lock file read-only and writes nothing (a dry run of a read-only
+    checkout works)."""
+    try:
+        import fcntl
+
+        fd = os.open(Path(run_dir) / LOCK, os.O_RDONLY)
+    except (ImportError, OSError):  # no lock file (never trained here), or no fcntl
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)

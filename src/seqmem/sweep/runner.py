@@ -14,7 +14,6 @@ the grid instead of training the same run twice: each skips the runs another hol
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -24,11 +23,10 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-from seqmem.io import atomic_write_text, time_calls
+from seqmem.io import atomic_write_text, is_locked, run_lock, time_calls
 from seqmem.sweep.spec import Point, SpecError, SweepSpec
 
 RESULT = "result.json"
-LOCK = ".lock"
 
 
 class SweepConflict(SpecError):
@@ -119,48 +117,6 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
         return json.loads((run_dir / RESULT).read_text())
     except (OSError, ValueError):
         return None
-
-
-@contextlib.contextmanager
-def run_lock(run_dir: Path):
-    """Hold ``run_dir``'s lock while the block runs: yields True when this process holds it, False when another
-    process does (nothing is waited for).  An ``flock`` on ``run_dir/.lock``: the operating system releases it
-    when the holder exits, however it exits, so a crashed sweep leaves nothing stale.  Where ``fcntl`` does not
-    exist (Windows) there is no lock and this always yields True."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield True
-        return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def is_locked(run_dir: Path) -> bool:
-    """Whether another process is training the run in ``run_dir`` now (holds its lock).  Opens the lock file
-    read-only and writes nothing (a dry run of a read-only checkout works)."""
-    try:
-        import fcntl
-
-        fd = os.open(run_dir / LOCK, os.O_RDONLY)
-    except (ImportError, OSError):  # no lock file (never trained here), or no fcntl
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
 
 
 def run_point(run_spec: dict[str, Any], run_dir: str, threads: int = 1) -> dict[str, Any]:
