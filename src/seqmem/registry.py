@@ -137,14 +137,21 @@ def get_entry(name: str) -> MixerEntry:
     return _REGISTRY[name]
 
 
-def build_mixer(name: str, d_model: int, **options: Any) -> Mixer:
-    """Build the mixer registered as ``name``; unknown options raise ``ValueError`` listing the valid ones."""
+def check_options(name: str, options: Any) -> MixerEntry:
+    """The entry of mixer ``name``, after checking that it takes every option named in ``options`` (a
+    ``ValueError`` lists the unknown ones, with close matches, and the valid ones); the values are not checked."""
     entry = get_entry(name)
     valid = entry.valid_options()
     unknown = sorted(set(options) - set(valid))
     if unknown:
         hints = "".join(did_you_mean(u, valid) for u in unknown)
         raise ValueError(f"mixer {name!r} got unknown option(s) {unknown}{hints}; valid options: {valid}")
+    return entry
+
+
+def build_mixer(name: str, d_model: int, **options: Any) -> Mixer:
+    """Build the mixer registered as ``name``; unknown options raise ``ValueError`` listing the valid ones."""
+    entry = check_options(name, options)
     kwargs = {**entry.defaults, **options}
     mixer = entry.cls(d_model, **kwargs)
     mixer.registered_name = entry.name

@@ -98,14 +98,14 @@ def check_mixer_options(mixers: list[str], pairs: list[str] | None) -> dict[str,
     """``--mixer-option KEY=VALUE`` pairs as a dict, checked against every mixer to be benchmarked (one that does
     not take an option is an error naming it, before anything is measured)."""
     from seqmem.cliargs import parse_options
-    from seqmem.registry import get_entry
+    from seqmem.registry import check_options
 
     options = parse_options(pairs)
     for name in mixers:
-        valid = get_entry(name).valid_options()
-        bad = sorted(set(options) - set(valid))
-        if bad:
-            raise ValueError(f"--mixer-option: mixer {name!r} has no option(s) {bad}; its options: {valid}")
+        try:
+            check_options(name, options)
+        except ValueError as e:
+            raise ValueError(f"--mixer-option: {e}") from None
     return options
 
 
