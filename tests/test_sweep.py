@@ -406,6 +406,69 @@ def test_progress_counts_the_runs_an_lr_extension_adds(tmp_path, monkeypatch):
     assert write_report(load_spec(raw), tmp_path)["cpu_hours"] * 3600 == pytest.approx(5.0)
 
 
+def test_tune_group_gives_the_other_seeds_to_its_best_row_only(tmp_path, monkeypatch):
+    """Rows sharing a tune group are one model with a hyperparameter chosen on validation: each row runs its first
+    seed at every lr; none starts its other seeds before the whole group has chosen; then only the group's best row
+    (first seed, at its chosen lr) gets them.  The report marks the choice and puts the group's paper value beside
+    the chosen row; a row outside the group is unaffected."""
+    import re
+
+    from seqmem.io import atomic_write_text
+    from seqmem.sweep import runner
+    from seqmem.sweep.runner import plan_rows, wanted_points
+
+    score = {"slow": 0.5, "mid": 0.7, "fast": 0.6, "attention": 0.4}  # validation accuracy by row, lr-independent
+
+    def fake_run(run_spec: dict, run_dir: str, threads: int) -> dict:
+        acc = score[run_spec["sweep"]["mixer"]] + run_spec["train"]["lr"] + run_spec["train"]["seed"] / 100
+        r = {"status": "finished", "state": 1, "params": 1, "seconds": 1.0,
+             "valid": {"accuracy": acc, "loss": 1.0}, "report": {"accuracy": acc, "loss": 1.0}}
+        atomic_write_text(Path(run_dir) / "run.json", json.dumps(run_spec))
+        atomic_write_text(Path(run_dir) / "result.json", json.dumps(r))
+        return r
+
+    monkeypatch.setattr(runner, "_run_point_safe", fake_run)
+    raw = tiny(lr_selection="first_seed", train__seeds=[0, 1, 2])
+    raw["mixers"] = [{"name": n, "layers": ["attention"] * 2, "tune": "decay"} for n in ("slow", "mid", "fast")]
+    raw["mixers"].append("attention")
+    raw["paper"] = {"source": "T", "2 pairs": {"decay": 0.9}}
+    spec = load_spec(raw)
+    lo, hi = spec.lrs
+    # before anything ran: every row's first seed, no other seeds, 2 seeds counted once for the group (on its first
+    # row) and once for attention
+    plans = plan_rows(spec, tmp_path)
+    assert {k[1]: p.needed for k, p in plans.items()} == {"slow": 4, "mid": 2, "fast": 2, "attention": 4}
+    assert all(p.seed == 0 for p in wanted_points(spec, tmp_path))
+    # the group is decided only when all its rows are: with slow and mid done, fast not, nobody has seeds 1-2
+    for p in spec.points():
+        if p.seed == 0 and p.mixer in ("slow", "mid"):
+            fake_run(p.run_spec, str(tmp_path / p.rel_dir), 1)
+    plans = plan_rows(spec, tmp_path)
+    assert not any(p.stage2 for k, p in plans.items() if p.tune) and plans[("2 pairs", "mid", ())].needed == 4
+    lines: list[str] = []
+    run_sweep(spec, tmp_path, jobs=1, log=lines.append, probe=False)
+    done = {(p.mixer, p.lr, p.seed) for p in spec.points() if (tmp_path / p.rel_dir / "result.json").exists()}
+    assert {(m, s) for m, _, s in done if s > 0} == {("mid", 1), ("mid", 2), ("attention", 1), ("attention", 2)}
+    assert all(lr == hi for m, lr, s in done if s > 0)
+    counts = [tuple(map(int, m.groups())) for line in lines if (m := re.match(r"\[(\d+)/(\d+)\]", line))]
+    assert counts[-1] == (12, 12) and all(d <= n for d, n in counts)  # 3 x 2 + 2 + (2 + 2)
+    rows = {r["mixer"]: r for r in collect(spec, tmp_path)}
+    assert rows["mid"]["tune_chosen"] is True and rows["mid"]["n_seeds"] == 3 and rows["mid"]["paper"] == 0.9
+    assert rows["slow"]["tune_chosen"] is False and rows["slow"]["n_seeds"] == 1 and rows["slow"]["paper"] is None
+    assert rows["slow"]["complete"] and rows["slow"]["runs_total"] == 2
+    assert rows["attention"]["tune"] is None and rows["attention"]["n_seeds"] == 3
+    md = write_report(spec, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "tune group 'decay': chosen on validation" in text and "not chosen (seed 0 only)" in text
+    assert "(1, not chosen)" in text and md["rows"]
+    with pytest.raises(SpecError, match="first_seed"):
+        load_spec({**raw, "lr_selection": "all_seeds"})
+    with pytest.raises(SpecError, match="named like a mixer row"):
+        load_spec({**raw, "mixers": raw["mixers"][:3] + [{"name": "attention", "tune": "attention"}]})
+    with pytest.raises(SpecError, match="not rows or tune groups"):
+        load_spec({**raw, "paper": {"2 pairs": {"nobody": 1.0}}})
+
+
 def test_reuse_copies_only_identical_finished_runs(tmp_path):
     """--reuse: another sweep's finished runs with the same settings (all but the sweep's name) are copied and
     marked; a run that differs in anything else is trained, never taken."""

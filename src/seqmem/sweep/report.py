@@ -18,9 +18,8 @@ from typing import Any
 from seqmem.io import atomic_write_text, fmt, machine_info, mean_std, save_figure, table_lines
 from seqmem.sweep.runner import (
     choose_lr,
-    group_points,
+    plan_rows,
     read_result,
-    row_plan,
     selection_lrs,
     valid_value,
     wanted_points,
@@ -33,16 +32,11 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
     from seqmem.registry import build_mixer
 
     rows = []
-    for (setting, mixer, axes), grid_pts in group_points(spec.points()).items():
-        if spec.lr_selection == "first_seed":  # the row's planned runs (lr extensions included)
-            stage1, stage2, _ = row_plan(spec, grid_pts, out)
-            pts = stage1 + stage2
-            lr_valid = selection_lrs(spec, stage1, out)
-            n_total = len(stage1) + len(spec.seeds) - 1  # what row_counts gives, without planning the row again
-        else:
-            pts = grid_pts
-            lr_valid = selection_lrs(spec, pts, out)
-            n_total = len(grid_pts)
+    plans = plan_rows(spec, out)  # the row's planned runs (lr extensions and tune groups included)
+    for (setting, mixer, axes), plan in plans.items():
+        pts = plan.points
+        lr_valid = selection_lrs(spec, plan.stage1 if spec.lr_selection == "first_seed" else pts, out)
+        n_total = plan.needed
         results = {(p.lr, p.seed): read_result(out / p.rel_dir) for p in pts}
         n_done = sum(1 for r in results.values() if valid_value(r, spec.select) is not None)
         best_lr = choose_lr(lr_valid, spec.select)
@@ -53,6 +47,7 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
             "lr_valid": {f"{lr:g}": v for lr, v in sorted(lr_valid.items())},
             "best_lr": best_lr, "state": first["state"] if first else None,
             "params": first["params"] if first else None,
+            "tune": plan.tune, "tune_chosen": plan.chosen,
         }
         if best_lr is not None:
             per_seed = {}
@@ -88,7 +83,8 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
         row["cannot_reach_first_token"] = len(reasons) == len(names)
         row["length_note"] = "; ".join(sorted(set(reasons)))
         row["note"] = spec.notes.get(mixer, "")
-        row["paper"] = spec.paper.get(setting, {}).get(mixer)
+        paper = spec.paper.get(setting, {})
+        row["paper"] = paper.get(mixer, paper.get(plan.tune) if plan.chosen else None)
         row["mixer_options"] = model["mixer_options"]
         rows.append(row)
     return rows
@@ -138,8 +134,9 @@ def summary_table(spec: SweepSpec, rows: list[dict[str, Any]]) -> str:
         if r is None or r.get("report_mean") is None:
             return "—"
         sd = "" if r["report_std"] != r["report_std"] else f" ± {r['report_std']:.2f}"
+        seeds = f"{r['n_seeds']}" + (", not chosen" if r.get("tune_chosen") is False else "")
         mark = "" if r["complete"] else "*"
-        return f"{r['report_mean']:.2f}{sd} ({r['n_seeds']}){mark}"
+        return f"{r['report_mean']:.2f}{sd} ({seeds}){mark}"
 
     def score(m: str) -> float:
         vals = [cell[k]["report_mean"] for k in cell if k[0] == m and cell[k].get("report_mean") is not None]
@@ -207,7 +204,11 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
         "reports that learning rate's mean ± sample std over seeds on the reported split, and the per-seed values. "
         "A diverged run counts as the worst value. *state* is the most numbers per sequence the model holds at any "
         "point of the sequence (all layers). *lr** is the chosen learning rate; '(edge)' marks one at the edge of "
-        "the grid.",
+        "the grid." + (
+            " Rows that share a **tune group** are one model with a hyperparameter (the rows' options) chosen on "
+            "validation as the lr is: every row of the group runs its first seed at each lr, and only the group's "
+            "row with the best validation value at its chosen lr gets the other seeds; the others report their "
+            "first seed ('not chosen')." if any(r.tune for r in spec.mixers) else ""),
         "",
         f"**Lengths.** {length_rule_text()}" + ("." if spec.scale_lengths else " — switched OFF in this spec."),
         "",
@@ -241,6 +242,11 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
                 note.append(r["length_note"])
             if r.get("note"):
                 note.append(r["note"])
+            if r.get("tune"):
+                note.append(f"tune group '{r['tune']}': " + (
+                    "chosen on validation" if r.get("tune_chosen") else
+                    f"not chosen (seed {spec.seeds[0]} only)" if r.get("tune_chosen") is False else
+                    "not chosen yet"))
             if r.get("diverged_seeds"):
                 note.append(f"{r['diverged_seeds']} seed(s) diverged")
             if not r["complete"]:
@@ -375,6 +381,8 @@ def headline_summary(spec: SweepSpec, payload: dict[str, Any],
         if r.get("extra"):
             entry["extra"] = {k: {"mean": num(e["mean"]), "std": num(e["std"]),
                                   "per_seed": [num(v) for v in e["per_seed"]]} for k, e in r["extra"].items()}
+        if r.get("tune"):
+            entry["tune"] = {"group": r["tune"], "chosen": r.get("tune_chosen")}
         if r.get("paper") is not None:
             entry["paper"] = r["paper"]
         by_setting.setdefault(r["setting"], {})[name] = entry

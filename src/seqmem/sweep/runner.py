@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -345,28 +346,92 @@ def row_plan(spec: SweepSpec, pts: list[Point], out: Path) -> tuple[list[Point],
         return stage1, stage2, True
 
 
+@dataclass
+class RowPlan:
+    """The runs one row needs as known now (``first_seed`` selection; ``all_seeds``: every grid point)."""
+
+    stage1: list[Point]
+    stage2: list[Point]
+    decided: bool  # the row's lr is chosen (and, in a tune group, the group's row is chosen)
+    needed: int  # runs the row needs in all, as far as the results so far tell
+    tune: str | None = None
+    chosen: bool | None = None  # in a decided tune group: whether this row is the group's choice
+
+    @property
+    def points(self) -> list[Point]:
+        return self.stage1 + self.stage2
+
+
+def _row_best(spec: SweepSpec, plan: RowPlan, out: Path) -> float | None:
+    """A row's first-seed validation value at its chosen lr (None: nothing finished; nan: diverged)."""
+    vals = selection_lrs(spec, plan.stage1, out)
+    best = choose_lr(vals, spec.select)
+    return None if best is None else vals[best]
+
+
+def _best_key(spec: SweepSpec, values: dict[tuple, float]) -> tuple | None:
+    """The key with the best value (nan worst; ties: the first, i.e. spec order)."""
+    best = None
+    for k, v in values.items():
+        if best is None or (math.isnan(values[best]) and not math.isnan(v)) or (
+                not math.isnan(v) and (v > values[best] if spec.select == "accuracy" else v < values[best])):
+            best = k
+    return best
+
+
+def plan_rows(spec: SweepSpec, out: Path, points: list[Point] | None = None) -> dict[tuple, RowPlan]:
+    """Every row's :class:`RowPlan`, keyed by ``Point.group``, in spec order.
+
+    ``first_seed``: each row's stage 1 and stage 2 as :func:`row_plan` gives them.  Rows that share a tune group
+    (``tune`` in the spec; per setting and model size) are one model with a hyperparameter: once every row of the
+    group has chosen its lr, the row whose first seed is best on validation at its chosen lr is the group's choice
+    and alone gets the other seeds; until then no row of the group starts its second stage (the other seeds are
+    counted on the row leading so far, for ETAs)."""
+    points = spec.points() if points is None else points
+    groups = group_points(points)
+    plans: dict[tuple, RowPlan] = {}
+    for key, pts in groups.items():
+        if spec.lr_selection == "all_seeds":
+            plans[key] = RowPlan(pts, [], True, len(pts))
+            continue
+        s1, s2, decided = row_plan(spec, pts, out)
+        plans[key] = RowPlan(s1, s2, decided, len(s1) + len(spec.seeds) - 1, spec.tune_of(pts[0].mixer))
+    tune_groups: dict[tuple, list[tuple]] = {}
+    for key, plan in plans.items():
+        if plan.tune:
+            tune_groups.setdefault((key[0], key[2], plan.tune), []).append(key)
+    extra = len(spec.seeds) - 1
+    for keys in tune_groups.values():
+        so_far = {k: v for k in keys if (v := _row_best(spec, plans[k], out)) is not None}
+        decided = all(plans[k].decided for k in keys)
+        best = _best_key(spec, so_far) or keys[0]
+        for k in keys:
+            plan = plans[k]
+            if decided:
+                plan.chosen = k == best
+            else:
+                plan.decided = False
+            if not (decided and k == best):
+                plan.stage2 = []
+                plan.needed = len(plan.stage1) + (extra if k == best else 0)
+    return plans
+
+
 def wanted_points(spec: SweepSpec, out: Path, points: list[Point] | None = None) -> list[Point]:
     """The runs the sweep needs now: every point (``all_seeds``), or per row its stage-1 runs and, once they have
-    finished, the other seeds at the chosen lr (``first_seed``, see :func:`row_plan`)."""
+    finished, the other seeds at the chosen lr (``first_seed``, see :func:`plan_rows`)."""
     points = spec.points() if points is None else points
     if spec.lr_selection == "all_seeds":
         return points
-    out_pts: list[Point] = []
-    for pts in group_points(points).values():
-        stage1, stage2, _ = row_plan(spec, pts, out)
-        out_pts += stage1 + stage2
-    return out_pts
+    return [p for plan in plan_rows(spec, out, points).values() for p in plan.points]
 
 
-def row_counts(spec: SweepSpec, pts: list[Point], out: Path) -> tuple[int, int]:
-    """``(needed, finished)`` of one row (``pts``: its grid points) as known now: the runs it needs in all (stage 1,
-    with the lr extensions its results ask for, plus the other seeds) and how many of the runs it needs now
+def plan_counts(spec: SweepSpec, out: Path, points: list[Point] | None = None) -> dict[tuple, tuple[int, int]]:
+    """Per row ``(needed, finished)`` as known now: the runs it needs in all (stage 1, with the lr extensions its
+    results ask for, plus the other seeds where it may get them) and how many of the runs it needs now
     (:func:`wanted_points`) have finished."""
-    if spec.lr_selection == "all_seeds":
-        return len(pts), sum(1 for p in pts if is_finished(out / p.rel_dir))
-    stage1, stage2, _ = row_plan(spec, pts, out)
-    return (len(stage1) + len(spec.seeds) - 1,
-            sum(1 for p in stage1 + stage2 if is_finished(out / p.rel_dir)))
+    return {k: (plan.needed, sum(1 for p in plan.points if is_finished(out / p.rel_dir)))
+            for k, plan in plan_rows(spec, out, points).items()}
 
 
 def _fmt_secs(s: float) -> str:
@@ -400,7 +465,7 @@ def run_sweep(
     if reuse:
         reuse_finished(points, out, list(reuse), dry_run=dry_run, log=log)
     groups = group_points(points)
-    counts = {k: row_counts(spec, g, out) for k, g in groups.items()}
+    counts = plan_counts(spec, out, points)
     n_expected = sum(n for n, _ in counts.values())
     done_before = sum(d for _, d in counts.values())
     n_left = n_expected - done_before
@@ -443,8 +508,8 @@ def run_sweep(
         (and, if it wins, that row's other seeds) only once the results that ask for it exist."""
         n_all = n_done = 0
         cost = 0.0
-        for g in groups.values():
-            n, d = row_counts(spec, g, out)
+        for k, (n, d) in plan_counts(spec, out, points).items():
+            g = groups[k]
             n_all, n_done = n_all + n, n_done + d
             c = row_cost.get(g[0].group, 0.0)
             if c == c:

@@ -31,6 +31,9 @@ A spec (see ``src/seqmem/experiments/*.toml``)::
     layers = ["mamba2", "ska"]             #   one mixer per layer (a hybrid; n_layers must match)
     options = { rank = 16 }                #   options (per layer: a list of tables); override the length rule
     family = "echo"                        #   line/colour group in the plot (default: the first layer's mixer)
+    tune = "exponential"                   #   first_seed only: rows sharing a tune group are one model with a
+                                           #   hyperparameter (the rows' options) chosen on validation with the lr:
+                                           #   only the group's best row gets the other seeds
 
     [notes]                                # optional: one line per mixer label, printed in the report
     "mamba2+ska" = "the Echo paper's hybrid"
@@ -42,6 +45,7 @@ A spec (see ``src/seqmem/experiments/*.toml``)::
     source = "Table 9 (3 seeds)"           #   where they come from
     scale = "2,000 steps; lr tuned"        #   how our scale differs
     "4 pairs" = { attention = 0.98, "mamba2+ska" = "not reported" }   # setting label -> {mixer label: value}
+                                           # (a tune group's name: the value goes beside the group's chosen row)
 
 The grid is settings × model axes × mixers × lrs × seeds; every point is one run directory
 ``<out>/<setting>/<mixer>/<model axes>/lr<lr>/seed<seed>`` holding the ``run.json`` that ``seqmem train`` would
@@ -132,6 +136,10 @@ class MixerRow:
     options: Any  # dict, or list of dicts (one per layer)
     family: str
     lrs: tuple[float, ...] | None
+    #: tune group: rows that are one model whose hyperparameter (the rows' options) is chosen on validation, as the
+    #: lr is; under ``first_seed`` selection only the group's best row (by its first seed at its chosen lr) gets the
+    #: other seeds, the rest report their first seed.  None: a row of its own.
+    tune: str | None = None
 
 
 @dataclass
@@ -209,6 +217,10 @@ class SweepSpec:
         if row.layers:
             return list(names), opts
         return names[0], opts[0]
+
+    def tune_of(self, mixer: str) -> str | None:
+        """The tune group of the row labelled ``mixer`` (None: a row of its own)."""
+        return next((r.tune for r in self.mixers if r.label == mixer), None)
 
     def is_first_stage(self, p: Point) -> bool:
         """With ``lr_selection = "first_seed"``: whether ``p`` is one of the lr-selection runs (the first seed)."""
@@ -404,7 +416,7 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
             m = {"name": m}
         _need(isinstance(m, dict) and isinstance(m.get("name"), str) and m["name"], where,
               "a mixer is a registered name or a table with a 'name'")
-        bad = set(m) - {"name", "layers", "options", "family", "lrs"}
+        bad = set(m) - {"name", "layers", "options", "family", "lrs", "tune"}
         _need(not bad, where, f"unknown key(s) {sorted(bad)}")
         layers = m.get("layers")
         if layers is not None:
@@ -434,8 +446,11 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
                   "'lrs' must be a non-empty list of positive numbers")
         family = m.get("family", names[0])
         _need(isinstance(family, str), where, "'family' must be a string")
+        tune = m.get("tune")
+        _need(tune is None or (isinstance(tune, str) and tune.strip()), where,
+              "'tune' must be a non-empty string (the name of the rows' tune group)")
         rows.append(MixerRow(m["name"], tuple(layers) if layers else None, opts, family,
-                             tuple(mlrs) if mlrs else None))
+                             tuple(mlrs) if mlrs else None, tune))
     mlabels = [slug(r.label) for r in rows]
     _need(len(set(mlabels)) == len(mlabels), w, f"mixer labels must be distinct: {mlabels}")
 
@@ -445,6 +460,10 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
     lr_selection = raw.get("lr_selection", "all_seeds")
     _need(lr_selection in LR_SELECTIONS, w, f"'lr_selection' must be one of {list(LR_SELECTIONS)}")
     _need(not (lr_extend and lr_selection != "first_seed"), w, "[train] lr_extend needs lr_selection = \"first_seed\"")
+    tunes = {r.tune for r in rows if r.tune}
+    _need(not (tunes and lr_selection != "first_seed"), w, "'tune' groups need lr_selection = \"first_seed\"")
+    clash = tunes & {r.label for r in rows}
+    _need(not clash, w, f"a tune group may not be named like a mixer row: {sorted(clash)}")
     notes = raw.get("notes", {})
     _need(isinstance(notes, dict) and all(isinstance(v, str) for v in notes.values()), w,
           "'notes' must be a table of mixer label = \"text\"")
@@ -469,8 +488,8 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
         _need(key in labels, w, f"[paper] names a setting that is not in the spec: {key!r} (settings: "
               f"{sorted(labels)})")
         _need(isinstance(vals, dict), w, f"[paper] {key!r} must be a table of mixer label = value")
-        unknown = set(vals) - {r.label for r in rows}
-        _need(not unknown, w, f"[paper] {key!r} names mixers that are not rows: {sorted(unknown)}")
+        unknown = set(vals) - {r.label for r in rows} - tunes
+        _need(not unknown, w, f"[paper] {key!r} names mixers that are not rows or tune groups: {sorted(unknown)}")
         for m, v in vals.items():
             ok = isinstance(v, str) or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
             _need(ok, w, f"[paper] {key!r} {m!r}: a value must be a finite number or a string, got {v!r}")
