@@ -25,7 +25,18 @@ def test_train_eval_resume(tmp_path, capsys):
     assert (out / "run.json").exists() and (out / "metrics.jsonl").exists()
     assert main(["eval", "--run", str(out), "--examples", "16"]) == 0
     ev = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert ev["loss"] == pytest.approx(final["eval_loss"], rel=1e-6)
+    assert ev["loss"] == pytest.approx(final["eval_loss"], rel=1e-6) and ev["changed_task_options"] == {}
+    # the trained model on another setting of its task: longer sequences (recorded, also as a JSON file)
+    rec = tmp_path / "longer" / "eval.json"
+    assert main(["eval", "--run", str(out), "--examples", "16", "--task-option", "seq_len=48", "--json", str(rec)]) == 0
+    longer = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert longer["task_options"]["seq_len"] == 48 and longer["changed_task_options"] == {"seq_len": 48}
+    assert longer["loss"] != pytest.approx(ev["loss"], rel=1e-6) and json.loads(rec.read_text()) == longer
+    # a change the model cannot read (another vocabulary), an unknown option, a directory as --json: refused
+    assert main(["eval", "--run", str(out), "--task-option", "vocab_size=64"]) == 2
+    assert main(["eval", "--run", str(out), "--task-option", "no_such_option=1"]) == 2
+    assert main(["eval", "--run", str(out), "--json", str(tmp_path)]) == 2
+    assert "vocabulary" in capsys.readouterr().err
     assert main([*TRAIN, "--out", str(out), "--resume"]) == 0  # already finished: resumes at the end
     # resuming with different arguments is refused
     assert main([*TRAIN[:-2], "--out", str(out), "--resume", "--lr", "0.5"]) == 2

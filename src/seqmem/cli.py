@@ -394,6 +394,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace, evaluate: Any, latest_good_checkpoint: Any, load_weights: Any) -> int:
+    from seqmem.tasks import build_task
     from seqmem.train.checkpoint import read_run_spec
 
     run = Path(args.run)
@@ -402,13 +403,36 @@ def _eval(args: argparse.Namespace, evaluate: Any, latest_good_checkpoint: Any, 
         model, task = build_run(spec)
     except (ValueError, TypeError) as e:
         raise UsageError(f"{run / 'run.json'}: {e}") from None
+    # --task-option: the trained model on another setting of its task (a longer sequence, another distribution)
+    changed = parse_options(args.task_option)
+    task_options = {**spec["task"].get("options", {}), **changed}
+    if changed:
+        try:
+            shifted = build_task(spec["task"]["name"], **task_options)
+        except (ValueError, TypeError) as e:
+            raise UsageError(f"--task-option: {e}") from None
+        if shifted.vocab_size != task.vocab_size:
+            raise UsageError(f"--task-option {', '.join(sorted(changed))}: changes the task's vocabulary "
+                             f"({task.vocab_size} -> {shifted.vocab_size} tokens), which the trained model cannot read")
+        task = shifted
+    out_json = args.json
+    if out_json is not None:  # checked before the evaluation, not after it
+        if out_json.is_dir() or not out_json.name:
+            raise UsageError(f"--json {out_json}: a directory, not a file")
+        _check_out_dir(out_json.parent if str(out_json.parent) else Path("."))
     ck = latest_good_checkpoint(run / "checkpoints")
     if ck is None:
         raise UsageError(f"no valid checkpoint under {run / 'checkpoints'}")
     load_weights(model, ck)
     precision = spec.get("train", {}).get("precision", "fp32")  # as the run was trained
     res = evaluate(model, task, args.examples, args.batch_size, precision=precision)
-    print(json.dumps({"checkpoint": str(ck), **res}))
+    record = {"checkpoint": str(ck), "task": spec["task"]["name"], "task_options": task_options,
+              "changed_task_options": changed, "examples": args.examples, **res}
+    print(json.dumps(record))
+    if out_json is not None:
+        from seqmem.io import atomic_write_text
+
+        atomic_write_text(out_json, json.dumps(record, indent=2) + "\n")
     return 0
 
 
@@ -581,6 +605,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=_positive_int, default=512, help="held-out examples")
     p.add_argument("--batch-size", type=_positive_int, default=64, help="sequences per forward pass")
     add_deprecated_alias(p, "--batch", "--batch-size")
+    p.add_argument("--task-option", action="append", metavar="KEY=VALUE",
+                   help="evaluate on the run's task with this option changed, value as JSON (repeatable, e.g. "
+                        "beta=2.0 or seq_len=1024: another distribution or length; the vocabulary must not change)")
+    p.add_argument("--json", type=Path, help="also write the record to this JSON file")
     p.add_argument("--no-check-finite", action="store_true",
                    help="skip the NaN/Inf checks of every layer's input and output (on by default)")
     p.set_defaults(func=cmd_eval)
