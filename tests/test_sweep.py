@@ -384,7 +384,8 @@ def test_progress_counts_the_runs_an_lr_extension_adds(tmp_path, monkeypatch):
     from seqmem.io import atomic_write_text
     from seqmem.sweep import runner
 
-    def fake_run(run_spec: dict, run_dir: str, threads: int) -> dict:  # the higher the lr the better: extends twice
+    # the higher the lr the better: extends twice
+    def fake_run(run_spec: dict, run_dir: str, threads: int, compile: bool = False) -> dict:
         lr = run_spec["train"]["lr"]
         r = {"status": "finished", "state": 1, "params": 1, "seconds": 1.0,
              "valid": {"accuracy": lr, "loss": 1.0}, "report": {"accuracy": lr, "loss": 1.0}}
@@ -419,7 +420,7 @@ def test_tune_group_gives_the_other_seeds_to_its_best_row_only(tmp_path, monkeyp
 
     score = {"slow": 0.5, "mid": 0.7, "fast": 0.6, "attention": 0.4}  # validation accuracy by row, lr-independent
 
-    def fake_run(run_spec: dict, run_dir: str, threads: int) -> dict:
+    def fake_run(run_spec: dict, run_dir: str, threads: int, compile: bool = False) -> dict:
         acc = score[run_spec["sweep"]["mixer"]] + run_spec["train"]["lr"] + run_spec["train"]["seed"] / 100
         r = {"status": "finished", "state": 1, "params": 1, "seconds": 1.0,
              "valid": {"accuracy": acc, "loss": 1.0}, "report": {"accuracy": acc, "loss": 1.0}}

@@ -83,3 +83,34 @@ def test_total_cpu_seconds_of_a_resumed_run():
     assert estimated and total == pytest.approx(12.0 + 8.0)
     # resumed at the end (nothing left to train): no rate to estimate with
     assert TrainResult(cpu_seconds=0.5, start_step=100, cpu_seconds_before=None).total_cpu_seconds(100) == (0.5, True)
+
+
+def test_compiled_training_is_the_same_training(tmp_path, monkeypatch):
+    """compile=True: the same losses as eager training (up to float rounding), log records marked compiled, the
+    checkpoint loadable by an eager model (no compiled-module prefixes); refused with grad_accum > 1 and, on CPU,
+    without a C++ compiler (one line, before training)."""
+    import shutil
+
+    from seqmem.train.loop import check_compiler
+
+    cfg = TrainConfig(**{**CFG, "steps": 6, "eval_every": 0, "checkpoint_every": 6})
+    model, task = setup()
+    eager = train(model, task, cfg, out_dir=tmp_path / "eager")
+    model, task = setup()
+    comp = train(model, task, cfg, out_dir=tmp_path / "compiled", compile=True)
+    got = [json.loads(line) for line in (tmp_path / "compiled" / "metrics.jsonl").read_text().splitlines()]
+    want = [json.loads(line) for line in (tmp_path / "eager" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=1e-4)
+    assert all(r.get("compiled") is True for r in got if "accuracy" in r) and "compiled" not in want[0]
+    assert comp.final["loss"] == pytest.approx(eager.final["loss"], rel=1e-4)
+    fresh, _ = setup(seed=1)  # the compiled run's checkpoint is an ordinary one
+    from seqmem.train.checkpoint import latest_good_checkpoint, load_weights
+
+    load_weights(fresh, latest_good_checkpoint(tmp_path / "compiled" / "checkpoints"))
+    assert evaluate(fresh, task, 32)["loss"] == pytest.approx(comp.final["loss"], rel=1e-6)
+    with pytest.raises(ValueError, match="grad_accum"):
+        train(*setup(), TrainConfig(**{**CFG, "grad_accum": 2}), compile=True)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(ValueError, match="C\\+\\+ compiler"):
+        check_compiler("cpu")

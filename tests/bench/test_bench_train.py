@@ -44,3 +44,17 @@ def test_scored_fraction_is_recorded_and_checked(tmp_path, capsys):
     assert "0.25 of the positions scored, logits at every position" in capsys.readouterr().out
     assert main(["bench", "train", "--mixers", "attention", "--scored", "1.5"]) == 2
     assert "--scored must be a fraction" in capsys.readouterr().err
+
+
+def test_compiled_twin_is_timed_and_tabulated(tmp_path):
+    """--compile: each mixer's step is also timed through torch.compile, its one-off compile apart; the table adds
+    the compiled ms / step, the ratio to eager and the compile time."""
+    out = tmp_path / "t.json"
+    assert main(["bench", "train", "--mixers", "attention", "--d-model", "16", "--layers", "1", "--seq-len", "8",
+                 "--batch-size", "2", "--repeats", "2", "--warmup", "1", "--compile", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    twin = row["compiled_twin"]
+    assert twin["seconds_per_step"] > 0 and twin["compile_seconds"] > twin["seconds_per_step"]
+    table = markdown([row])
+    assert "compiled / eager" in table and f"{twin['seconds_per_step'] / row['seconds_per_step']:.2f}" in table
+    assert "compiled / eager" not in markdown([{k: v for k, v in row.items() if k != "compiled_twin"}])

@@ -99,6 +99,9 @@ def add_parser(sub: Any) -> None:
                     help="compute the logits at every position, not just the scored ones (the cost without "
                          "training's sparse head)")
     tr.add_argument("--threads", type=_pos_int, default=1, help="torch.set_num_threads")
+    tr.add_argument("--compile", action="store_true",
+                    help="also time each mixer's step through torch.compile (as seqmem train --compile runs it): "
+                         "compiled ms / step, the ratio to eager and the one-off compile time")
     _mixer_option(tr)
     add_output_options(tr, "the table")
     tr.set_defaults(func=cmd_train)
@@ -269,10 +272,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     rows = []
     for i, m in enumerate(mixers, 1):
-        r = train_step_seconds(m, args.d_model, args.layers, args.heads, args.vocab_size, args.seq_len,
-                               args.batch_size, args.repeats, args.warmup, scored=args.scored,
-                               full_head=args.full_head, options=options)
-        _log(f"[{i}/{len(mixers)}] {m}: {r['seconds_per_step'] * 1e3:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s")
+        kw = dict(scored=args.scored, full_head=args.full_head, options=options)
+        shape = (m, args.d_model, args.layers, args.heads, args.vocab_size, args.seq_len, args.batch_size,
+                 args.repeats, args.warmup)
+        r = train_step_seconds(*shape, **kw)
+        msg = f"[{i}/{len(mixers)}] {m}: {r['seconds_per_step'] * 1e3:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s"
+        if args.compile:
+            c = train_step_seconds(*shape, **kw, compile=True)
+            r["compiled_twin"] = {k: c[k] for k in ("seconds_per_step", "tokens_per_s", "min_seconds",
+                                                    "compile_seconds")}
+            msg += (f"; compiled {c['seconds_per_step'] * 1e3:.1f} ms/step "
+                    f"(x{c['seconds_per_step'] / r['seconds_per_step']:.2f}, compile {c['compile_seconds']:.0f} s)")
+        _log(msg)
         rows.append(r)
     machine = machine_info()  # its thread count is args.threads, set above
     head = ", logits at every position" if args.full_head else ""

@@ -20,13 +20,15 @@ from seqmem.io import table_lines, time_calls
 def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_heads: int = 2, vocab: int = 32,
                        seq_len: int = 32, batch: int = 32, repeats: int = 5, warmup: int = 2,
                        seed: int = 0, scored: float = 1.0, full_head: bool = False,
-                       options: dict[str, Any] | None = None) -> dict[str, Any]:
+                       options: dict[str, Any] | None = None, compile: bool = False) -> dict[str, Any]:
     """Median seconds of one training step of the LM with ``mixer`` in every layer (see the module docstring).
 
     ``scored``: the fraction of positions with a target (1.0: language modelling; a recall task scores a few
     percent), drawn at random; the step computes the loss as training does (the head and the last MLP at the
     scored positions only), or, with ``full_head``, from the logits of every position.  ``options``: mixer
-    options on top of the length rule's (:func:`seqmem.sweep.fair_options`)."""
+    options on top of the length rule's (:func:`seqmem.sweep.fair_options`).  ``compile``: the step's forward and
+    backward through ``torch.compile`` as ``seqmem train --compile`` runs them; the first call (the compile) is
+    timed apart as ``compile_seconds`` and is not a repeat."""
     from seqmem.models import LanguageModel, LMConfig
     from seqmem.sweep import fair_options
     from seqmem.sweep.runner import peak_state
@@ -47,22 +49,40 @@ def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_head
         y = y.masked_fill(torch.rand(batch, seq_len, generator=g) >= scored, -100)
         y.view(-1)[0] = 0  # at least one scored position
 
+    fwd = torch.compile(model) if compile else model
+
     def step() -> None:
-        loss = scored_loss(model, x, y, sparse=not full_head)[0]
+        loss = scored_loss(fwd, x, y, sparse=not full_head)[0]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
 
+    extra: dict[str, Any] = {}
+    if compile:
+        extra["compile_seconds"] = time_calls(step, 1, 0)[0]
     times = time_calls(step, repeats, warmup)
     med = statistics.median(times)
     return {"mixer": mixer, "seconds_per_step": med, "tokens_per_s": batch * seq_len / med,
             "min_seconds": min(times), "params": model.num_parameters(), "state": peak_state(model, seq_len),
-            "options": mixer_options, "scored": scored, "full_head": full_head}
+            "options": mixer_options, "scored": scored, "full_head": full_head, "compiled": compile, **extra}
 
 
 def markdown(rows: list[dict[str, Any]], steps: int = 1000) -> str:
-    header = ["mixer", "ms / step", "tokens / s", "s per 1,000 steps", "params", "peak state"]
-    body = ([f"`{r['mixer']}`", f"{r['seconds_per_step'] * 1e3:.1f}", f"{r['tokens_per_s']:,.0f}",
-             f"{r['seconds_per_step'] * steps:.0f}", f"{r['params']:,}", f"{r['state']:,}"]
-            for r in sorted(rows, key=lambda r: r["seconds_per_step"]))
+    """One line per mixer, fastest first; rows with a ``"compiled"`` twin (``bench train --compile``) add its
+    ms / step, the ratio to eager and the one-off compile time."""
+    twin = any(r.get("compiled_twin") for r in rows)
+    header = ["mixer", "ms / step", "tokens / s", "s per 1,000 steps", "params", "peak state"] + (
+        ["compiled ms / step", "compiled / eager", "compile s"] if twin else [])
+
+    def line(r: dict[str, Any]) -> list[str]:
+        out = [f"`{r['mixer']}`", f"{r['seconds_per_step'] * 1e3:.1f}", f"{r['tokens_per_s']:,.0f}",
+               f"{r['seconds_per_step'] * steps:.0f}", f"{r['params']:,}", f"{r['state']:,}"]
+        c = r.get("compiled_twin")
+        if twin:
+            out += ["—", "—", "—"] if not c else [f"{c['seconds_per_step'] * 1e3:.1f}",
+                                                  f"{c['seconds_per_step'] / r['seconds_per_step']:.2f}",
+                                                  f"{c['compile_seconds']:.0f}"]
+        return out
+
+    body = (line(r) for r in sorted(rows, key=lambda r: r["seconds_per_step"]))
     return "\n".join(table_lines(header, body, numeric=True)) + "\n"

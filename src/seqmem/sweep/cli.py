@@ -30,6 +30,10 @@ def add_parser(sub) -> None:
     p.add_argument("--out", type=Path, default=None, help="sweep directory (default: runs/sweeps/<spec name>)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (at most the number of cores)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--compile", action="store_true",
+                   help="train through torch.compile (≈ 5-25%% less CPU time per step on CPU, after a one-off "
+                        "compile of up to a few minutes per model; needs a C++ compiler; recorded in each "
+                        "result.json and log record)")
     p.add_argument("--report", action="store_true", help="only aggregate the finished runs (no training)")
     p.add_argument("--report-dir", type=Path, default=None, help="where to write the report (default: --out)")
     p.add_argument("--dry-run", action="store_true", help="list the runs left and the estimated CPU time")
@@ -73,6 +77,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.jobs > (os.cpu_count() or 1):
         print(f"seqmem sweep: warning: --jobs {args.jobs} exceeds the {os.cpu_count()} cores; timings will be "
               "inflated", file=sys.stderr)
+    if args.compile and not args.report and not args.dry_run:
+        from seqmem.train.loop import check_compiler
+
+        try:
+            check_compiler("cpu")
+        except ValueError as e:
+            raise UsageError(f"--compile: {e}") from None
     if args.headline is not None and not Path(args.headline).is_file():
         raise UsageError(f"--headline {args.headline}: no such file")
     try:
@@ -92,7 +103,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         try:
             res = run_sweep(spec, out, jobs=args.jobs, threads=args.threads, probe=not args.no_probe,
                             dry_run=args.dry_run, limit=args.limit, log=lambda s: print(s, flush=True),
-                            reuse=args.reuse)
+                            reuse=args.reuse, compile=args.compile)
         except SpecError as e:
             raise UsageError(str(e)) from None
         if args.dry_run:

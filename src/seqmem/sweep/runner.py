@@ -120,16 +120,17 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def run_point(run_spec: dict[str, Any], run_dir: str, threads: int = 1) -> dict[str, Any]:
+def run_point(run_spec: dict[str, Any], run_dir: str, threads: int = 1, compile: bool = False) -> dict[str, Any]:
     """Train (or resume) one grid point and write its ``result.json``; returns the result — or, when another
-    process holds the run's lock (:func:`run_lock`), ``{"status": "busy"}`` without touching the run."""
+    process holds the run's lock (:func:`run_lock`), ``{"status": "busy"}`` without touching the run.
+    ``compile``: the training steps through ``torch.compile`` (see :func:`seqmem.train.train`)."""
     with run_lock(Path(run_dir)) as held:
         if not held:
             return {"status": "busy", "error": "another process is training this run"}
-        return _train_point(run_spec, run_dir, threads)
+        return _train_point(run_spec, run_dir, threads, compile)
 
 
-def _train_point(run_spec: dict[str, Any], run_dir: str, threads: int) -> dict[str, Any]:
+def _train_point(run_spec: dict[str, Any], run_dir: str, threads: int, compile: bool = False) -> dict[str, Any]:
     import torch
 
     from seqmem.mixers.base import NonFiniteError
@@ -155,9 +156,11 @@ def _train_point(run_spec: dict[str, Any], run_dir: str, threads: int) -> dict[s
         "params": model.num_parameters(), "state": peak_state(model, task.seq_len), "seq_len": task.seq_len,
         "resumed": resume,
     }
+    if compile:  # this process's steps ran compiled (an earlier part of a resumed run may not have)
+        result["compiled"] = True
     before: float | None = 0.0  # CPU seconds of the steps earlier processes trained (a resumed run)
     try:
-        res = train(model, task, cfg, out_dir=d, resume=resume)
+        res = train(model, task, cfg, out_dir=d, resume=resume, compile=compile)
         total, estimated = res.total_cpu_seconds(cfg.steps)
         before = total - res.cpu_seconds
         if estimated:  # the checkpoint predates the record: estimated at this process's rate per step
@@ -198,9 +201,9 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _run_point_safe(run_spec: dict[str, Any], run_dir: str, threads: int) -> dict[str, Any]:
+def _run_point_safe(run_spec: dict[str, Any], run_dir: str, threads: int, compile: bool = False) -> dict[str, Any]:
     try:
-        return run_point(run_spec, run_dir, threads)
+        return run_point(run_spec, run_dir, threads, compile)
     except Exception as e:  # noqa: BLE001 — recorded and retried next time; the sweep goes on
         msg = f"{type(e).__name__}: {e}".splitlines()[0]
         try:
@@ -454,6 +457,7 @@ def run_sweep(
     dry_run: bool = False,
     limit: int | None = None,
     reuse: list[Path] | tuple[Path, ...] = (),
+    compile: bool = False,
 ) -> dict[str, Any]:
     """Run every unfinished run of ``spec`` under ``out``; returns counts.  See the module docstring.
 
@@ -573,7 +577,7 @@ def run_sweep(
             prev = torch.get_num_threads()
             try:
                 while (p := next_point()) is not None:
-                    report(p, _run_point_safe(p.run_spec, str(out / p.rel_dir), threads))
+                    report(p, _run_point_safe(p.run_spec, str(out / p.rel_dir), threads, compile))
             finally:
                 torch.set_num_threads(prev)
         else:
@@ -584,7 +588,7 @@ def run_sweep(
             in_flight: dict[Any, Point] = {}
             while True:
                 while len(in_flight) < jobs and (p := next_point()) is not None:
-                    in_flight[ex.submit(_run_point_safe, p.run_spec, str(out / p.rel_dir), threads)] = p
+                    in_flight[ex.submit(_run_point_safe, p.run_spec, str(out / p.rel_dir), threads, compile)] = p
                 if not in_flight:
                     break
                 done, _ = wait(in_flight, return_when=FIRST_COMPLETED)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import os
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -291,11 +292,15 @@ def train(
     stop_after: int | None = None,
     loggers: list[Any] | None = None,
     fsdp: bool = False,
+    compile: bool = False,
 ) -> TrainResult:
     """Train ``model`` on ``task``.  With ``out_dir``: ``metrics.jsonl`` (one object per log step) and checkpoints
     under ``out_dir/checkpoints``; ``resume=True`` continues exactly from the newest good checkpoint.
     ``stop_after`` ends the run early after that many steps (for tests of resumption).  ``loggers``: extra metric
     sinks with ``log(record, step)`` (e.g. :mod:`seqmem.train.tracking`), called on rank 0 only.
+    ``compile=True`` runs the training steps' forward and backward through ``torch.compile`` (one process, no
+    gradient accumulation; evaluation stays eager): the same model and optimiser, its float rounding not bit-equal
+    to eager steps; the log records carry ``"compiled": true``, and the compile time counts in the run's CPU time.
 
     Under ``torchrun`` (an initialised process group of W > 1 ranks) this trains with DistributedDataParallel, or
     with FSDP2 when ``fsdp``; see the module docstring.  ``cfg.batch_size`` is the global batch (at least W times
@@ -386,6 +391,12 @@ def train(
         sched.load_state_dict(sched_state)
     simple = world == 1 and cfg.grad_accum == 1  # one forward/backward per step (the original single-process path)
     sparse = takes_positions(model)  # the head at the scored positions only (scored_logits)
+    fwd = model  # what the training steps call: the model, or its compiled form
+    if compile:
+        if not simple or fsdp:
+            raise ValueError("compile=True supports one process without gradient accumulation (grad_accum = 1)")
+        check_compiler(device)
+        fwd = torch.compile(model)
 
     bar = None
     lines = False  # progress as plain lines (stderr is a log file or a pipe: no carriage returns)
@@ -411,7 +422,7 @@ def train(
             if simple:
                 x, y = x.to(device), y.to(device)
                 with autocast(device, cfg.precision):
-                    loss, logits, scored = scored_loss(model, x, y, sparse)
+                    loss, logits, scored = scored_loss(fwd, x, y, sparse)
                 report = loss
             else:
                 opt.zero_grad(set_to_none=True)
@@ -419,6 +430,13 @@ def train(
                                            sparse)
         except NonFiniteError as e:
             raise NonFiniteError(f"training step {step}: {e}") from None
+        except Exception as e:
+            if compile and type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
+                # the compiler, not the model: say so, with the way out
+                raise RuntimeError(f"torch.compile failed at step {step} ({type(e).__name__}: "
+                                   f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); train without "
+                                   "compile") from e
+            raise
         if not torch.isfinite(report):
             raise FloatingPointError(
                 f"training loss became {float(report.detach())} at step {step}; the run diverged: lower the "
@@ -439,6 +457,8 @@ def train(
             el = time.perf_counter() - t0
             record = {"step": step, "loss": float(report.detach()), "accuracy": acc, "lr": sched.get_last_lr()[0],
                       "tokens_per_s": tokens / max(el, 1e-9)}
+            if compile:
+                record["compiled"] = True
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
             ev = evaluate(model, task, cfg.eval_examples, cfg.eval_batch_size, distributed=world > 1,
                           precision=cfg.precision, lockstep=fsdp)
@@ -486,6 +506,19 @@ def train(
     result.seconds = time.perf_counter() - t0
     result.cpu_seconds = time.process_time() - c0
     return result
+
+
+def check_compiler(device: torch.device | str) -> None:
+    """Refuse ``torch.compile`` on CPU where its code generator has no C++ compiler (a one-line error before
+    training instead of a long traceback at the first step)."""
+    import shutil
+
+    if torch.device(device).type != "cpu":
+        return
+    cxx = os.environ.get("CXX")
+    if not any(shutil.which(c) for c in ([cxx] if cxx else []) + ["g++", "clang++", "c++"]):
+        raise ValueError("compile=True on CPU needs a C++ compiler (g++ or clang++, or $CXX) for torch.compile's "
+                         "code generation; none was found: install one or train without compile")
 
 
 def _say(msg: str, bar: Any = None) -> None:
