@@ -478,7 +478,9 @@ def run_sweep(
     # cost per row (all its runs share a model) for the ETA and for starting the longest runs first
     row_cost: dict[tuple, float] = {}
     if probe and n_left:
-        log("measuring one-thread step times (CPU time, not inflated by load) for the ETA ...")
+        log("measuring one-thread step times (CPU time, not inflated by load) for the ETA ..."
+            + (" (eager steps: --compile's are typically 0.75-1.0x of these, after a one-off compile per model)"
+               if compile else ""))
         left = {k: n - d for k, (n, d) in counts.items() if d < n}
         left_rows = [groups[k] for k in left]
         c = estimate_costs([g[0] for g in left_rows], log,
