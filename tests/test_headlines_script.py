@@ -35,7 +35,8 @@ def test_calibrations_run_before_headlines_and_every_call_is_a_recorded_packaged
     specs = [c[1] for c in calls if c[0] == "sweep"]
     assert specs[:len(CALIBRATIONS)] == CALIBRATIONS
     assert set(specs[len(CALIBRATIONS):]) >= {"vla_capacity", "vla_conv", "vla_copy", "echo_mqar_small",
-                                              "elastic_sampling_small", "lattice_context_small", "vort_zipf_tiny"}
+                                              "elastic_sampling_small", "lattice_context_small", "vort_zipf_tiny",
+                                              "echo_mqar_long"}
     packaged = set(list_packaged_specs())
     repro = [c for c in calls if c[0] == "repro"]
     assert repro == [["repro", "echo", "--scale", "paper", "--seeds", "3", "--no-mqar", "--out",
