@@ -9,8 +9,9 @@
 # headline of a paper only where its reference baseline calibrates (see that paper's headline.json).
 # headline:  VLA's convolution check, the CPU-scale headlines of Lattice, Elastic and Echo, VLA's copy task, Echo's
 #            longer calibration of the cells that did not calibrate in 2,000 steps, Echo's transfer suite at the
-#            paper's size (3 seeds), Echo's MQAR at the longer gap that calibrated (M = 4 gap 256), then the rest of
-#            VLA's capacity curve (≈ 12 CPU-hours left on 2026-11-27), then it joins `long` as a second worker.
+#            paper's size (3 seeds), then a second worker on `long` (VORT: the one paper without an answer yet),
+#            then Echo's MQAR at the longer gap that calibrated (M = 4 gap 256) and the rest of VLA's capacity
+#            curve (≈ 12 CPU-hours together on 2026-11-27).
 # long:      VORT's Zipf grid at 1/40 scale, β = 1 (≈ 18 CPU-hours left on 2026-11-26): a lane of its own.
 # A paper's headline runs only once its calibration is recorded as passed: `calibration.calibrated` in its
 # headline.json starts with "yes" (set after reading the calibration report against the criterion stated there);
@@ -87,14 +88,15 @@ headline() {
     # checkpoints
     echo "== seqmem repro echo --scale paper --seeds 3 --no-mqar -> docs/results/echo/transfer_paper"
     "$SEQMEM" repro echo --scale paper --seeds 3 --no-mqar --out docs/results/echo/transfer_paper
+    # VORT has no answer yet and every other paper has one: a second worker on VORT's grid beside the `long` lane
+    # (a run being trained is locked, so the two lanes share the grid without training a run twice; when nothing
+    # is left to start — the rest locked or waiting for a row's lr — this lane goes on)
+    long
     # Echo's longer gap (M = 4 gap 256 calibrated at 6,000 steps in echo_calibrate_long): the four models, 3 seeds
     # (≈ 6 CPU-hours; the calibration's two hybrid runs reused)
     gated echo sweep echo_mqar_long echo mqar_long --reuse docs/results/echo/calibrate_long/runs
     # --compile: VLA 0.72x and the paper's DeltaNet 0.68x eager per step (bench train --compile, n = 16's shape)
     gated vla sweep vla_capacity vla capacity --reuse docs/results/vla/calibrate/runs --compile
-    # then a second worker on VORT's grid beside the `long` lane: a run being trained is locked, so the two lanes
-    # share the grid without training a run twice
-    long
 }
 
 long() {
