@@ -12,7 +12,8 @@
 #            paper's size (3 seeds), then a second worker on `long` (VORT: the one paper without an answer yet),
 #            then Echo's MQAR at the longer gap that calibrated (M = 4 gap 256) and the rest of VLA's capacity
 #            curve (≈ 12 CPU-hours together on 2026-11-27).
-# long:      VORT's Zipf grid at 1/40 scale, β = 1 (≈ 18 CPU-hours left on 2026-11-26): a lane of its own.
+# long:      VORT's Zipf grid at 1/40 scale, β = 1 (≈ 10 CPU-hours left on 2026-11-27), then β = 1.5 and 2.0 at
+#            β = 1's lrs (≈ 20): a lane of its own.
 # A paper's headline runs only once its calibration is recorded as passed: `calibration.calibrated` in its
 # headline.json starts with "yes" (set after reading the calibration report against the criterion stated there);
 # FORCE=1 runs them all anyway.
@@ -106,6 +107,9 @@ long() {
     # --compile: VORT's steps through torch.compile, 18-23 % less CPU time per step for the kernel rows (measured
     # 2026-11-26: power-law 627 -> 484 ms, exponential 344 -> 282; attention 352 -> 338) after a one-off compile
     gated vort sweep vort_zipf_tiny vort zipf_tiny --reuse docs/results/vort/calibrate_tiny_wide_long/runs --compile
+    # β = 1.5 and 2.0, each row at its β = 1 lr (and λ), 3 seeds (≈ 20 CPU-hours with all four rows; rows are added
+    # to the spec as β = 1 chooses them)
+    gated vort sweep vort_zipf_tiny_beta vort zipf_tiny_beta --compile
 }
 
 case "${1:-all}" in

@@ -64,7 +64,7 @@ def test_phases_and_bad_phase(tmp_path):
     (tmp_path / "c").mkdir()
     rc, calls, err = _run(tmp_path / "c", "long")  # the lane of its own: VORT's grid, reusing its calibration
     assert rc == 0, err
-    assert [c[:2] for c in calls] == [["sweep", "vort_zipf_tiny"]]
+    assert [c[:2] for c in calls] == [["sweep", "vort_zipf_tiny"], ["sweep", "vort_zipf_tiny_beta"]]
     assert calls[0][calls[0].index("--reuse") + 1] == "docs/results/vort/calibrate_tiny_wide_long/runs"
     (tmp_path / "d").mkdir()
     # a second worker on VORT's grid (runs are locked) after Echo's transfer suite, before the second answers of
@@ -72,7 +72,7 @@ def test_phases_and_bad_phase(tmp_path):
     rc, calls, err = _run(tmp_path / "d", "headline")
     assert rc == 0, err
     names = [c[1] for c in calls]
-    assert names.count("vort_zipf_tiny") == 1
+    assert names.count("vort_zipf_tiny") == 1 and names.count("vort_zipf_tiny_beta") == 1
     assert names.index("echo") < names.index("vort_zipf_tiny") < names.index("echo_mqar_long") \
         < names.index("vla_capacity")
     assert names[-1] == "vla_capacity"
