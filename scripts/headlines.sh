@@ -97,7 +97,9 @@ headline() {
     # (≈ 6 CPU-hours; the calibration's two hybrid runs reused)
     gated echo sweep echo_mqar_long echo mqar_long --reuse docs/results/echo/calibrate_long/runs
     # --compile: VLA 0.72x and the paper's DeltaNet 0.68x eager per step (bench train --compile, n = 16's shape)
-    gated vla sweep vla_capacity vla capacity --reuse docs/results/vla/calibrate/runs --compile
+    # --reuse conv: n = 24's linear-attention-eq3 runs are vla_conv's linear-attention-elu1-noconv (the same layers)
+    gated vla sweep vla_capacity vla capacity --reuse docs/results/vla/calibrate/runs --reuse docs/results/vla/conv/runs \
+        --compile
 }
 
 long() {

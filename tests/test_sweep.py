@@ -500,6 +500,46 @@ def test_reuse_copies_only_identical_finished_runs(tmp_path):
         run_sweep(other, b, jobs=1, log=quiet, probe=False, reuse=[tmp_path / "missing"])
 
 
+def test_reuse_finds_the_same_run_under_another_row_label_and_option_spelling(tmp_path):
+    """A finished run is the same training run whatever its row or setting is called and however an option that
+    builds the same layer is spelled (a linear-family conv_size of None and 0: no convolution): --reuse takes it
+    and writes this sweep's labels; a layer that differs (conv_size 2) is trained."""
+    from seqmem.registry import layer_identity
+    from seqmem.sweep.runner import reuse_finished, run_identity
+
+    assert layer_identity("linear_attention", {"conv_size": 0}) == layer_identity("linear_attention",
+                                                                                  {"conv_size": None})
+    assert layer_identity("linear_attention", {}) == layer_identity("linear_attention", {"conv_size": 4})
+    assert layer_identity("linear_attention", {}) != layer_identity("linear_attention", {"conv_size": None})
+    with pytest.raises(ValueError, match="unknown option"):
+        layer_identity("linear_attention", {"conv": 0})
+
+    def spec(name, label, setting, conv):
+        return load_spec(tiny(name=name, settings=[{"label": setting, "options": {"seq_len": 16}}],
+                              train__lrs=[1e-2], train__seeds=[0],
+                              mixers=[{"name": label, "layers": ["linear_attention", "linear_attention"],
+                                       "options": {"conv_size": conv}, "family": "baseline"}]))
+
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    src = spec("src", "la-noconv", "two pairs", None)
+    run_sweep(src, a, jobs=1, log=quiet, probe=False)
+    same = spec("dst", "la-eq3", "2 pairs", 0)
+    [p_src], [p_dst] = src.points(), same.points()
+    assert p_src.rel_dir != p_dst.rel_dir and run_identity(p_src.run_spec) == run_identity(p_dst.run_spec)
+    log: list[str] = []
+    res = run_sweep(same, b, jobs=1, log=log.append, probe=False, reuse=[a])
+    assert res["ran"] == 0 and res["finished_before"] == 1 and any("reused 1 finished run(s)" in m for m in log)
+    r = json.loads((b / p_dst.rel_dir / "result.json").read_text())
+    r_src = json.loads((a / p_src.rel_dir / "result.json").read_text())
+    assert r["reused_from"] == str(a / p_src.rel_dir) and r["report"] == r_src["report"]
+    assert (r["mixer"], r["setting"]) == ("la-eq3", "2 pairs") and (r_src["mixer"], r_src["setting"]) == \
+        ("la-noconv", "two pairs")
+    assert json.loads((b / p_dst.rel_dir / "run.json").read_text()) == p_dst.run_spec
+    other = spec("dst2", "la-conv2", "2 pairs", 2)
+    assert reuse_finished(other.points(), c, [a], dry_run=True) == 0
+    assert reuse_finished(spec("dst3", "x", "2 pairs", 0).points(), c, [a], dry_run=True) == 1
+
+
 def test_paper_numbers_stand_beside_ours_in_the_report(tmp_path):
     """A spec's [paper] table (transcribed numbers per setting and row) becomes a 'Paper vs ours' section and a
     'paper' column; naming an unknown setting or row, or a non-number, is refused."""

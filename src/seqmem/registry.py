@@ -129,6 +129,28 @@ def list_mixers() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def layer_identity(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The layer that mixer ``name`` with ``options`` builds, as data: its class and every constructor option (the
+    signature's defaults, then the name's registered defaults, then ``options``), canonicalised by the class
+    (:meth:`Mixer.canonical_options`).  Two (name, options) pairs with equal identities build the same layer,
+    whatever the names: ``vort`` with ``alpha_mode="fixed"`` and ``vort_fixed_alpha``, or a linear-family layer
+    with ``conv_size`` 0 and None.  Unknown names or options raise ``ValueError``."""
+    entry = check_options(name, options)
+    full: dict[str, Any] = {}
+    for klass in reversed(entry.cls.__mro__):  # parents first, so a subclass's default overrides its parent's
+        if klass is object or not issubclass(klass, Mixer):
+            continue
+        for pname, p in inspect.signature(klass.__init__).parameters.items():
+            if pname in ("self", "d_model") or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                continue
+            if p.default is not p.empty:
+                full[pname] = p.default
+    full.update(entry.defaults)
+    full.update(options)
+    return {"class": f"{entry.cls.__module__}.{entry.cls.__qualname__}",
+            "options": entry.cls.canonical_options(full)}
+
+
 def get_entry(name: str) -> MixerEntry:
     _load_all()
     name = resolve_name(name)

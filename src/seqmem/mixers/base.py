@@ -273,6 +273,13 @@ class Mixer(nn.Module):
             raise ValueError(f"head dimension d_model/n_heads={head_dim} must be even for RoPE")
         return head_dim
 
+    @classmethod
+    def canonical_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """``options`` (every constructor option, defaults filled in) as the layer reads them, so that two option
+        dicts building the same layer compare equal (e.g. the linear family's ``conv_size`` 0 and None).  Used to
+        recognise an identical training run under another row label (``seqmem sweep --reuse``)."""
+        return dict(options)
+
     def long_range_reason(self, seq_len: int) -> str | None:
         """Why the output at position ``seq_len - 1`` cannot depend on the first token, or ``None`` when it can.
 

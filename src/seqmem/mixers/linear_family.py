@@ -72,6 +72,14 @@ class _LinearFamily(Mixer):
         self.conv = ShortConv(3 * d_model, self.conv_size) if self.conv_size is not None else None
         self.out = nn.Linear(d_model, d_model, bias=False)
 
+    @classmethod
+    def canonical_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """``conv_size`` 0 and None are both "no convolution"."""
+        out = dict(options)
+        if out.get("conv_size") == 0:
+            out["conv_size"] = None
+        return out
+
     @property
     def mode(self) -> str:
         """The op's ``mode`` for this ``impl`` (:meth:`Mixer._op_mode`)."""

@@ -60,21 +60,66 @@ def check_conflicts(points: list[Point], out: Path) -> None:
                             "the spec these runs were made with")
 
 
-def _same_run(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Two run specs describe the same training run: equal in everything but the sweep's name."""
-    strip = lambda r: {**r, "sweep": {k: v for k, v in r.get("sweep", {}).items() if k != "name"}}  # noqa: E731
-    return strip(a) == strip(b)
+#: labels of a run (which sweep, row, family and setting name it): not part of what is trained
+_LABELS = ("name", "mixer", "family", "setting")
+
+
+def run_identity(run_spec: dict[str, Any]) -> str:
+    """What makes two runs the same training run, as one string: the task, the training (lr and seed included),
+    the validation, and the model with every layer as the layer it builds (:func:`seqmem.registry.layer_identity`:
+    its class and canonical options, defaults filled in); not the labels — the sweep's name, the row's, its
+    family and the setting's.  A layer whose mixer or options are unknown is compared as written."""
+    from dataclasses import MISSING, fields
+
+    from seqmem.models.lm import LMConfig
+    from seqmem.registry import layer_identity
+
+    r = json.loads(json.dumps(run_spec))
+    model = dict(r.get("model") or {})
+    n = model.get("n_layers", 1)
+    names, opts = model.pop("mixer", None), model.pop("mixer_options", None) or {}
+    names = names if isinstance(names, list) else [names] * (n if isinstance(n, int) else 1)
+    opts = opts if isinstance(opts, list) else [opts] * len(names)
+    layers = []
+    for name, o in zip(names, opts):
+        try:
+            layers.append(layer_identity(name, dict(o or {})))
+        except (ValueError, TypeError):
+            layers.append({"mixer": name, "options": o})
+    for f in fields(LMConfig):  # an LM field left out means its default
+        if f.name not in ("mixer", "mixer_options") and f.name not in model and f.default is not MISSING:
+            model[f.name] = f.default
+    model["layers"] = layers
+    sweep = {k: v for k, v in (r.get("sweep") or {}).items() if k not in _LABELS}
+    return json.dumps({**r, "model": model, "sweep": sweep}, sort_keys=True, default=str)
+
+
+def _finished_runs(src: Path) -> dict[str, Path]:
+    """The finished runs under sweep directory ``src`` by :func:`run_identity` (the first in path order wins)."""
+    found: dict[str, Path] = {}
+    for f in sorted(src.rglob("run.json")):
+        d = f.parent
+        if read_result(d) is None or not (d / "metrics.jsonl").is_file():
+            continue
+        try:
+            key = run_identity(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            continue
+        found.setdefault(key, d)
+    return found
 
 
 def reuse_finished(points: list[Point], out: Path, sources: list[Path], dry_run: bool = False,
                    log: Callable[[str], None] | None = None) -> int:
     """Copy finished runs that another sweep already trained with exactly these settings into ``out``.
 
-    For every point not finished under ``out``: the first source directory holding a finished run at the same
-    relative path whose ``run.json`` equals the point's spec except the sweep's name (same task, model, options,
-    training, lr, seed, validation) gives its ``metrics.jsonl`` and ``result.json`` (with ``reused_from`` naming
-    the source); ``run.json`` is written as this sweep's.  Checkpoints are not copied (the run is finished).
-    Returns the number of runs reused (that would be, with ``dry_run``).
+    For every point not finished under ``out``: the first source directory holding a finished run that is the
+    same training run (:func:`run_identity`: same task, model layers, training, lr, seed and validation, whatever
+    the sweep, row or setting is called — a row renamed, or a layer option spelled another way that builds the
+    same layer, is still found) gives its ``metrics.jsonl`` and ``result.json`` (with ``reused_from`` naming the
+    source run, and the row, family and setting labels of this sweep); ``run.json`` is written as this sweep's.
+    Checkpoints are not copied (the run is finished).  Returns the number of runs reused (that would be, with
+    ``dry_run``).
     """
     n = 0
     out = Path(out)
@@ -84,26 +129,26 @@ def reuse_finished(points: list[Point], out: Path, sources: list[Path], dry_run:
             raise SpecError(f"--reuse {src}: no such directory")
         if src.resolve() == out.resolve():
             raise SpecError(f"--reuse {src} is the sweep's own --out")
+    index = [_finished_runs(Path(src)) for src in sources]
     for p in points:
         dst = out / p.rel_dir
         if is_finished(dst):
             continue
-        for src in sources:
-            d = Path(src) / p.rel_dir
-            res = read_result(d)
-            try:
-                old = json.loads((d / "run.json").read_text())
-            except (OSError, ValueError):
-                continue
-            if res is None or not _same_run(old, p.run_spec) or not (d / "metrics.jsonl").is_file():
-                continue
-            n += 1
-            if not dry_run:
-                dst.mkdir(parents=True, exist_ok=True)
-                atomic_write_text(dst / "run.json", json.dumps(p.run_spec, indent=2))
-                atomic_write_text(dst / "metrics.jsonl", (d / "metrics.jsonl").read_text())
-                atomic_write_text(dst / RESULT, json.dumps({**res, "reused_from": str(d)}, indent=2))
-            break
+        key = run_identity(p.run_spec)
+        d = next((found[key] for found in index if key in found), None)
+        if d is None:
+            continue
+        res = read_result(d)
+        if res is None:
+            continue
+        n += 1
+        if not dry_run:
+            sw = p.run_spec.get("sweep", {})
+            labels = {k: sw[k] for k in ("setting", "mixer", "family") if k in sw and k in res}
+            dst.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(dst / "run.json", json.dumps(p.run_spec, indent=2))
+            atomic_write_text(dst / "metrics.jsonl", (d / "metrics.jsonl").read_text())
+            atomic_write_text(dst / RESULT, json.dumps({**res, **labels, "reused_from": str(d)}, indent=2))
     if n and log is not None:
         log(f"{'would reuse' if dry_run else 'reused'} {n} finished run(s) from {', '.join(map(str, sources))}")
     return n
