@@ -14,22 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 
 def stale_entries(headline: Path) -> list[str]:
     """The spec names of ``headline``'s ``ours`` entries that differ from what their runs on disk give."""
     from seqmem.sweep import load_spec
-    from seqmem.sweep.report import headline_summary, write_report
+    from seqmem.sweep.report import headline_summary, report_payload
 
     data = json.loads(headline.read_text())
     stale = []
     for name, entry in (data.get("ours") or {}).items():
         report_dir = Path(entry["report"]).parent
         spec = load_spec(name)
-        with tempfile.TemporaryDirectory() as tmp:
-            payload = write_report(spec, report_dir / "runs", Path(tmp))
+        payload = report_payload(spec, report_dir / "runs")
         if json.loads(json.dumps(headline_summary(spec, payload, report_dir))) != entry:
             stale.append(name)
     return stale

@@ -29,23 +29,40 @@ class MixerEntry:
         the class's ``facts`` with this name's ``register(..., facts=)`` merged over them."""
         return {**self.cls.facts, **self.own_facts}
 
+    def _init_params(self) -> list[tuple[type[Mixer], list[inspect.Parameter], bool]]:
+        """Per class of the MRO that is a mixer, most derived first: its ``__init__``'s own options (not ``self``,
+        ``d_model`` or ``*args`` / ``**kwargs``) and whether it forwards ``**kwargs`` to its parent's."""
+        out = []
+        for klass in self.cls.__mro__:
+            if klass is object or not issubclass(klass, Mixer):
+                continue
+            params = inspect.signature(klass.__init__).parameters.values()
+            own = [p for p in params
+                   if p.name not in ("self", "d_model") and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+            out.append((klass, own, any(p.kind == p.VAR_KEYWORD for p in params)))
+        return out
+
     def valid_options(self) -> list[str]:
         """The constructor options, from the class's ``__init__`` and its parents'.  A class whose ``__init__``
         forwards ``**kwargs`` to its parent's lists its own options after the parent's (the order of a signature
         that spelled them all out)."""
         opts: list[str] = []
         after: list[str] = []  # own options of classes that forward **kwargs: they follow their parents'
-        for klass in self.cls.__mro__:
-            if klass is object or not issubclass(klass, Mixer):
-                continue
-            params = inspect.signature(klass.__init__).parameters
-            own = [pname for pname, p in params.items()
-                   if pname not in ("self", "d_model") and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
-            if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-                after = own + after
+        for _, own, forwards in self._init_params():
+            names = [p.name for p in own]
+            if forwards:
+                after = names + after
             else:
-                opts += [pname for pname in own if pname not in opts]
+                opts += [pname for pname in names if pname not in opts]
         return opts + [pname for pname in after if pname not in opts]
+
+    def default_options(self) -> dict[str, Any]:
+        """Every constructor option that has a default, with the value the built mixer gets when it is not given:
+        the most derived ``__init__``'s default, then this name's registered defaults over them."""
+        full: dict[str, Any] = {}
+        for _, own, _ in reversed(self._init_params()):  # parents first: a subclass's default wins
+            full.update({p.name: p.default for p in own if p.default is not p.empty})
+        return {**full, **self.defaults}
 
 
 def did_you_mean(word: str, choices: Any) -> str:
@@ -136,19 +153,8 @@ def layer_identity(name: str, options: dict[str, Any]) -> dict[str, Any]:
     whatever the names: ``vort`` with ``alpha_mode="fixed"`` and ``vort_fixed_alpha``, or a linear-family layer
     with ``conv_size`` 0 and None.  Unknown names or options raise ``ValueError``."""
     entry = check_options(name, options)
-    full: dict[str, Any] = {}
-    for klass in reversed(entry.cls.__mro__):  # parents first, so a subclass's default overrides its parent's
-        if klass is object or not issubclass(klass, Mixer):
-            continue
-        for pname, p in inspect.signature(klass.__init__).parameters.items():
-            if pname in ("self", "d_model") or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
-                continue
-            if p.default is not p.empty:
-                full[pname] = p.default
-    full.update(entry.defaults)
-    full.update(options)
     return {"class": f"{entry.cls.__module__}.{entry.cls.__qualname__}",
-            "options": entry.cls.canonical_options(full)}
+            "options": entry.cls.canonical_options({**entry.default_options(), **options})}
 
 
 def get_entry(name: str) -> MixerEntry:

@@ -326,11 +326,9 @@ def plot(spec: SweepSpec, rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(spec: SweepSpec, out: Path, report_dir: Path | None = None, command: str = "") -> dict[str, Any]:
-    """Write ``report.md``, ``report.json`` and ``<select>_vs_state.png`` to ``report_dir`` (default ``out``)."""
-    out = Path(out)
-    report_dir = Path(report_dir or out)
-    rows = collect(spec, out)
+def _training_time(spec: SweepSpec, out: Path) -> tuple[float, int, int, int]:
+    """CPU seconds of the finished runs, and how many of them have only a wall clock, an estimated CPU time, or
+    the CPU time of their last part (a resumed run recorded before the parts were summed)."""
     secs, wall_only, estimated, last_part = 0.0, 0, 0, 0
     # the grid's runs and those an lr extension added (outside the grid), each once
     run_dirs = {p.rel_dir for p in spec.points()} | {p.rel_dir for p in wanted_points(spec, out)}
@@ -344,12 +342,31 @@ def write_report(spec: SweepSpec, out: Path, report_dir: Path | None = None, com
             else:
                 secs += float(r.get("seconds", 0.0))
                 wall_only += 1
-    md = markdown(spec, rows, command, secs, wall_only, estimated, last_part)
+    return secs, wall_only, estimated, last_part
+
+
+def _report(spec: SweepSpec, out: Path, command: str) -> tuple[dict[str, Any], tuple[float, int, int, int]]:
+    rows = collect(spec, out)
+    times = _training_time(spec, out)
     payload = {
         "spec": spec.raw, "source": spec.source, "length_rule": length_rule_text(), "select": spec.select,
-        "cpu_hours": secs / 3600, "machine": machine_info(), "command": command, "rows": rows,
+        "cpu_hours": times[0] / 3600, "machine": machine_info(), "command": command, "rows": rows,
     }
-    atomic_write_text(report_dir / "report.md", md)
+    return payload, times
+
+
+def report_payload(spec: SweepSpec, out: Path, command: str = "") -> dict[str, Any]:
+    """What :func:`write_report` writes to ``report.json`` for the runs under ``out``, without writing anything."""
+    return _report(spec, Path(out), command)[0]
+
+
+def write_report(spec: SweepSpec, out: Path, report_dir: Path | None = None, command: str = "") -> dict[str, Any]:
+    """Write ``report.md``, ``report.json`` and ``<select>_vs_state.png`` to ``report_dir`` (default ``out``)."""
+    out = Path(out)
+    report_dir = Path(report_dir or out)
+    payload, times = _report(spec, out, command)
+    rows = payload["rows"]
+    atomic_write_text(report_dir / "report.md", markdown(spec, rows, command, *times))
     atomic_write_text(report_dir / "report.json", json.dumps(payload, indent=2, default=str))
     plot(spec, rows, report_dir / f"{spec.select}_vs_state.png")
     return payload

@@ -66,46 +66,38 @@ _LABELS = ("name", "mixer", "family", "setting")
 
 def run_identity(run_spec: dict[str, Any]) -> str:
     """What makes two runs the same training run, as one string: the task, the training (lr and seed included),
-    the validation, and the model with every layer as the layer it builds (:func:`seqmem.registry.layer_identity`:
-    its class and canonical options, defaults filled in); not the labels — the sweep's name, the row's, its
-    family and the setting's.  A layer whose mixer or options are unknown is compared as written."""
-    from dataclasses import MISSING, fields
-
+    the validation, and the model with its fields' defaults filled in and every layer as the layer it builds
+    (:func:`seqmem.registry.layer_identity`: its class and canonical options); not the labels — the sweep's name,
+    the row's, its family and the setting's.  A model the library cannot build is compared as written."""
     from seqmem.models.lm import LMConfig
     from seqmem.registry import layer_identity
 
     r = json.loads(json.dumps(run_spec))
-    model = dict(r.get("model") or {})
-    n = model.get("n_layers", 1)
-    names, opts = model.pop("mixer", None), model.pop("mixer_options", None) or {}
-    names = names if isinstance(names, list) else [names] * (n if isinstance(n, int) else 1)
-    opts = opts if isinstance(opts, list) else [opts] * len(names)
-    layers = []
-    for name, o in zip(names, opts):
-        try:
-            layers.append(layer_identity(name, dict(o or {})))
-        except (ValueError, TypeError):
-            layers.append({"mixer": name, "options": o})
-    for f in fields(LMConfig):  # an LM field left out means its default
-        if f.name not in ("mixer", "mixer_options") and f.name not in model and f.default is not MISSING:
-            model[f.name] = f.default
-    model["layers"] = layers
+    model = r.get("model") or {}
+    try:
+        cfg = LMConfig.from_dict({"vocab_size": 1, **model})  # the vocabulary is the task's
+        layers = [layer_identity(name, dict(o)) for name, o in cfg.layers()]
+        model = {**cfg.to_dict(), "mixer": None, "mixer_options": None, "layers": layers}
+    except (ValueError, TypeError):
+        pass
     sweep = {k: v for k, v in (r.get("sweep") or {}).items() if k not in _LABELS}
     return json.dumps({**r, "model": model, "sweep": sweep}, sort_keys=True, default=str)
 
 
-def _finished_runs(src: Path) -> dict[str, Path]:
-    """The finished runs under sweep directory ``src`` by :func:`run_identity` (the first in path order wins)."""
-    found: dict[str, Path] = {}
+def _finished_runs(src: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """The finished runs under sweep directory ``src`` by :func:`run_identity`, each as (its directory, its
+    result); the first in path order wins."""
+    found: dict[str, tuple[Path, dict[str, Any]]] = {}
     for f in sorted(src.rglob("run.json")):
         d = f.parent
-        if read_result(d) is None or not (d / "metrics.jsonl").is_file():
+        res = read_result(d)
+        if res is None or not (d / "metrics.jsonl").is_file():
             continue
         try:
             key = run_identity(json.loads(f.read_text()))
         except (OSError, ValueError):
             continue
-        found.setdefault(key, d)
+        found.setdefault(key, (d, res))
     return found
 
 
@@ -135,12 +127,10 @@ def reuse_finished(points: list[Point], out: Path, sources: list[Path], dry_run:
         if is_finished(dst):
             continue
         key = run_identity(p.run_spec)
-        d = next((found[key] for found in index if key in found), None)
-        if d is None:
+        hit = next((found[key] for found in index if key in found), None)
+        if hit is None:
             continue
-        res = read_result(d)
-        if res is None:
-            continue
+        d, res = hit
         n += 1
         if not dry_run:
             sw = p.run_spec.get("sweep", {})
