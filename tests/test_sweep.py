@@ -385,7 +385,7 @@ def test_progress_counts_the_runs_an_lr_extension_adds(tmp_path, monkeypatch):
     from seqmem.sweep import runner
 
     # the higher the lr the better: extends twice
-    def fake_run(run_spec: dict, run_dir: str, threads: int, compile: bool = False) -> dict:
+    def fake_run(run_spec: dict, run_dir: str, threads: int, compile: bool = False, device: str = "cpu") -> dict:
         lr = run_spec["train"]["lr"]
         r = {"status": "finished", "state": 1, "params": 1, "seconds": 1.0,
              "valid": {"accuracy": lr, "loss": 1.0}, "report": {"accuracy": lr, "loss": 1.0}}
@@ -420,7 +420,7 @@ def test_tune_group_gives_the_other_seeds_to_its_best_row_only(tmp_path, monkeyp
 
     score = {"slow": 0.5, "mid": 0.7, "fast": 0.6, "attention": 0.4}  # validation accuracy by row, lr-independent
 
-    def fake_run(run_spec: dict, run_dir: str, threads: int, compile: bool = False) -> dict:
+    def fake_run(run_spec: dict, run_dir: str, threads: int, compile: bool = False, device: str = "cpu") -> dict:
         acc = score[run_spec["sweep"]["mixer"]] + run_spec["train"]["lr"] + run_spec["train"]["seed"] / 100
         r = {"status": "finished", "state": 1, "params": 1, "seconds": 1.0,
              "valid": {"accuracy": acc, "loss": 1.0}, "report": {"accuracy": acc, "loss": 1.0}}
@@ -764,3 +764,53 @@ def test_a_run_another_process_trains_is_skipped_and_taken_up_once_released(tmp_
     res = run_sweep(spec, out, jobs=1, log=quiet, probe=False)
     assert res["ran"] == 1 and json.loads((d / "result.json").read_text())["status"] == "finished"
     assert not is_locked(d)  # released after training
+
+
+def test_runs_record_their_device_and_a_gpu_run_shows_in_the_report(tmp_path, capsys):
+    """``--device``: each result.json says where it trained; the report lists the devices once any run trained off
+    the CPU; a device this machine lacks is refused before anything runs."""
+    spec = load_spec(tiny(train__steps=4, train__lrs=[1e-2], train__seeds=[0, 1], mixers=["attention"]))
+    out = tmp_path / "o"
+    run_sweep(spec, out, jobs=1, log=quiet, probe=False, device="cpu")
+    results = sorted(out.rglob("result.json"))
+    assert len(results) == 2 and all(json.loads(f.read_text())["device"] == "cpu" for f in results)
+    payload = write_report(spec, out)
+    assert "devices" not in payload and "Trained on" not in (out / "report.md").read_text()
+    r = json.loads(results[0].read_text())
+    r["device"] = "cuda (NVIDIA H200)"
+    results[0].write_text(json.dumps(r))
+    payload = write_report(spec, out)
+    assert payload["devices"] == {"cpu": 1, "cuda (NVIDIA H200)": 1}
+    assert "Trained on: cpu (1 run(s)), cuda (NVIDIA H200) (1 run(s))" in (out / "report.md").read_text()
+    sfile = tmp_path / "s.json"
+    sfile.write_text(json.dumps(spec.raw))
+    for bad, why in [("cuda:7", "GPU"), ("meta", "not meta"), ("tpu", "not a device")]:
+        if bad == "cuda:7" and torch.cuda.device_count() > 7:
+            continue
+        capsys.readouterr()
+        assert main(["sweep", str(sfile), "--out", str(tmp_path / "o2"), "--no-probe", "--device", bad]) == 2
+        err = capsys.readouterr().err
+        assert f"--device {bad}" in err and why in err
+    assert not (tmp_path / "o2").exists()
+
+
+
+def test_a_single_lr_row_runs_all_its_seeds_at_once_unless_it_is_tuned(tmp_path):
+    """First-seed selection with one lr has nothing to choose: every seed is wanted before seed 0 finishes (so
+    parallel workers take them side by side); a single-lr row of a tune group still waits for the group's choice."""
+    from seqmem.sweep.runner import plan_rows, wanted_points
+
+    raw = tiny(lr_selection="first_seed", train__seeds=[0, 1, 2], train__steps=4, train__lrs=[1e-2],
+               mixers=[{"name": "attention"}, {"name": "swa-a", "layers": ["swa", "swa"], "tune": "w"},
+                       {"name": "swa-b", "layers": ["swa", "swa"], "options": [{"window": 2}, {"window": 2}],
+                        "tune": "w"}])
+    spec = load_spec(raw)
+    wanted = wanted_points(spec, tmp_path)
+    by_row: dict[str, set[int]] = {}
+    for p in wanted:
+        by_row.setdefault(p.mixer, set()).add(p.seed)
+    assert by_row == {"attention": {0, 1, 2}, "swa-a": {0}, "swa-b": {0}}
+    plans = plan_rows(spec, tmp_path)
+    assert sum(pl.needed for pl in plans.values()) == 3 + 1 + 1 + 2
+    res = run_sweep(spec, tmp_path, jobs=1, log=quiet, probe=False)
+    assert res["ran"] == 7 and res["total"] == 7

@@ -18,6 +18,7 @@ from typing import Any
 from seqmem.cliargs import (  # noqa: E402  (re-exported: the names older code imports from seqmem.cli)
     UsageError,
     _Parser,
+    check_device,
     check_out_dir,
     out_path,
     parse_options,
@@ -197,32 +198,10 @@ def _init_distributed(device: str) -> tuple[int, int, str]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def _check_device(name: str) -> str:
-    """``--device``: a device torch knows, with data (not ``meta``), present on this machine."""
-    import torch
-
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, TypeError):
-        raise UsageError(f"--device {name}: not a device; use cpu, cuda, cuda:N or mps") from None
-    if dev.type == "cuda":
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if n == 0:
-            raise UsageError(f"--device {name}: no CUDA GPU is available to this torch build; use --device cpu")
-        if dev.index is not None and dev.index >= n:
-            raise UsageError(f"--device {name}: only {n} CUDA GPU(s) here (cuda:0..cuda:{n - 1})")
-    elif dev.type == "mps":
-        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-            raise UsageError(f"--device {name}: MPS is not available here; use --device cpu")
-    elif dev.type != "cpu":
-        raise UsageError(f"--device {name}: training runs on cpu, cuda or mps, not {dev.type}")
-    return name
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     _check_train_required(args)
     _fill_task_defaults(args)  # --steps, --lr, ... left unset take --task's defaults before anything reads them
-    _check_device(args.device)
+    check_device(args.device)
     rank, world, device = _init_distributed(args.device)
     try:
         return _train(args, rank, world, device)

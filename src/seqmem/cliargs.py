@@ -84,3 +84,25 @@ def check_out_dir(path: Path) -> Path:
     except OSError as e:
         raise UsageError(f"cannot write to output directory {path}: {e.strerror or e}") from None
     return path
+
+
+def check_device(name: str) -> str:
+    """``--device``: the name of a device torch knows, with data (not ``meta``), present on this machine."""
+    import torch
+
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise UsageError(f"--device {name}: not a device; use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise UsageError(f"--device {name}: no CUDA GPU is available to this torch build; use --device cpu")
+        if dev.index is not None and dev.index >= n:
+            raise UsageError(f"--device {name}: only {n} CUDA GPU(s) here (cuda:0..cuda:{n - 1})")
+    elif dev.type == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise UsageError(f"--device {name}: MPS is not available here; use --device cpu")
+    elif dev.type != "cpu":
+        raise UsageError(f"--device {name}: training runs on cpu, cuda or mps, not {dev.type}")
+    return name

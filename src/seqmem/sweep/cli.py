@@ -34,6 +34,9 @@ def add_parser(sub) -> None:
                    help="train through torch.compile (≈ 5-25%% less CPU time per step on CPU, after a one-off "
                         "compile of up to a few minutes per model; needs a C++ compiler; recorded in each "
                         "result.json and log record)")
+    p.add_argument("--device", default="cpu",
+                   help="where the runs train: cpu, cuda, cuda:N or mps (recorded in each result.json; the data "
+                        "stream is the same on every device, and a run started on one resumes on another)")
     p.add_argument("--report", action="store_true", help="only aggregate the finished runs (no training)")
     p.add_argument("--report-dir", type=Path, default=None, help="where to write the report (default: --out)")
     p.add_argument("--dry-run", action="store_true", help="list the runs left and the estimated CPU time")
@@ -64,7 +67,7 @@ def _run_command(args: argparse.Namespace, out: Path) -> str:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from seqmem.cliargs import UsageError
+    from seqmem.cliargs import UsageError, check_device
     from seqmem.cliargs import check_out_dir as _check_out_dir
     from seqmem.sweep import SpecError, load_spec, run_sweep, write_report
     from seqmem.sweep.report import update_headline
@@ -77,11 +80,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.jobs > (os.cpu_count() or 1):
         print(f"seqmem sweep: warning: --jobs {args.jobs} exceeds the {os.cpu_count()} cores; timings will be "
               "inflated", file=sys.stderr)
+    if not args.report and not args.dry_run:
+        check_device(args.device)
     if args.compile and not args.report and not args.dry_run:
         from seqmem.train.loop import check_compiler
 
         try:
-            check_compiler("cpu")
+            check_compiler(args.device)
         except ValueError as e:
             raise UsageError(f"--compile: {e}") from None
     if args.headline is not None and not Path(args.headline).is_file():
@@ -103,7 +108,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         try:
             res = run_sweep(spec, out, jobs=args.jobs, threads=args.threads, probe=not args.no_probe,
                             dry_run=args.dry_run, limit=args.limit, log=lambda s: print(s, flush=True),
-                            reuse=args.reuse, compile=args.compile)
+                            reuse=args.reuse, compile=args.compile, device=args.device)
         except SpecError as e:
             raise UsageError(str(e)) from None
         if args.dry_run:

@@ -182,7 +182,8 @@ def _axis_combos(spec: SweepSpec) -> list[tuple[tuple[str, Any], ...]]:
 
 
 def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu_seconds: float = 0.0,
-             wall_only: int = 0, estimated: int = 0, last_part: int = 0) -> str:
+             wall_only: int = 0, estimated: int = 0, last_part: int = 0,
+             devices: dict[str, int] | None = None) -> str:
     """The report as Markdown: the protocol, the length rule, one table per setting, CPU-hours and machine
     (``wall_only``: finished runs recorded before runs kept their CPU time, counted by wall clock)."""
     info = machine_info()
@@ -275,6 +276,10 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
     lines += [f"Runs finished: {done}/{total}; training time of the finished runs: {cpu_s / 3600:.2f} CPU-hours "
               f"(one thread each; {basis}). Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}; "
               f"report written {time.strftime('%Y-%m-%d %H:%M')}.", ""]
+    if devices:
+        lines += ["Trained on: " + ", ".join(f"{d} ({n} run(s))" for d, n in sorted(devices.items()))
+                  + " (a resumed run under the device of its last part; the data stream is the same on every "
+                  "device; the CPU-hours above count the host process's CPU time only).", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
     return "\n".join(lines)
@@ -345,14 +350,30 @@ def _training_time(spec: SweepSpec, out: Path) -> tuple[float, int, int, int]:
     return secs, wall_only, estimated, last_part
 
 
-def _report(spec: SweepSpec, out: Path, command: str) -> tuple[dict[str, Any], tuple[float, int, int, int]]:
+def run_devices(spec: SweepSpec, out: Path) -> dict[str, int]:
+    """Finished runs per device they trained on (``result.json``'s ``device``), when any trained off the CPU;
+    empty when all ran on the CPU (runs recorded before devices were kept did)."""
+    run_dirs = {p.rel_dir for p in spec.points()} | {p.rel_dir for p in wanted_points(spec, out)}
+    n: dict[str, int] = {}
+    for rel in run_dirs:
+        r = read_result(out / rel)
+        if r and r.get("status") == "finished":
+            d = str(r.get("device", "cpu"))
+            n[d] = n.get(d, 0) + 1
+    return n if set(n) - {"cpu"} else {}
+
+
+def _report(spec: SweepSpec, out: Path, command: str) -> tuple[dict[str, Any], tuple]:
     rows = collect(spec, out)
     times = _training_time(spec, out)
+    devices = run_devices(spec, out)
     payload = {
         "spec": spec.raw, "source": spec.source, "length_rule": length_rule_text(), "select": spec.select,
         "cpu_hours": times[0] / 3600, "machine": machine_info(), "command": command, "rows": rows,
     }
-    return payload, times
+    if devices:
+        payload["devices"] = devices
+    return payload, (*times, devices)
 
 
 def report_payload(spec: SweepSpec, out: Path, command: str = "") -> dict[str, Any]:

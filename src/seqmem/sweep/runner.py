@@ -155,17 +155,31 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def run_point(run_spec: dict[str, Any], run_dir: str, threads: int = 1, compile: bool = False) -> dict[str, Any]:
+def run_point(run_spec: dict[str, Any], run_dir: str, threads: int = 1, compile: bool = False,
+              device: str = "cpu") -> dict[str, Any]:
     """Train (or resume) one grid point and write its ``result.json``; returns the result — or, when another
     process holds the run's lock (:func:`run_lock`), ``{"status": "busy"}`` without touching the run.
-    ``compile``: the training steps through ``torch.compile`` (see :func:`seqmem.train.train`)."""
+    ``compile``: the training steps through ``torch.compile`` (see :func:`seqmem.train.train`).  ``device``: where
+    the model trains (``cpu``, ``cuda``, ...); the data stream is generated on the CPU from the seed either way, and
+    checkpoints are device-independent, so a run started on one device can be resumed on another."""
     with run_lock(Path(run_dir)) as held:
         if not held:
             return {"status": "busy", "error": "another process is training this run"}
-        return _train_point(run_spec, run_dir, threads, compile)
+        return _train_point(run_spec, run_dir, threads, compile, device)
 
 
-def _train_point(run_spec: dict[str, Any], run_dir: str, threads: int, compile: bool = False) -> dict[str, Any]:
+def device_name(device: str) -> str:
+    """``device`` as recorded in ``result.json``: the accelerator's name for a GPU (``cuda (NVIDIA H200)``)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(dev)})"
+    return dev.type
+
+
+def _train_point(run_spec: dict[str, Any], run_dir: str, threads: int, compile: bool = False,
+                 device: str = "cpu") -> dict[str, Any]:
     import torch
 
     from seqmem.mixers.base import NonFiniteError
@@ -181,6 +195,7 @@ def _train_point(run_spec: dict[str, Any], run_dir: str, threads: int, compile: 
         atomic_write_text(spec_file, json.dumps(run_spec, indent=2))
     torch.manual_seed(run_spec["train"]["seed"])
     model, task = build_run(run_spec)
+    model.to(device)
     cfg = TrainConfig(**run_spec["train"])
     sweep = run_spec.get("sweep", {})
     resume = latest_good_checkpoint(d / "checkpoints") is not None
@@ -189,7 +204,7 @@ def _train_point(run_spec: dict[str, Any], run_dir: str, threads: int, compile: 
         "setting": sweep.get("setting"), "mixer": sweep.get("mixer"), "family": sweep.get("family"),
         "lr": cfg.lr, "seed": cfg.seed, "steps": cfg.steps,
         "params": model.num_parameters(), "state": peak_state(model, task.seq_len), "seq_len": task.seq_len,
-        "resumed": resume,
+        "resumed": resume, "device": device_name(device),
     }
     if compile:  # this process's steps ran compiled (an earlier part of a resumed run may not have)
         result["compiled"] = True
@@ -236,9 +251,10 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _run_point_safe(run_spec: dict[str, Any], run_dir: str, threads: int, compile: bool = False) -> dict[str, Any]:
+def _run_point_safe(run_spec: dict[str, Any], run_dir: str, threads: int, compile: bool = False,
+                    device: str = "cpu") -> dict[str, Any]:
     try:
-        return run_point(run_spec, run_dir, threads, compile)
+        return run_point(run_spec, run_dir, threads, compile, device)
     except Exception as e:  # noqa: BLE001 — recorded and retried next time; the sweep goes on
         msg = f"{type(e).__name__}: {e}".splitlines()[0]
         try:
@@ -353,14 +369,19 @@ def selection_lrs(spec: SweepSpec, pts: list[Point], out: Path) -> dict[float, f
     return {lr: (math.nan if any(math.isnan(v) for v in vs) else sum(vs) / len(vs)) for lr, vs in by_lr.items()}
 
 
-def row_plan(spec: SweepSpec, pts: list[Point], out: Path) -> tuple[list[Point], list[Point], bool]:
+def row_plan(spec: SweepSpec, pts: list[Point], out: Path, tuned: bool = False
+             ) -> tuple[list[Point], list[Point], bool]:
     """``(stage1, stage2, decided)`` of one row under ``first_seed`` selection.
 
     Stage 1: the first seed at every lr of the grid, and — with ``lr_extend`` — at ``best × factor`` (or
     ``best / factor``, rounded to one significant digit: 1e-3 / 3 → 3e-4) while the best finished one is the
     largest (smallest) tried, at most ``lr_extend`` per side.
-    Stage 2: the other seeds at the chosen lr, once stage 1 has finished (``decided``)."""
+    Stage 2: the other seeds at the chosen lr, once stage 1 has finished (``decided``) — at once for a row with a
+    single lr that is not in a tune group (``tuned``): there is nothing to choose, so all its seeds can run side by
+    side (an lr grid of one is never extended)."""
     stage1 = [p for p in pts if spec.is_first_stage(p)]
+    if len(stage1) == 1 and not tuned:
+        return stage1, [p for p in pts if p is not stage1[0] and p.lr == stage1[0].lr], True
     up = down = 0
     while True:
         if not all(is_finished(out / p.rel_dir) for p in stage1):
@@ -432,8 +453,9 @@ def plan_rows(spec: SweepSpec, out: Path, points: list[Point] | None = None) -> 
         if spec.lr_selection == "all_seeds":
             plans[key] = RowPlan(pts, [], True, len(pts))
             continue
-        s1, s2, decided = row_plan(spec, pts, out)
-        plans[key] = RowPlan(s1, s2, decided, len(s1) + len(spec.seeds) - 1, spec.tune_of(pts[0].mixer))
+        tune = spec.tune_of(pts[0].mixer)
+        s1, s2, decided = row_plan(spec, pts, out, tuned=tune is not None)
+        plans[key] = RowPlan(s1, s2, decided, len(s1) + len(spec.seeds) - 1, tune)
     tune_groups: dict[tuple, list[tuple]] = {}
     for key, plan in plans.items():
         if plan.tune:
@@ -493,8 +515,10 @@ def run_sweep(
     limit: int | None = None,
     reuse: list[Path] | tuple[Path, ...] = (),
     compile: bool = False,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Run every unfinished run of ``spec`` under ``out``; returns counts.  See the module docstring.
+    ``device``: where every run trains (see :func:`run_point`); the ETA probe times CPU steps whatever it is.
 
     With ``lr_selection = "first_seed"`` the second stage of a row (its other seeds at the chosen lr) starts as soon
     as the row's first-seed runs have finished, within the same invocation."""
@@ -614,7 +638,7 @@ def run_sweep(
             prev = torch.get_num_threads()
             try:
                 while (p := next_point()) is not None:
-                    report(p, _run_point_safe(p.run_spec, str(out / p.rel_dir), threads, compile))
+                    report(p, _run_point_safe(p.run_spec, str(out / p.rel_dir), threads, compile, device))
             finally:
                 torch.set_num_threads(prev)
         else:
@@ -625,7 +649,8 @@ def run_sweep(
             in_flight: dict[Any, Point] = {}
             while True:
                 while len(in_flight) < jobs and (p := next_point()) is not None:
-                    in_flight[ex.submit(_run_point_safe, p.run_spec, str(out / p.rel_dir), threads, compile)] = p
+                    fut = ex.submit(_run_point_safe, p.run_spec, str(out / p.rel_dir), threads, compile, device)
+                    in_flight[fut] = p
                 if not in_flight:
                     break
                 done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
