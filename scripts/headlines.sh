@@ -12,8 +12,9 @@
 #            paper's size (3 seeds), then a second worker on `long` (VORT: the one paper without an answer yet),
 #            then Echo's MQAR at the longer gap that calibrated (M = 4 gap 256) and the rest of VLA's capacity
 #            curve (≈ 12 CPU-hours together on 2026-11-27).
-# long:      VORT's Zipf grid at 1/40 scale, β = 1 (≈ 10 CPU-hours left on 2026-11-27), then β = 1.5 and 2.0 at
-#            β = 1's lrs (≈ 20): a lane of its own.
+# long:      VORT's Zipf grid at 1/40 scale, β = 1, then β = 1.5 and 2.0 at β = 1's lrs: a lane of its own
+#            (≈ 12 CPU-hours left on 2026-11-27 after a GPU ran most of it; on a GPU machine,
+#            `bash scripts/gpu_campaign.sh` runs these sweeps with many workers side by side).
 # A paper's headline runs only once its calibration is recorded as passed: `calibration.calibrated` in its
 # headline.json starts with "yes" (set after reading the calibration report against the criterion stated there);
 # FORCE=1 runs them all anyway.

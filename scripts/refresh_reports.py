@@ -5,7 +5,8 @@ committed runs give (``tests/repro/test_headline_records.py`` checks it).
     python scripts/refresh_reports.py [--check] [HEADLINE.json ...]     (default: docs/results/*/headline.json)
 
 For every ``ours[<spec>]`` entry: ``seqmem sweep <spec> --out <report dir>/runs --report --report-dir <report dir>
---headline <file>`` (no training; the report keeps the command that ran the sweep).  ``--check`` writes nothing
+--headline <file>`` (no training; the report keeps the command that ran the sweep), then the tables derived from
+those reports (VORT's Table 1 over β, ``docs/results/vort/table1.md``).  ``--check`` writes nothing
 and exits 1, listing them, when any entry differs from what its runs give.
 """
 
@@ -53,6 +54,14 @@ def main(argv: list[str] | None = None) -> int:
                               str(report_dir), "--headline", str(f)])
             if rc:
                 return rc
+    # derived tables built from those reports
+    vort = [Path("docs/results/vort") / d / "report.json" for d in ("zipf_tiny", "zipf_tiny_beta")]
+    if all(p.is_file() for p in vort):
+        from seqmem.repro.vort.table1 import main as vort_table1
+
+        rc = vort_table1([*map(str, vort), "--out", "docs/results/vort"])
+        if rc:
+            return rc
     return 0
 
 

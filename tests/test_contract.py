@@ -5,11 +5,15 @@ token-by-token decoding; impl="reference" == impl="fast" in outputs, final state
 the numbers held in the state; batch independence; T = 1; clear errors for bad input.
 Weights are the mixer's own initialisation plus a random perturbation, so zero-initialised projections cannot make
 a test vacuous; every test also checks the output is not identically zero.
+
+``SEQMEM_TEST_DEVICE=cuda pytest tests/test_contract.py`` runs the same contract on a GPU (default: cpu); data is
+drawn on the CPU and moved, so the cases are the same numbers on every device.
 """
 
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
 import torch
@@ -19,6 +23,7 @@ from conftest import assert_rel_close
 from seqmem import build_mixer, count_state, get_entry, list_mixers
 
 B, T, D, H = 2, 37, 16, 2
+DEVICE = torch.device(os.environ.get("SEQMEM_TEST_DEVICE", "cpu"))
 TOL = {torch.float64: 1e-9, torch.float32: 2e-4}
 SPLITS = [[1, 36], [16, 21], [5, 11, 3, 18], [8, 8, 8, 8, 5], [36, 1], [2, 7, 13, 15]]
 
@@ -39,12 +44,12 @@ def make(name: str, cfg: dict, impl: str = "fast", dtype=torch.float64, seed: in
     with torch.no_grad():
         for p in m.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return m
+    return m.to(DEVICE)
 
 
 def inputs(m, dtype=torch.float64, b=B, t=T, seed=3):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(b, t, m.d_model, generator=g, dtype=dtype)
+    return torch.randn(b, t, m.d_model, generator=g, dtype=dtype).to(DEVICE)
 
 
 def run_pieces(m, x, sizes):
@@ -107,7 +112,7 @@ def test_reference_equals_fast(name, cfg, dtype):
     fast = make(name, cfg, impl="fast", dtype=dtype)
     fast.load_state_dict(ref.state_dict())  # same parameter names in both impls
     x = inputs(ref, dtype).requires_grad_(True)
-    w = torch.randn(x.shape, dtype=dtype, generator=torch.Generator().manual_seed(5))
+    w = torch.randn(x.shape, dtype=dtype, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     outs = {}
     for tag, m in (("reference", ref), ("fast", fast)):
         y, st = m(x)
@@ -141,8 +146,8 @@ def test_state_size_and_portability(name, cfg):
     buf = io.BytesIO()
     torch.save(st, buf)
     buf.seek(0)
-    st2 = torch.load(buf, weights_only=True)
-    y2, _ = m(x[:, 20:], seqmem.state_to(st2, "cpu"))
+    st2 = torch.load(buf, weights_only=True, map_location="cpu")
+    y2, _ = m(x[:, 20:], seqmem.state_to(st2, DEVICE))
     assert_rel_close(torch.cat([y1, y2], 1), y, TOL[torch.float64], f"{name}: continue from a saved state")
 
 
@@ -165,9 +170,9 @@ def test_bad_input_raises(name, cfg):
     with pytest.raises(ValueError):
         m(x[0])  # 2-D
     with pytest.raises(ValueError):
-        m(torch.randn(B, 5, m.d_model + 1, dtype=torch.float64))  # wrong width
+        m(torch.randn(B, 5, m.d_model + 1, dtype=torch.float64, device=DEVICE))  # wrong width
     with pytest.raises(ValueError):
-        m(torch.zeros(B, 5, m.d_model, dtype=torch.long))  # integer dtype
+        m(torch.zeros(B, 5, m.d_model, dtype=torch.long, device=DEVICE))  # integer dtype
     with pytest.raises(ValueError):
         m(x.float())  # dtype differs from parameters
     with pytest.raises(ValueError):

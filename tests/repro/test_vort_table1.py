@@ -1,0 +1,67 @@
+"""VORT Table 1 over β from sweep reports: the tune group's chosen row stands for the group at every β, incomplete
+rows wait, the mean over β pairs seeds by index, and the paper's row stands beside ours."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from seqmem.repro.vort.table1 import collect, main, table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _row(setting, mixer, per_bin, tune=None, chosen=None, complete=True):
+    extra = {f"hits_{b}/queries_{b}": {"per_seed": v} for b, v in per_bin.items()}
+    return {"setting": setting, "mixer": mixer, "tune": tune, "tune_chosen": chosen, "complete": complete,
+            "extra": extra}
+
+
+def _bins(s, m, lo):
+    return {"short": [s] * 3, "medium": [m] * 3, "long": lo}
+
+
+def test_mean_over_beta_with_the_chosen_exponential_under_its_group_name():
+    r1 = {"rows": [
+        _row("beta=1.0", "power-law", _bins(1.0, 0.9, [0.7, 0.8, 0.9])),
+        _row("beta=1.0", "exp-a", _bins(1.0, 0.8, [0.5, 0.5, 0.5]), tune="exponential", chosen=True),
+        _row("beta=1.0", "exp-b", _bins(0.0, 0.0, [0.0, 0.0, 0.0]), tune="exponential", chosen=False),
+        _row("beta=1.0", "mixture-5", _bins(1.0, 0.8, [0.4, 0.4, 0.4]), complete=False),
+    ]}
+    r2 = {"rows": [
+        _row("beta=1.5", "power-law", _bins(1.0, 0.9, [0.4, 0.5, 0.6])),
+        _row("beta=2.0", "power-law", _bins(1.0, 0.9, [0.1, 0.2, 0.3])),
+        _row("beta=1.5", "exp-a", _bins(1.0, 0.8, [0.5, 0.5, 0.5])),
+    ]}
+    data = collect([r1, r2])
+    assert set(data) == {"power-law", "exponential"}  # mixture-5 incomplete, exp-b not the group's choice
+    assert sorted(data["exponential"]) == [1.0, 1.5]
+    rows = {r["row"]: r for r in table(data)}
+    pl = rows["power-law"]
+    assert pl["complete"] and pl["paper"] == {"short": 91.3, "medium": 87.6, "long": 79.4}
+    assert pl["mean_over_beta"]["long"]["per_seed"] == pytest.approx([0.4, 0.5, 0.6])
+    assert pl["mean_over_beta"]["long"]["mean"] == pytest.approx(0.5)
+    assert pl["mean_over_beta"]["long"]["std"] == pytest.approx(0.1)
+    assert not rows["exponential"]["complete"] and "mean_over_beta" not in rows["exponential"]
+    assert rows["exponential"]["paper"]["long"] == 52.3
+
+
+def test_bad_reports_are_refused():
+    no_bins = {"rows": [{"setting": "beta=1.0", "mixer": "x", "complete": True, "extra": {}}]}
+    with pytest.raises(ValueError, match="pooled accuracy"):
+        collect([no_bins])
+    twice = {"rows": [_row("beta=1.0", "x", _bins(1, 1, [1, 1, 1]))]}
+    with pytest.raises(ValueError, match="two reports"):
+        collect([twice, twice])
+    with pytest.raises(ValueError, match="Zipf exponent"):
+        collect([{"rows": [_row("default", "x", _bins(1, 1, [1, 1, 1]))]}])
+
+
+def test_the_committed_reports_make_a_table(tmp_path):
+    reports = [ROOT / "docs/results/vort/zipf_tiny/report.json", ROOT / "docs/results/vort/zipf_tiny_beta/report.json"]
+    assert main([*map(str, reports), "--out", str(tmp_path)]) == 0
+    rows = {r["row"]: r for r in json.loads((tmp_path / "table1.json").read_text())["rows"]}
+    assert "power-law" in rows and "1.0" in rows["power-law"]["per_beta"]
+    assert "| power-law |" in (tmp_path / "table1.md").read_text()
