@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from seqmem.io import atomic_write_text
+from seqmem.io import atomic_write_text, mean_std
 from seqmem.repro.vort.paper import PAPER_T1
 
 BINS = ("short", "medium", "long")
@@ -64,8 +64,10 @@ def collect(reports: list[dict[str, Any]]) -> dict[str, dict[float, dict[str, li
     return out
 
 
-def _mean_std(xs: list[float]) -> tuple[float, float]:
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else math.nan)
+def _stats(xs: list[float]) -> tuple[float, float | None]:
+    """:func:`seqmem.io.mean_std`, with ``None`` for the std of one value (JSON has no NaN)."""
+    m, sd = mean_std(xs)
+    return m, (None if math.isnan(sd) else sd)
 
 
 def table(data: dict[str, dict[float, dict[str, list[float]]]]) -> list[dict[str, Any]]:
@@ -75,7 +77,7 @@ def table(data: dict[str, dict[float, dict[str, list[float]]]]) -> list[dict[str
     for name, by_beta in data.items():
         entry: dict[str, Any] = {"row": name, "betas": sorted(by_beta), "per_beta": {}}
         for beta in sorted(by_beta):
-            entry["per_beta"][str(beta)] = {b: dict(zip(("mean", "std"), _mean_std(by_beta[beta][b])))
+            entry["per_beta"][str(beta)] = {b: dict(zip(("mean", "std"), _stats(by_beta[beta][b])))
                                             for b in BINS}
         complete = all(beta in by_beta for beta in BETAS)
         entry["complete"] = complete
@@ -84,7 +86,7 @@ def table(data: dict[str, dict[float, dict[str, list[float]]]]) -> list[dict[str
             over = {}
             for b in BINS:
                 per_seed = [statistics.fmean(by_beta[beta][b][s] for beta in BETAS) for s in range(n)]
-                m, sd = _mean_std(per_seed)
+                m, sd = _stats(per_seed)
                 over[b] = {"mean": m, "std": sd, "per_seed": per_seed}
             entry["mean_over_beta"] = over
         paper = PAPER_T1.get(PAPER_ROWS.get(name, ""))
@@ -94,8 +96,8 @@ def table(data: dict[str, dict[float, dict[str, list[float]]]]) -> list[dict[str
 
 
 def markdown(rows: list[dict[str, Any]], sources: list[str]) -> str:
-    def pct(m: float, s: float) -> str:
-        return f"{100 * m:.1f} ± {100 * s:.1f}" if s == s else f"{100 * m:.1f}"
+    def pct(m: float, s: float | None) -> str:
+        return f"{100 * m:.1f} ± {100 * s:.1f}" if s is not None else f"{100 * m:.1f}"
 
     lines = ["# VORT Table 1: accuracy % per lag bin (short / medium / long), learned models at 1/40 scale", "",
              "Ours: pooled test accuracy per lag bin at each row's chosen lr, mean ± std over 3 seeds; *mean over β* "
@@ -128,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = table(collect(reps))
     a.out.mkdir(parents=True, exist_ok=True)
     sources = [str(p) for p in a.reports]
-    atomic_write_text(a.out / "table1.json", json.dumps({"sources": sources, "rows": rows}, indent=2))
+    atomic_write_text(a.out / "table1.json", json.dumps({"sources": sources, "rows": rows}, indent=2,
+                                                        allow_nan=False) + "\n")
     atomic_write_text(a.out / "table1.md", markdown(rows, sources))
     print(f"wrote {a.out / 'table1.md'}")
     return 0
