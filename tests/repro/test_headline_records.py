@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -54,3 +55,26 @@ def test_a_stale_entry_is_found_and_refreshed(tmp_path, monkeypatch, capsys):
     data = json.loads(headline.read_text())
     assert data["verdict"] == "kept" and data["ours"]["echo_calibrate_long"] == good
     assert mod.main(["--check", str(rel)]) == 0 and (dst / "report.md").is_file()
+
+
+def test_a_refresh_keeps_a_report_whose_runs_did_not_change(tmp_path, monkeypatch):
+    """Rewriting a report from unchanged runs changes only its date: the file is kept as it was (no churn)."""
+    mod = _script()
+    src = ROOT / "docs" / "results" / "echo" / "calibrate_long"
+    dst = tmp_path / "docs" / "results" / "echo" / "calibrate_long"
+    shutil.copytree(src / "runs", dst / "runs", ignore=shutil.ignore_patterns("checkpoints", ".lock"))
+    shutil.copy(src / "report.json", dst / "report.json")
+    recorded = json.loads((ROOT / "docs" / "results" / "echo" / "headline.json").read_text())
+    headline = tmp_path / "docs" / "results" / "echo" / "headline.json"
+    headline.write_text(json.dumps({"ours": {"echo_calibrate_long": recorded["ours"]["echo_calibrate_long"]}}))
+    monkeypatch.chdir(tmp_path)
+    rel = Path("docs/results/echo/headline.json")
+    assert mod.main([str(rel)]) == 0
+    md = dst / "report.md"
+    old = re.sub(r"report written \d{4}-\d\d-\d\d \d\d:\d\d", "report written 1999-01-01 00:00", md.read_text())
+    assert old != md.read_text()
+    md.write_text(old)
+    assert mod.main([str(rel)]) == 0
+    assert md.read_text() == old  # same runs: the old file, date and all
+    shutil.rmtree(next((dst / "runs").rglob("result.json")).parent)  # a run gone: the report changes
+    assert mod.main([str(rel)]) == 0 and md.read_text() != old
