@@ -46,19 +46,13 @@ for item in "$@"; do
     pids+=($!)
     echo "started $spec -> $runs (jobs $jobs, pid $!)"
 done
-while [ $((SECONDS - start)) -lt "$budget" ]; do
-    alive=0
-    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-    [ $alive = 0 ] && break
-    sleep 3
-done
+any_alive() {  # whether a sweep is still running
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && return 0; done
+    return 1
+}
+while [ $((SECONDS - start)) -lt "$budget" ] && any_alive; do sleep 3; done
 for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-for _ in $(seq 20); do
-    alive=0
-    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-    [ $alive = 0 ] && break
-    sleep 1
-done
+for _ in $(seq 20); do any_alive || break; sleep 1; done
 for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
 sleep 3  # the workers notice their sweep is gone within 2 s and exit (seqmem.sweep.runner._exit_with_parent)
 [ $mps = 1 ] && { echo quit | nvidia-cuda-mps-control 2>/dev/null; }

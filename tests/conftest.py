@@ -22,3 +22,22 @@ def assert_rel_close(a: torch.Tensor, b: torch.Tensor, tol: float, what: str = "
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def fake_run_dir(d, steps: list[int], finished: bool, width: int = 2, metrics: bool = False):
+    """A sweep run directory at ``d``: ``run.json``, a checkpoint of a ``width``-wide linear model at each of
+    ``steps``, ``metrics.jsonl`` when ``metrics``, and ``result.json`` when ``finished``."""
+    import json
+
+    from seqmem.train.checkpoint import save_checkpoint
+
+    d.mkdir(parents=True)
+    (d / "run.json").write_text("{}")
+    if metrics:
+        (d / "metrics.jsonl").write_text("{}\n")
+    model = torch.nn.Linear(width, width)
+    for s in steps:
+        save_checkpoint(d / "checkpoints", s, model, {"step": s}, keep=3)
+    if finished:
+        (d / "result.json").write_text(json.dumps({"status": "finished"}))
+    return d

@@ -4,7 +4,6 @@ where they came from."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,24 +11,13 @@ import tarfile
 import time
 from pathlib import Path
 
-import torch
-
-from seqmem.train.checkpoint import save_checkpoint
+from conftest import fake_run_dir
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pack_runs.py"
 
 
 def _run_dir(root: Path, name: str, steps: list[int], finished: bool) -> Path:
-    d = root / "runs" / name
-    d.mkdir(parents=True)
-    (d / "run.json").write_text("{}")
-    (d / "metrics.jsonl").write_text("{}\n")
-    model = torch.nn.Linear(64, 64)
-    for s in steps:
-        save_checkpoint(d / "checkpoints", s, model, {"step": s}, keep=3)
-    if finished:
-        (d / "result.json").write_text(json.dumps({"status": "finished"}))
-    return d
+    return fake_run_dir(root / "runs" / name, steps, finished, width=64, metrics=True)
 
 
 def _pack(cwd: Path, *args: str) -> subprocess.CompletedProcess:

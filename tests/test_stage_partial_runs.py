@@ -3,7 +3,6 @@ resumes it), and finished runs' checkpoints are untracked; run in a scratch git 
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from conftest import fake_run_dir
 from seqmem.train.checkpoint import save_checkpoint
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "stage_partial_runs.py"
@@ -29,15 +29,7 @@ def _tracked_ckpts(repo: Path) -> set[str]:
 
 
 def _run_dir(repo: Path, name: str, steps: list[int], finished: bool) -> Path:
-    d = repo / "docs" / "results" / "p" / "runs" / name
-    d.mkdir(parents=True)
-    (d / "run.json").write_text("{}")
-    model = torch.nn.Linear(2, 2)
-    for s in steps:
-        save_checkpoint(d / "checkpoints", s, model, {"step": s}, keep=3)
-    if finished:
-        (d / "result.json").write_text(json.dumps({"status": "finished"}))
-    return d
+    return fake_run_dir(repo / "docs" / "results" / "p" / "runs" / name, steps, finished)
 
 
 def test_stages_the_newest_good_checkpoint_of_unfinished_runs_and_untracks_finished_ones(tmp_path):

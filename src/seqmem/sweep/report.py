@@ -331,33 +331,34 @@ def plot(spec: SweepSpec, rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def _training_time(spec: SweepSpec, out: Path) -> tuple[float, int, int, int]:
-    """CPU seconds of the finished runs, and how many of them have only a wall clock, an estimated CPU time, or
-    the CPU time of their last part (a resumed run recorded before the parts were summed)."""
-    secs, wall_only, estimated, last_part = 0.0, 0, 0, 0
-    # the grid's runs and those an lr extension added (outside the grid), each once
+def _run_results(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
+    """The ``result.json`` of every run of the grid and of those an lr extension added (outside the grid), each
+    read once."""
     run_dirs = {p.rel_dir for p in spec.points()} | {p.rel_dir for p in wanted_points(spec, out)}
-    for rel in sorted(run_dirs):
-        r = read_result(out / rel)
-        if r:
-            if "cpu_seconds" in r:
-                secs += float(r["cpu_seconds"])
-                estimated += bool(r.get("cpu_seconds_estimated"))
-                last_part += bool(r.get("resumed")) and "cpu_seconds_before_resume" not in r
-            else:
-                secs += float(r.get("seconds", 0.0))
-                wall_only += 1
+    return [r for rel in sorted(run_dirs) if (r := read_result(out / rel))]
+
+
+def _training_time(results: list[dict[str, Any]]) -> tuple[float, int, int, int]:
+    """CPU seconds of the runs, and how many of them have only a wall clock, an estimated CPU time, or the CPU time
+    of their last part (a resumed run recorded before the parts were summed)."""
+    secs, wall_only, estimated, last_part = 0.0, 0, 0, 0
+    for r in results:
+        if "cpu_seconds" in r:
+            secs += float(r["cpu_seconds"])
+            estimated += bool(r.get("cpu_seconds_estimated"))
+            last_part += bool(r.get("resumed")) and "cpu_seconds_before_resume" not in r
+        else:
+            secs += float(r.get("seconds", 0.0))
+            wall_only += 1
     return secs, wall_only, estimated, last_part
 
 
-def run_devices(spec: SweepSpec, out: Path) -> dict[str, int]:
+def run_devices(results: list[dict[str, Any]]) -> dict[str, int]:
     """Finished runs per device they trained on (``result.json``'s ``device``), when any trained off the CPU;
     empty when all ran on the CPU (runs recorded before devices were kept did)."""
-    run_dirs = {p.rel_dir for p in spec.points()} | {p.rel_dir for p in wanted_points(spec, out)}
     n: dict[str, int] = {}
-    for rel in run_dirs:
-        r = read_result(out / rel)
-        if r and r.get("status") == "finished":
+    for r in results:
+        if r.get("status") == "finished":
             d = str(r.get("device", "cpu"))
             n[d] = n.get(d, 0) + 1
     return n if set(n) - {"cpu"} else {}
@@ -365,8 +366,9 @@ def run_devices(spec: SweepSpec, out: Path) -> dict[str, int]:
 
 def _report(spec: SweepSpec, out: Path, command: str) -> tuple[dict[str, Any], tuple]:
     rows = collect(spec, out)
-    times = _training_time(spec, out)
-    devices = run_devices(spec, out)
+    results = _run_results(spec, out)
+    times = _training_time(results)
+    devices = run_devices(results)
     payload = {
         "spec": spec.raw, "source": spec.source, "length_rule": length_rule_text(), "select": spec.select,
         "cpu_hours": times[0] / 3600, "machine": machine_info(), "command": command, "rows": rows,
