@@ -226,6 +226,38 @@ def _fake_results(spec, out: Path, valid: dict, report: dict, status: dict | Non
         atomic_write_text(d / "result.json", json.dumps(r))
 
 
+_TIED_SUMMARY = """
+import json, sys
+from pathlib import Path
+from seqmem.sweep import collect, load_spec
+from seqmem.sweep.report import summary_table
+spec = load_spec(json.loads(sys.argv[1]))
+print(summary_table(spec, collect(spec, Path(sys.argv[2]))))
+"""
+
+
+def test_tied_rows_keep_the_spec_order_in_every_process(tmp_path):
+    # the summary used to order mixers through a set of strings, so two tied rows swapped places between processes
+    # (string hashing is randomised per process) and every refresh rewrote the report
+    import os
+    import subprocess
+    import sys
+
+    raw = tiny(mixers=[{"name": "deltanet"}, {"name": "attention"}, {"name": "mamba2"}])
+    spec = load_spec(raw)
+    acc = {(lr, seed): 0.5 for lr in spec.lrs for seed in spec.seeds}
+    _fake_results(spec, tmp_path, acc, acc)
+    tables = set()
+    for hash_seed in range(6):
+        env = {**os.environ, "PYTHONHASHSEED": str(hash_seed)}
+        out = subprocess.run([sys.executable, "-c", _TIED_SUMMARY, json.dumps(raw), str(tmp_path)], env=env,
+                             capture_output=True, text=True, check=True).stdout
+        tables.add(out)
+    (table,) = tables
+    rows = [line.split("|")[1].strip() for line in table.splitlines()[2:] if line.startswith("|")]
+    assert rows == ["`deltanet`", "`attention`", "`mamba2`"]
+
+
 def test_lr_is_chosen_on_validation_never_on_the_reported_split(tmp_path):
     spec = load_spec(tiny(mixers=["attention"]))
     lo, hi = spec.lrs
@@ -374,6 +406,31 @@ def test_lr_grid_is_extended_while_the_best_lr_is_at_an_edge(tmp_path):
     assert row["runs_total"] == 5 and row["lr_valid"] == {"0.003": 0.5, "0.01": 0.6, "0.03": 0.7, "0.09": 0.65}
     with pytest.raises(SpecError, match="first_seed"):
         load_spec({**tiny(), "train": {**tiny()["train"], "lr_extend": 1}})
+
+
+def test_the_estimate_counts_only_the_steps_part_trained_runs_have_left(tmp_path, monkeypatch):
+    """A run resumed from a checkpoint at step 5 of 10 costs half a run in the ETA (it used to count a whole one,
+    so a sweep of part-trained runs was estimated far above what it took)."""
+    import re
+
+    from seqmem.sweep import runner
+
+    spec = load_spec(tiny(train__steps=10, mixers=["attention"]))  # 2 lrs x 2 seeds
+    monkeypatch.setattr(runner, "estimate_costs", lambda pts, *a, **k: {p: 360.0 for p in pts})
+    p0, p1 = spec.points()[:2]
+    (tmp_path / p0.rel_dir / "checkpoints" / "ckpt-00000005").mkdir(parents=True)
+    (tmp_path / p1.rel_dir / "checkpoints" / "ckpt-00000002").mkdir(parents=True)
+    (tmp_path / p1.rel_dir / "checkpoints" / "ckpt-00000008").mkdir(parents=True)
+    (tmp_path / p1.rel_dir / "checkpoints" / "not-a-checkpoint").mkdir()
+    assert runner.trained_fraction(tmp_path / p0.rel_dir, 10) == 0.5
+    assert runner.trained_fraction(tmp_path / p1.rel_dir, 10) == 0.8
+    assert runner.trained_fraction(tmp_path / spec.points()[2].rel_dir, 10) == 0.0
+    lines: list[str] = []
+    run_sweep(spec, tmp_path, jobs=1, log=lines.append, probe=True, dry_run=True)
+    (line,) = [x for x in lines if x.startswith("estimated")]
+    # 4 runs x 360 s, less 0.5 and 0.8 of a run: (4 - 1.3) x 0.1 h
+    assert float(re.match(r"estimated ([\d.]+) CPU-hours", line)[1]) == pytest.approx(0.27)
+    assert "2 part-trained" in line
 
 
 def test_progress_counts_the_runs_an_lr_extension_adds(tmp_path, monkeypatch):
@@ -781,6 +838,7 @@ def test_runs_record_their_device_and_a_gpu_run_shows_in_the_report(tmp_path, ca
     results[0].write_text(json.dumps(r))
     payload = write_report(spec, out)
     assert payload["devices"] == {"cpu": 1, "cuda (NVIDIA H200)": 1}
+    assert list(payload["devices"]) == ["cpu", "cuda (NVIDIA H200)"]  # sorted, whichever run dir comes first
     assert "Trained on: cpu (1 run(s)), cuda (NVIDIA H200) (1 run(s))" in (out / "report.md").read_text()
     sfile = tmp_path / "s.json"
     sfile.write_text(json.dumps(spec.raw))

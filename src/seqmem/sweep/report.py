@@ -121,7 +121,7 @@ def chance_level(spec: SweepSpec) -> dict[str, float]:
 
 def summary_table(spec: SweepSpec, rows: list[dict[str, Any]]) -> str:
     """One line per mixer, one column per (setting, model size): mean ± std over seeds at the chosen lr, with
-    the number of seeds; mixers ordered by their mean over the columns they have."""
+    the number of seeds; mixers ordered by their mean over the columns they have (ties in the spec's order)."""
     cols = []
     for setting in spec.settings:
         for combo in _axis_combos(spec):
@@ -145,7 +145,9 @@ def summary_table(spec: SweepSpec, rows: list[dict[str, Any]]) -> str:
         mean = sum(vals) / len(vals)
         return mean if spec.select == "accuracy" else -mean
 
-    mixers = sorted({r["mixer"] for r in rows}, key=lambda m: -score(m))
+    # a stable sort of the rows' first appearance: ties keep the spec's row order (a set's order would change
+    # with each process's string hashing, and the report with it)
+    mixers = sorted(dict.fromkeys(r["mixer"] for r in rows), key=lambda m: -score(m))
     head = ["mixer"] + [f"{lab}, " + ", ".join(f"{a} {v}" for a, v in combo) if combo else lab for lab, combo in cols]
     body = ([f"`{m}`"] + [text(cell.get((m, lab, combo))) for lab, combo in cols] for m in mixers)
     return "\n".join(table_lines(head, body, numeric=True)) + "\n"
@@ -277,7 +279,7 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
               f"(one thread each; {basis}). Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}; "
               f"report written {time.strftime('%Y-%m-%d %H:%M')}.", ""]
     if devices:
-        lines += ["Trained on: " + ", ".join(f"{d} ({n} run(s))" for d, n in sorted(devices.items()))
+        lines += ["Trained on: " + ", ".join(f"{d} ({n} run(s))" for d, n in devices.items())
                   + " (a resumed run under the device of its last part; the data stream is the same on every "
                   "device; the CPU-hours above count the host process's CPU time only).", ""]
     if command:
@@ -361,7 +363,7 @@ def run_devices(results: list[dict[str, Any]]) -> dict[str, int]:
         if r.get("status") == "finished":
             d = str(r.get("device", "cpu"))
             n[d] = n.get(d, 0) + 1
-    return n if set(n) - {"cpu"} else {}
+    return dict(sorted(n.items())) if set(n) - {"cpu"} else {}  # sorted: the same report from the same runs
 
 
 def _report(spec: SweepSpec, out: Path, command: str) -> tuple[dict[str, Any], tuple]:

@@ -148,6 +148,20 @@ def is_finished(run_dir: Path) -> bool:
     return (run_dir / RESULT).is_file()
 
 
+def trained_fraction(run_dir: Path, steps: int) -> float:
+    """The share of ``steps`` an unfinished run has already trained: its newest checkpoint's step (by name; a
+    corrupt one is found out when the run resumes) over ``steps``; 0 for a run that has none."""
+    from seqmem.train.checkpoint import CKPT_PREFIX, list_checkpoints
+
+    ckpts = list_checkpoints(run_dir / "checkpoints")
+    if not ckpts or steps <= 0:
+        return 0.0
+    try:
+        return min(int(ckpts[-1].name[len(CKPT_PREFIX):]) / steps, 1.0)
+    except ValueError:
+        return 0.0
+
+
 def read_result(run_dir: Path) -> dict[str, Any] | None:
     try:
         return json.loads((run_dir / RESULT).read_text())
@@ -536,6 +550,9 @@ def run_sweep(
         f"{n_left} to run ({jobs} worker(s) x {threads} thread(s)) -> {out}")
     # cost per row (all its runs share a model) for the ETA and for starting the longest runs first
     row_cost: dict[tuple, float] = {}
+    # the runs already part-trained, with the share of their steps done (what the ETA need not count again)
+    started = {p: f for p in wanted_points(spec, out, points) if not is_finished(out / p.rel_dir)
+               and (f := trained_fraction(out / p.rel_dir, p.run_spec["train"]["steps"])) > 0}
     if probe and n_left:
         log("measuring one-thread step times (CPU time, not inflated by load) for the ETA ..."
             + (" (eager steps: --compile's are typically 0.75-1.0x of these, after a one-off compile per model)"
@@ -546,8 +563,11 @@ def run_sweep(
                            runs_per_model=sum(left.values()) / max(len(left_rows), 1), jobs=jobs)
         row_cost = {p.group: v for p, v in c.items()}
         total = sum(v * left[k] for k in left for v in [row_cost[groups[k][0].group]] if v == v)
-        log(f"estimated {total / 3600:.2f} CPU-hours for the runs left, about {_fmt_secs(total / max(jobs, 1))} "
-            f"with {jobs} worker(s)")
+        # part-trained runs (resumed from their checkpoints) cost only the steps they have left
+        total -= sum(v * f for p, f in started.items() for v in [row_cost.get(p.group, math.nan)] if v == v)
+        log(f"estimated {total / 3600:.2f} CPU-hours for the runs left"
+            + (f" ({len(started)} part-trained, counted by the steps they have left)" if started else "")
+            + f", about {_fmt_secs(total / max(jobs, 1))} with {jobs} worker(s)")
     slice_order = {}
     for p in points:
         slice_order.setdefault((p.setting, p.model_axes), len(slice_order))
@@ -579,7 +599,12 @@ def run_sweep(
             c = row_cost.get(g[0].group, 0.0)
             if c == c:
                 cost += c * max(n - d, 0)
-        return n_all, n_done, cost
+        # minus what the unfinished runs have trained so far (this process's runs included)
+        for p in wanted_points(spec, out, points):
+            c = row_cost.get(p.group, 0.0)
+            if c == c and c > 0 and not is_finished(out / p.rel_dir):
+                cost -= c * trained_fraction(out / p.rel_dir, p.run_spec["train"]["steps"])
+        return n_all, n_done, max(cost, 0.0)
 
     def report(p: Point, r: dict[str, Any]) -> None:
         if r.get("status") == "busy":  # another process took it between the check and the start
@@ -587,8 +612,8 @@ def run_sweep(
             return
         state["finished"] += 1
         c = row_cost.get(p.group, 0.0)
-        if c == c:
-            state["done_cost"] += c
+        if c == c:  # the share this process trained (a resumed run had the rest done before it started)
+            state["done_cost"] += c * (1.0 - started.get(p, 0.0))
         n_all, n_done, cost_left = left_now()
         el = time.perf_counter() - t0
         if r.get("status") == "finished":
