@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -35,11 +34,6 @@ def stale_entries(headline: Path) -> list[str]:
     return stale
 
 
-def _undated(report_md: str) -> str:
-    """A report without the date it was written (the one part that changes when nothing else does)."""
-    return re.sub(r"report written \d{4}-\d\d-\d\d \d\d:\d\d", "report written", report_md)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("headlines", nargs="*", type=Path)
@@ -56,14 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     for f in files:
         for name, entry in (json.loads(f.read_text()).get("ours") or {}).items():
             report_dir = Path(entry["report"]).parent
-            md = report_dir / "report.md"
-            before = md.read_text() if md.is_file() else None
             rc = seqmem_main(["sweep", name, "--out", str(report_dir / "runs"), "--report", "--report-dir",
                               str(report_dir), "--headline", str(f)])
-            if rc:
+            if rc:  # (a report whose runs did not change is kept as it is: see seqmem.sweep.report)
                 return rc
-            if before is not None and _undated(md.read_text()) == _undated(before):
-                md.write_text(before)  # only the date changed: keep the file as it was
     # derived tables built from those reports
     vort = [Path("docs/results/vort") / d / "report.json" for d in ("zipf_tiny", "zipf_tiny_beta")]
     if all(p.is_file() for p in vort):

@@ -258,6 +258,31 @@ def test_tied_rows_keep_the_spec_order_in_every_process(tmp_path):
     assert rows == ["`deltanet`", "`attention`", "`mamba2`"]
 
 
+def test_a_report_from_unchanged_runs_is_kept_as_it_is(tmp_path):
+    """Re-running a finished sweep rewrites its report: only the date and the writer's thread count would change,
+    so the files are kept (no churn to commit); a changed run rewrites them."""
+    import re
+
+    spec = load_spec(tiny(mixers=["attention"]))
+    acc = {(lr, seed): 0.5 for lr in spec.lrs for seed in spec.seeds}
+    _fake_results(spec, tmp_path, acc, acc)
+    write_report(spec, tmp_path)
+    md, js = tmp_path / "report.md", tmp_path / "report.json"
+    old_md = re.sub(r"report written \S+ \S+", "report written 1999-01-01 00:00.", md.read_text())
+    data = json.loads(js.read_text())
+    data["machine"]["threads"] = 77
+    old_js = json.dumps(data)
+    assert old_md != md.read_text()
+    md.write_text(old_md)
+    js.write_text(old_js)
+    write_report(spec, tmp_path)
+    assert md.read_text() == old_md and js.read_text() == old_js
+    acc[(spec.lrs[0], 0)] = 0.9  # a run changed: both files are rewritten
+    _fake_results(spec, tmp_path, acc, acc)
+    write_report(spec, tmp_path)
+    assert md.read_text() != old_md and json.loads(js.read_text())["machine"]["threads"] != 77
+
+
 def test_lr_is_chosen_on_validation_never_on_the_reported_split(tmp_path):
     spec = load_spec(tiny(mixers=["attention"]))
     lo, hi = spec.lrs

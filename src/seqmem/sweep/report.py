@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -391,10 +392,34 @@ def write_report(spec: SweepSpec, out: Path, report_dir: Path | None = None, com
     report_dir = Path(report_dir or out)
     payload, times = _report(spec, out, command)
     rows = payload["rows"]
-    atomic_write_text(report_dir / "report.md", markdown(spec, rows, command, *times))
-    atomic_write_text(report_dir / "report.json", json.dumps(payload, indent=2, default=str))
+    md, js = markdown(spec, rows, command, *times), json.dumps(payload, indent=2, default=str)
+    # the same runs give the same files: a report that would differ only in when and by how many threads it was
+    # written is kept as it is (re-running a finished sweep, or refreshing, leaves no churn to commit)
+    if not (_same_report(report_dir / "report.md", md) and _same_report(report_dir / "report.json", js)):
+        atomic_write_text(report_dir / "report.md", md)
+        atomic_write_text(report_dir / "report.json", js)
     plot(spec, rows, report_dir / f"{spec.select}_vs_state.png")
     return payload
+
+
+def _same_report(path: Path, text: str) -> bool:
+    """Whether ``path`` holds ``text`` up to what changes when nothing else does: the report's date
+    (``report.md``) and the writing process's thread count (``report.json``'s ``machine.threads``)."""
+    try:
+        old = path.read_text()
+    except OSError:
+        return False
+    if path.suffix == ".json":
+        try:
+            a, b = json.loads(old), json.loads(text)
+        except ValueError:
+            return False
+        for d in (a, b):
+            if isinstance(d, dict) and isinstance(d.get("machine"), dict):
+                d["machine"].pop("threads", None)
+        return a == b
+    undated = re.compile(r"report written \d{4}-\d\d-\d\d \d\d:\d\d")
+    return undated.sub("", old) == undated.sub("", text)
 
 
 def headline_summary(spec: SweepSpec, payload: dict[str, Any],
