@@ -447,6 +447,7 @@ def test_the_estimate_counts_only_the_steps_part_trained_runs_have_left(tmp_path
     (tmp_path / p1.rel_dir / "checkpoints" / "ckpt-00000002").mkdir(parents=True)
     (tmp_path / p1.rel_dir / "checkpoints" / "ckpt-00000008").mkdir(parents=True)
     (tmp_path / p1.rel_dir / "checkpoints" / "not-a-checkpoint").mkdir()
+    (tmp_path / p1.rel_dir / "checkpoints" / "ckpt-old").mkdir()  # sorts last, is not a step: ignored
     assert runner.trained_fraction(tmp_path / p0.rel_dir, 10) == 0.5
     assert runner.trained_fraction(tmp_path / p1.rel_dir, 10) == 0.8
     assert runner.trained_fraction(tmp_path / spec.points()[2].rel_dir, 10) == 0.0

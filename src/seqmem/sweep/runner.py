@@ -153,13 +153,8 @@ def trained_fraction(run_dir: Path, steps: int) -> float:
     corrupt one is found out when the run resumes) over ``steps``; 0 for a run that has none."""
     from seqmem.train.checkpoint import CKPT_PREFIX, list_checkpoints
 
-    ckpts = list_checkpoints(run_dir / "checkpoints")
-    if not ckpts or steps <= 0:
-        return 0.0
-    try:
-        return min(int(ckpts[-1].name[len(CKPT_PREFIX):]) / steps, 1.0)
-    except ValueError:
-        return 0.0
+    done = [int(n) for c in list_checkpoints(run_dir / "checkpoints") if (n := c.name[len(CKPT_PREFIX):]).isdigit()]
+    return min(max(done) / steps, 1.0) if done and steps > 0 else 0.0
 
 
 def read_result(run_dir: Path) -> dict[str, Any] | None:
@@ -560,7 +555,8 @@ def run_sweep(
         left = {k: n - d for k, (n, d) in counts.items() if d < n}
         left_rows = [groups[k] for k in left]
         c = estimate_costs([g[0] for g in left_rows], log,
-                           runs_per_model=sum(left.values()) / max(len(left_rows), 1), jobs=jobs)
+                           runs_per_model=(sum(left.values()) - sum(started.values())) / max(len(left_rows), 1),
+                           jobs=jobs)
         row_cost = {p.group: v for p, v in c.items()}
         total = sum(v * left[k] for k in left for v in [row_cost[groups[k][0].group]] if v == v)
         # part-trained runs (resumed from their checkpoints) cost only the steps they have left
