@@ -157,6 +157,22 @@ def trained_fraction(run_dir: Path, steps: int) -> float:
     return min(max(done) / steps, 1.0) if done and steps > 0 else 0.0
 
 
+def part_trained(out: Path, points: list[Point]) -> dict[Point, float]:
+    """The unfinished runs among ``points`` that have trained some steps, with the share done
+    (:func:`trained_fraction`)."""
+    return {p: f for p in points if not is_finished(out / p.rel_dir)
+            and (f := trained_fraction(out / p.rel_dir, p.run_spec["train"]["steps"])) > 0}
+
+
+def cost_left(counts: dict[tuple, tuple[int, int]], groups: dict[tuple, list[Point]], row_cost: dict[tuple, float],
+              partial: dict[Point, float]) -> float:
+    """CPU-seconds the runs left cost: each row's runs left (``counts``: :func:`plan_counts`) at its cost per run,
+    less the share the part-trained ones (``partial``: :func:`part_trained`) have done; rows without a cost count 0."""
+    cost = sum(c * max(n - d, 0) for k, (n, d) in counts.items() if (c := row_cost.get(groups[k][0].group, 0.0)) == c)
+    cost -= sum(c * f for p, f in partial.items() if (c := row_cost.get(p.group, 0.0)) == c)
+    return max(cost, 0.0)
+
+
 def read_result(run_dir: Path) -> dict[str, Any] | None:
     try:
         return json.loads((run_dir / RESULT).read_text())
@@ -546,8 +562,7 @@ def run_sweep(
     # cost per row (all its runs share a model) for the ETA and for starting the longest runs first
     row_cost: dict[tuple, float] = {}
     # the runs already part-trained, with the share of their steps done (what the ETA need not count again)
-    started = {p: f for p in wanted_points(spec, out, points) if not is_finished(out / p.rel_dir)
-               and (f := trained_fraction(out / p.rel_dir, p.run_spec["train"]["steps"])) > 0}
+    started = part_trained(out, wanted_points(spec, out, points))
     if probe and n_left:
         log("measuring one-thread step times (CPU time, not inflated by load) for the ETA ..."
             + (" (eager steps: --compile's are typically 0.75-1.0x of these, after a one-off compile per model)"
@@ -558,9 +573,7 @@ def run_sweep(
                            runs_per_model=(sum(left.values()) - sum(started.values())) / max(len(left_rows), 1),
                            jobs=jobs)
         row_cost = {p.group: v for p, v in c.items()}
-        total = sum(v * left[k] for k in left for v in [row_cost[groups[k][0].group]] if v == v)
-        # part-trained runs (resumed from their checkpoints) cost only the steps they have left
-        total -= sum(v * f for p, f in started.items() for v in [row_cost.get(p.group, math.nan)] if v == v)
+        total = cost_left(counts, groups, row_cost, started)  # part-trained runs: only the steps they have left
         log(f"estimated {total / 3600:.2f} CPU-hours for the runs left"
             + (f" ({len(started)} part-trained, counted by the steps they have left)" if started else "")
             + f", about {_fmt_secs(total / max(jobs, 1))} with {jobs} worker(s)")
@@ -587,20 +600,10 @@ def run_sweep(
     def left_now() -> tuple[int, int, float]:
         """(runs needed in all, runs finished, CPU-seconds left) as known now: an lr extension adds runs to a row
         (and, if it wins, that row's other seeds) only once the results that ask for it exist."""
-        n_all = n_done = 0
-        cost = 0.0
-        for k, (n, d) in plan_counts(spec, out, points).items():
-            g = groups[k]
-            n_all, n_done = n_all + n, n_done + d
-            c = row_cost.get(g[0].group, 0.0)
-            if c == c:
-                cost += c * max(n - d, 0)
-        # minus what the unfinished runs have trained so far (this process's runs included)
-        for p in wanted_points(spec, out, points):
-            c = row_cost.get(p.group, 0.0)
-            if c == c and c > 0 and not is_finished(out / p.rel_dir):
-                cost -= c * trained_fraction(out / p.rel_dir, p.run_spec["train"]["steps"])
-        return n_all, n_done, max(cost, 0.0)
+        now = plan_counts(spec, out, points)
+        # what the unfinished runs have trained so far (this process's runs included) is not left
+        cost = cost_left(now, groups, row_cost, part_trained(out, wanted_points(spec, out, points)))
+        return sum(n for n, _ in now.values()), sum(d for _, d in now.values()), cost
 
     def report(p: Point, r: dict[str, Any]) -> None:
         if r.get("status") == "busy":  # another process took it between the check and the start
