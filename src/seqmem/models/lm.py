@@ -125,13 +125,19 @@ def run_blocks(
 
 
 def check_ids(input_ids: Tensor, vocab_size: int) -> None:
-    """Raise unless ``input_ids`` is a non-empty ``(batch, time)`` integer tensor of ids in ``[0, vocab_size)``."""
+    """Raise unless ``input_ids`` is a non-empty ``(batch, time)`` integer tensor of ids in ``[0, vocab_size)``.
+
+    Inside ``torch.compile`` only the shape and dtype are checked (they are static); the caller checks the range."""
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
         raise ValueError(f"input_ids must be a (batch, time) tensor, got {getattr(input_ids, 'shape', input_ids)}")
     if input_ids.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
     if input_ids.numel() == 0:
         raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)})")
+    if torch.compiler.is_compiling():
+        # The range is data-dependent: reading it would break the compiled graph and sync with the device every
+        # call. A compiled training step checks its batch on the host before the call (seqmem.train.loop.train).
+        return
     lo, hi = int(input_ids.min()), int(input_ids.max())
     if lo < 0 or hi >= vocab_size:
         raise ValueError(f"token ids must lie in [0, {vocab_size}), got range [{lo}, {hi}]")

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from seqmem.io import read_jsonl
 from seqmem.mixers.base import NonFiniteError, check_fields, check_option
+from seqmem.models.lm import check_ids
 from seqmem.train.checkpoint import (
     latest_good_checkpoint,
     list_checkpoints,
@@ -392,11 +393,13 @@ def train(
     simple = world == 1 and cfg.grad_accum == 1  # one forward/backward per step (the original single-process path)
     sparse = takes_positions(model)  # the head at the scored positions only (scored_logits)
     fwd = model  # what the training steps call: the model, or its compiled form
+    vocab: int | None = None  # set when compiled: the batch's id range is then checked before the call
     if compile:
         if not simple or fsdp:
             raise ValueError("compile=True supports one process without gradient accumulation (grad_accum = 1)")
         check_compiler(device)
         fwd = torch.compile(model)
+        vocab = getattr(getattr(model, "cfg", None), "vocab_size", None)
 
     bar = None
     lines = False  # progress as plain lines (stderr is a log file or a pipe: no carriage returns)
@@ -420,6 +423,8 @@ def train(
         log_now = step % cfg.log_every == 0 or step == cfg.steps
         try:
             if simple:
+                if vocab is not None:  # compiled: the id range, on the host (the compiled forward skips it)
+                    check_ids(x, vocab)
                 x, y = x.to(device), y.to(device)
                 with autocast(device, cfg.precision):
                     loss, logits, scored = scored_loss(fwd, x, y, sparse)
