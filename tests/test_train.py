@@ -87,9 +87,9 @@ def test_total_cpu_seconds_of_a_resumed_run():
 
 def test_compiled_training_is_the_same_training(tmp_path, monkeypatch):
     """compile=True: the same losses as eager training (up to float rounding), log records marked compiled, the
-    checkpoint loadable by an eager model (no compiled-module prefixes), no graph break at the id check, out-of-range ids
-    still a clear error; refused with grad_accum > 1 and, on CPU, without a C++ compiler (one line, before
-    training)."""
+    checkpoint loadable by an eager model (no compiled-module prefixes), no graph break at the id check,
+    out-of-range ids still a clear error; refused with grad_accum > 1 and, on CPU, without a C++ compiler (one
+    line, before training)."""
     import shutil
 
     from seqmem.train.loop import check_compiler

@@ -349,13 +349,14 @@ def test_vla_recursion_is_not_the_exact_minimiser_of_eq7():
     assert rel > 0.3
 
 
-def test_table5_classical_rls_gain_is_bounded_not_dh_over_lambda0():
+@pytest.mark.parametrize("d, mean_below", [(32, 1.15), (128, 1.25)])  # measured means 1.07 / 1.19
+def test_table5_classical_rls_gain_is_bounded_not_dh_over_lambda0(d, mean_below):
     """Erratum (Table 5: classical RLS has ‖J_t‖₂ = d_h/λ0, "explodes at large d_h"): the classical gain
     g_t = A_{t-1}k̂_t/(1 + k̂_tᵀA_{t-1}k̂_t) equals A_t k̂_t (Sherman–Morrison, with u_t = k̂_t), and the Jacobian
     I − g_t k̂_tᵀ of S_t = S_{t-1} + (v_t − S_{t-1}k̂_t)g_tᵀ (right-multiplied) stays below the golden ratio
     (0 < k̂ᵀg < 1): measured mean / max over 200 random unit keys 1.07 / 1.33 at d_h = 32 (1.19 / 1.35 at 128),
     not d_h/λ0 = 320 (1,280)."""
-    T, d, lam0 = 200, 32, 0.1
+    T, lam0 = 200, 0.1
     g = torch.Generator().manual_seed(7)
     kh = F.normalize(torch.randn(T, d, generator=g, dtype=DT), dim=-1)
     eye = torch.eye(d, dtype=DT)
@@ -369,4 +370,4 @@ def test_table5_classical_rls_gain_is_bounded_not_dh_over_lambda0():
         assert_rel_close(gain, A @ k, 1e-10)
         norms.append(torch.linalg.matrix_norm(eye - torch.outer(k, gain), ord=2).item())
     assert min(norms) >= 1 - 1e-12 and max(norms) < GOLDEN
-    assert sum(norms) / T < 1.15 and max(norms) < d / lam0 / 100
+    assert sum(norms) / T < mean_below and max(norms) < d / lam0 / 100
