@@ -459,6 +459,24 @@ def test_the_estimate_counts_only_the_steps_part_trained_runs_have_left(tmp_path
     assert "2 part-trained" in line
 
 
+def test_the_eta_credits_what_runs_in_flight_have_trained(tmp_path):
+    """The ETA's rate is the work this process has done over its wall time: a finished run counts whole, a run still
+    in flight by its newest checkpoint, a resumed one only for the share it added here, and a row whose cost is
+    unknown (NaN) not at all (it used to credit finished runs alone, so with several workers it started high)."""
+    from seqmem.io import atomic_write_text
+    from seqmem.sweep import runner
+
+    spec = load_spec(tiny(train__steps=10, mixers=["attention"]))  # 2 lrs x 2 seeds
+    a, b, c, d = spec.points()
+    atomic_write_text(tmp_path / a.rel_dir / "result.json", "{}")  # finished here
+    (tmp_path / b.rel_dir / "checkpoints" / "ckpt-00000004").mkdir(parents=True)  # in flight, 0.4 done
+    atomic_write_text(tmp_path / c.rel_dir / "result.json", "{}")  # resumed from 0.5, finished here
+    cost = {a.group: 100.0}
+    assert runner.work_done(tmp_path, {a, b, c, d}, {c: 0.5}, cost) == pytest.approx(100 + 40 + 50)
+    assert runner.work_done(tmp_path, {b}, {b: 0.4}, cost) == 0.0  # no step trained here yet
+    assert runner.work_done(tmp_path, {a, b}, {}, {a.group: float("nan")}) == 0.0
+
+
 def test_progress_counts_the_runs_an_lr_extension_adds(tmp_path, monkeypatch):
     """The progress line's [finished/needed] counts grow with an lr extension and its second-stage seeds: never
     more finished than needed, and "done" only on the last run (an extension used to print [5/4] ... done)."""

@@ -173,6 +173,24 @@ def cost_left(counts: dict[tuple, tuple[int, int]], groups: dict[tuple, list[Poi
     return max(cost, 0.0)
 
 
+def work_done(out: Path, mine: set[Point] | list[Point], started: dict[Point, float],
+              row_cost: dict[tuple, float]) -> float:
+    """CPU-seconds of the runs left that this process has trained so far: each of its runs (``mine``: finished or
+    still in flight) at its row's cost per run, times the share it trained here — a finished run's whole, an
+    unfinished one's newest checkpoint (:func:`trained_fraction`) — less the share done before this process started
+    (``started``: :func:`part_trained`).  With several workers, runs in flight count too, so the ETA's rate is right
+    from the first finished run on (it used to credit finished runs only, and started high)."""
+    total = 0.0
+    for p in mine:
+        c = row_cost.get(p.group, 0.0)
+        if c != c:  # a row whose cost is unknown (NaN) counts 0
+            continue
+        d = out / p.rel_dir
+        now = 1.0 if is_finished(d) else trained_fraction(d, p.run_spec["train"]["steps"])
+        total += c * max(now - started.get(p, 0.0), 0.0)
+    return total
+
+
 def read_result(run_dir: Path) -> dict[str, Any] | None:
     try:
         return json.loads((run_dir / RESULT).read_text())
@@ -595,7 +613,8 @@ def run_sweep(
         return {"total": n_expected, "finished_before": done_before, "ran": 0, "errors": 0}
 
     t0 = time.perf_counter()
-    state = {"finished": 0, "errors": 0, "done_cost": 0.0}
+    state = {"finished": 0, "errors": 0}
+    busy: set[Point] = set()  # runs another process took between the check and the start: not this process's work
 
     def left_now() -> tuple[int, int, float]:
         """(runs needed in all, runs finished, CPU-seconds left) as known now: an lr extension adds runs to a row
@@ -607,13 +626,13 @@ def run_sweep(
 
     def report(p: Point, r: dict[str, Any]) -> None:
         if r.get("status") == "busy":  # another process took it between the check and the start
+            busy.add(p)
             log(f"skipped {p.rel_dir}: another process is training it")
             return
         state["finished"] += 1
-        c = row_cost.get(p.group, 0.0)
-        if c == c:  # the share this process trained (a resumed run had the rest done before it started)
-            state["done_cost"] += c * (1.0 - started.get(p, 0.0))
         n_all, n_done, cost_left = left_now()
+        # what this process has trained so far, its runs in flight included (a resumed run: the share it added)
+        done_cost = work_done(out, attempted - busy, started, row_cost)
         el = time.perf_counter() - t0
         if r.get("status") == "finished":
             what = (f"valid {_metric(r['valid'], spec.select)}  {r.get('report_split', 'eval')} "
@@ -626,8 +645,8 @@ def run_sweep(
         left = n_all - n_done
         if left <= 0:
             eta = "done"
-        elif state["done_cost"] > 0 and cost_left > 1e-9:
-            eta = f"ETA {_fmt_secs(el / state['done_cost'] * cost_left)}"
+        elif done_cost > 0 and cost_left > 1e-9:
+            eta = f"ETA {_fmt_secs(el / done_cost * cost_left)}"
         else:
             eta = f"ETA {_fmt_secs(el / state['finished'] * left)}"
         log(f"[{n_done}/{n_all}] {p.rel_dir}  {what}  "
