@@ -1,5 +1,6 @@
 """VORT Table 1 over β from sweep reports: the tune group's chosen row stands for the group at every β, incomplete
-rows wait, the mean over β pairs seeds by index, and the paper's row stands beside ours."""
+rows wait, the mean over β pairs seeds by index, the paper's row stands beside ours, and the paper's gaps between rows
+are computed paired by β and seed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from seqmem.repro.vort.table1 import collect, main, table
+from seqmem.repro.vort.table1 import collect, gaps, main, markdown, table
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,6 +47,32 @@ def test_mean_over_beta_with_the_chosen_exponential_under_its_group_name():
     assert pl["mean_over_beta"]["long"]["std"] == pytest.approx(0.1)
     assert not rows["exponential"]["complete"] and "mean_over_beta" not in rows["exponential"]
     assert rows["exponential"]["paper"]["long"] == 52.3
+
+
+def test_gaps_are_paired_by_beta_and_seed():
+    rep = {"rows": [
+        _row("beta=1.0", "power-law", _bins(1.0, 0.9, [0.7, 0.8, 0.9])),
+        _row("beta=1.0", "exp-a", _bins(1.0, 0.8, [0.5, 0.5, 0.5]), tune="exponential", chosen=True),
+        _row("beta=1.5", "power-law", _bins(1.0, 0.9, [0.4, 0.5, 0.6])),
+        _row("beta=1.5", "exp-a", _bins(1.0, 0.8, [0.5, 0.5, 0.5])),
+        _row("beta=1.0", "mixture-5", _bins(1.0, 0.8, [0.4, 0.4, 0.4]), complete=False),
+    ]}
+    (g,) = gaps(collect([rep]))  # mixture-5 is not complete: only power-law − exponential
+    assert (g["a"], g["b"], g["betas"]) == ("power-law", "exponential", [1.0, 1.5])
+    assert g["per_beta"]["1.0"]["long"]["per_seed"] == pytest.approx([0.2, 0.3, 0.4])
+    assert g["per_beta"]["1.5"]["long"]["mean"] == pytest.approx(0.0)
+    assert g["pairs"]["long"]["n"] == 6 and g["pairs"]["long"]["positive"] == 4  # a tie is not a win
+    assert g["pairs"]["long"]["mean"] == pytest.approx(0.15)
+    assert g["pairs"]["short"]["mean"] == pytest.approx(0.0) and g["pairs"]["medium"]["mean"] == pytest.approx(0.1)
+    assert "mean_over_beta" not in g and g["paper"]["long"] == pytest.approx(27.1)
+    md = markdown(table(collect([rep])), ["r.json"], [g])
+    assert "| power-law − exponential | +30.0 ± 10.0 | +0.0 ± 10.0 | — | +15.0 ± 18.7 (4 of 6) |" in md
+    # every β: the gap of the means over β, per seed index
+    rep["rows"] += [_row("beta=2.0", "power-law", _bins(1.0, 0.9, [0.1, 0.2, 0.3])),
+                    _row("beta=2.0", "exp-a", _bins(1.0, 0.8, [0.4, 0.5, 0.9]))]
+    (g,) = gaps(collect([rep]))
+    assert g["mean_over_beta"]["long"]["per_seed"] == pytest.approx([(0.2 - 0.1 - 0.3) / 3, 0.0, (0.4 + 0.1 - 0.6) / 3])
+    assert "−3.3 ± 3.3 |" in markdown(table(collect([rep])), ["r.json"], [g])
 
 
 def test_bad_reports_are_refused():

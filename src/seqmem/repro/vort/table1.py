@@ -6,6 +6,10 @@ from each β's pooled per-bin accuracy at the row's chosen lr: for seed index s,
 (different runs per β, paired by seed index), then mean ± sample std over the seed indices.  A tune group's chosen
 row (the exponential, whose λ is chosen on validation) is reported under the group's name, at every β.
 
+The paper's claims are gaps between rows (power-law over the exponential by 27 points on long lags, the mixture of
+five exponentials between them), so the gaps are computed too, paired: runs with the same β and seed index train on
+the same data stream, so their difference removes the stream's share of the seed spread (:func:`gaps`).
+
     python -m seqmem.repro.vort.table1 REPORT.json [REPORT.json ...] --out DIR     (writes table1.md / table1.json)
 """
 
@@ -95,7 +99,51 @@ def table(data: dict[str, dict[float, dict[str, list[float]]]]) -> list[dict[str
     return rows
 
 
-def markdown(rows: list[dict[str, Any]], sources: list[str]) -> str:
+#: the paper's comparisons (row a minus row b), each as its Table 1 states it
+GAPS = (("power-law", "exponential"), ("mixture-5", "exponential"), ("power-law", "mixture-5"))
+
+
+def gaps(data: dict[str, dict[float, dict[str, list[float]]]]) -> list[dict[str, Any]]:
+    """Row a minus row b per bin, paired by β and seed index, for each pair of :data:`GAPS` whose rows are both
+    there: per β the per-seed differences and their mean ± std; ``pairs``, every (β, seed) difference pooled, with
+    mean ± std, their number and how many are positive; once both rows have every β, ``mean_over_beta``: the
+    difference of the two rows' means over β per seed index (what the paper's gap compares with).  ``paper``: the
+    paper's Table 1 gap in points (it reports no spread)."""
+    out = []
+    for a, b in GAPS:
+        if a not in data or b not in data:
+            continue
+        betas = [beta for beta in sorted(data[a]) if beta in data[b]]
+        if not betas:
+            continue
+        entry: dict[str, Any] = {"a": a, "b": b, "betas": betas, "per_beta": {}, "pairs": {}}
+        for bin_ in BINS:
+            pooled = []
+            for beta in betas:
+                xa, xb = data[a][beta][bin_], data[b][beta][bin_]
+                n = min(len(xa), len(xb))
+                diff = [xa[s] - xb[s] for s in range(n)]
+                pooled += diff
+                m, sd = _stats(diff)
+                entry["per_beta"].setdefault(str(beta), {})[bin_] = {"mean": m, "std": sd, "per_seed": diff}
+            m, sd = _stats(pooled)
+            entry["pairs"][bin_] = {"mean": m, "std": sd, "n": len(pooled), "positive": sum(d > 0 for d in pooled)}
+        if all(beta in data[a] and beta in data[b] for beta in BETAS):
+            over = {}
+            for bin_ in BINS:
+                n = min(len(data[r][beta][bin_]) for r in (a, b) for beta in BETAS)
+                per_seed = [statistics.fmean(data[a][beta][bin_][s] - data[b][beta][bin_][s] for beta in BETAS)
+                            for s in range(n)]
+                m, sd = _stats(per_seed)
+                over[bin_] = {"mean": m, "std": sd, "per_seed": per_seed}
+            entry["mean_over_beta"] = over
+        pa, pb = PAPER_T1.get(PAPER_ROWS.get(a, "")), PAPER_T1.get(PAPER_ROWS.get(b, ""))
+        entry["paper"] = {bin_: round(x - y, 1) for bin_, x, y in zip(BINS, pa, pb)} if pa and pb else None
+        out.append(entry)
+    return out
+
+
+def markdown(rows: list[dict[str, Any]], sources: list[str], gap_rows: list[dict[str, Any]] | None = None) -> str:
     def pct(m: float, s: float | None) -> str:
         return f"{100 * m:.1f} ± {100 * s:.1f}" if s is not None else f"{100 * m:.1f}"
 
@@ -114,6 +162,27 @@ def markdown(rows: list[dict[str, Any]], sources: list[str]) -> str:
         ours = " / ".join(pct(over[b]["mean"], over[b]["std"]) for b in BINS) if over else "— (not every β yet)"
         paper = " / ".join(f"{r['paper'][b]:.1f}" for b in BINS) if r["paper"] else "— (no such row)"
         lines.append(f"| {r['row']} | " + " | ".join(cells) + f" | {ours} | {paper} |")
+    if gap_rows:
+        def pts(d: dict[str, Any]) -> str:
+            m = f"{100 * d['mean']:+.1f}".replace("-", "−")
+            return f"{m} ± {100 * d['std']:.1f}" if d["std"] is not None else m
+
+        lines += ["", "## The paper's gaps on long lags, paired by seed (points)", "",
+                  "Row a minus row b on the long-lag bin, by β and seed index (the same data stream): mean ± std "
+                  "over seeds per β; *pooled*: every (β, seed) pair, with how many favour a; *mean over β*: the "
+                  "difference of the two rows' means over β, per seed index — what the paper's gap compares with. "
+                  "Every bin is in `table1.json`.", "",
+                  "| a − b | " + " | ".join(f"β = {b:g}" for b in BETAS)
+                  + " | pooled (pairs with a > b) | mean over β (ours) | paper |",
+                  "|---|" + "---|" * (len(BETAS) + 3)]
+        for g in gap_rows:
+            cells = [pts(g["per_beta"][str(beta)]["long"]) if str(beta) in g["per_beta"] else "—" for beta in BETAS]
+            pl = g["pairs"]["long"]
+            over = g.get("mean_over_beta")
+            lines.append(f"| {g['a']} − {g['b']} | " + " | ".join(cells)
+                         + f" | {pts(pl)} ({pl['positive']} of {pl['n']}) | "
+                         + (pts(over["long"]) if over else "— (not every β yet)") + " | "
+                         + (f"{g['paper']['long']:+.1f}".replace("-", "−") if g["paper"] else "—") + " |")
     lines += ["", "Sources: " + ", ".join(f"`{s}`" for s in sources), ""]
     return "\n".join(lines)
 
@@ -127,12 +196,13 @@ def main(argv: list[str] | None = None) -> int:
         reps = [json.loads(p.read_text()) for p in a.reports]
     except (OSError, ValueError) as e:
         ap.error(f"cannot read a report: {e}")
-    rows = table(collect(reps))
+    data = collect(reps)
+    rows, gap_rows = table(data), gaps(data)
     a.out.mkdir(parents=True, exist_ok=True)
     sources = [str(p) for p in a.reports]
-    atomic_write_text(a.out / "table1.json", json.dumps({"sources": sources, "rows": rows}, indent=2,
-                                                        allow_nan=False) + "\n")
-    atomic_write_text(a.out / "table1.md", markdown(rows, sources))
+    atomic_write_text(a.out / "table1.json", json.dumps({"sources": sources, "rows": rows, "gaps": gap_rows},
+                                                        indent=2, allow_nan=False) + "\n")
+    atomic_write_text(a.out / "table1.md", markdown(rows, sources, gap_rows))
     print(f"wrote {a.out / 'table1.md'}")
     return 0
 
