@@ -5,7 +5,8 @@
 #
 #   bash scripts/headlines.sh [calibrate|headline|long|all]     (default: all = calibrate, then headline)
 #
-# calibrate: the CPU-scale calibrations of Echo, Elastic, Lattice and VORT (≈ 7 CPU-hours together) — run the
+# calibrate: the CPU-scale calibrations of VLA, Echo, Elastic, Lattice and VORT (≈ 7 CPU-hours together, VLA's
+#            at the paper's size included) — run the
 # headline of a paper only where its reference baseline calibrates (see that paper's headline.json).
 # headline:  VLA's convolution check, the CPU-scale headlines of Lattice, Elastic and Echo, VLA's copy task, Echo's
 #            longer calibration of the cells that did not calibrate in 2,000 steps, Echo's transfer suite at the
@@ -59,6 +60,7 @@ gated() {  # gated PAPER SWEEP-ARGS...: a headline sweep, skipped while the pape
 }
 
 calibrate() {
+    sweep vla_calibrate vla calibrate
     sweep echo_calibrate_small echo calibrate_small
     sweep elastic_calibrate_small elastic calibrate_small
     sweep elastic_calibrate_drift elastic calibrate_drift

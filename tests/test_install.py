@@ -60,3 +60,21 @@ def test_plain_install_needs_no_extras():
     assert out.returncode == 0, out.stderr[-4000:]
     assert "OK" in out.stdout
 
+
+
+def test_every_packaged_file_is_in_the_package_data():
+    """A non-editable install ships only what ``[tool.setuptools.package-data]`` names besides modules: every data
+    file under ``src/seqmem`` (sweep specs, C++ sources) must match one of its patterns, or ``seqmem sweep NAME``
+    finds the spec in a clone and not in an installed package."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["seqmem"]
+    pkg = root / "src" / "seqmem"
+    data = [p.relative_to(pkg).as_posix() for p in pkg.rglob("*") if p.is_file()
+            and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
+    assert any(d.startswith("experiments/") for d in data)  # the walk sees the specs
+    missing = [d for d in data if not any(fnmatch.fnmatch(d, pat) for pat in patterns)]
+    assert not missing, f"data files a non-editable install would leave out: {missing}"
