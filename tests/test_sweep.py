@@ -459,6 +459,22 @@ def test_the_estimate_counts_only_the_steps_part_trained_runs_have_left(tmp_path
     assert "2 part-trained" in line
 
 
+def test_runs_with_the_most_time_left_start_first(tmp_path, monkeypatch):
+    """Within a slice the runs start in order of the CPU time they have left: a row's cost per run less what a
+    part-trained run has done (so two workers finish together instead of one starting a whole run last)."""
+    from seqmem.sweep import runner
+
+    spec = load_spec(tiny(train__steps=10, mixers=["attention"]))  # 2 lrs x 2 seeds, one row
+    monkeypatch.setattr(runner, "estimate_costs", lambda pts, *a, **k: {p: 360.0 for p in pts})
+    a, b, c, d = spec.points()
+    (tmp_path / a.rel_dir / "checkpoints" / "ckpt-00000008").mkdir(parents=True)
+    (tmp_path / b.rel_dir / "checkpoints" / "ckpt-00000003").mkdir(parents=True)
+    lines: list[str] = []
+    run_sweep(spec, tmp_path, jobs=1, log=lines.append, probe=True, dry_run=True)
+    assert [x.split()[-1] for x in lines if x.strip().startswith("would run")] == [
+        str(p.rel_dir) for p in (c, d, b, a)]
+
+
 def test_the_eta_credits_what_runs_in_flight_have_trained(tmp_path):
     """The ETA's rate is the work this process has done over its wall time: a finished run counts whole, a run still
     in flight by its newest checkpoint, a resumed one only for the share it added here, and a row whose cost is

@@ -577,7 +577,7 @@ def run_sweep(
     n_left = n_expected - done_before
     log(f"sweep {spec.name}: {n_expected} runs ({spec.lr_selection} lr selection), {done_before} finished, "
         f"{n_left} to run ({jobs} worker(s) x {threads} thread(s)) -> {out}")
-    # cost per row (all its runs share a model) for the ETA and for starting the longest runs first
+    # cost per row (all its runs share a model) for the ETA and for starting the runs with the most time left first
     row_cost: dict[tuple, float] = {}
     # the runs already part-trained, with the share of their steps done (what the ETA need not count again)
     started = part_trained(out, wanted_points(spec, out, points))
@@ -600,8 +600,13 @@ def run_sweep(
         slice_order.setdefault((p.setting, p.model_axes), len(slice_order))
 
     def order(todo: list[Point]) -> list[Point]:
-        # slices (setting, model size) in spec order; the longest runs first within a slice
-        return sorted(todo, key=lambda p: (slice_order[(p.setting, p.model_axes)], -(row_cost.get(p.group) or 0)))
+        # slices (setting, model size) in spec order; within a slice the runs with the most CPU time left first
+        # (a part-trained run counts by the steps it has left), so that the workers finish together
+        def left(p: Point) -> float:
+            c = row_cost.get(p.group) or 0.0
+            return c * (1.0 - trained_fraction(out / p.rel_dir, p.run_spec["train"]["steps"])) if c == c else 0.0
+
+        return sorted(todo, key=lambda p: (slice_order[(p.setting, p.model_axes)], -left(p)))
 
     if dry_run:
         todo = order([p for p in wanted_points(spec, out, points) if not is_finished(out / p.rel_dir)])
