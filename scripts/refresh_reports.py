@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     if all(p.is_file() for p in vort):
         from seqmem.repro.vort.table1 import main as vort_table1
 
-        rc = vort_table1([*map(str, vort), "--out", "docs/results/vort"])
+        rc = vort_table1([*map(str, vort), "--out", "docs/results/vort",
+                          "--headline", "docs/results/vort/headline.json"])
         if rc:
             return rc
     return 0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from seqmem.repro.vort.table1 import collect, gaps, main, markdown, table
+from seqmem.repro.vort.table1 import collect, gaps, headline_entry, main, markdown, table
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,3 +92,22 @@ def test_the_committed_reports_make_a_table(tmp_path):
     rows = {r["row"]: r for r in json.loads((tmp_path / "table1.json").read_text())["rows"]}
     assert "power-law" in rows and "1.0" in rows["power-law"]["per_beta"]
     assert "| power-law |" in (tmp_path / "table1.md").read_text()
+
+
+def test_the_committed_headline_records_the_table_its_reports_give(tmp_path):
+    """``headline.json``'s ``table1_over_beta`` is what the committed reports give (refresh_reports.py writes it);
+    ``--headline`` records it and keeps the rest of the file."""
+    reports = [json.loads((ROOT / f"docs/results/vort/{d}/report.json").read_text()) for d in ("zipf_tiny",
+                                                                                               "zipf_tiny_beta")]
+    data = collect(reports)
+    want = headline_entry(table(data), gaps(data))
+    committed = json.loads((ROOT / "docs/results/vort/headline.json").read_text())
+    assert committed["table1_over_beta"] == want, "stale: run scripts/refresh_reports.py"
+    h = tmp_path / "headline.json"
+    h.write_text(json.dumps({"paper": "VORT", "table1_over_beta": {"old": 1}}))
+    paths = [str(ROOT / f"docs/results/vort/{d}/report.json") for d in ("zipf_tiny", "zipf_tiny_beta")]
+    assert main([*paths, "--out", str(tmp_path), "--headline", str(h)]) == 0
+    got = json.loads(h.read_text())
+    assert got["paper"] == "VORT" and got["table1_over_beta"] == want
+    with pytest.raises(SystemExit):
+        main([*paths, "--out", str(tmp_path), "--headline", str(tmp_path / "missing.json")])

@@ -10,7 +10,8 @@ The paper's claims are gaps between rows (power-law over the exponential by 27 p
 five exponentials between them), so the gaps are computed too, paired: runs with the same β and seed index train on
 the same data stream, so their difference removes the stream's share of the seed spread (:func:`gaps`).
 
-    python -m seqmem.repro.vort.table1 REPORT.json [REPORT.json ...] --out DIR     (writes table1.md / table1.json)
+    python -m seqmem.repro.vort.table1 REPORT.json [REPORT.json ...] --out DIR [--headline HEADLINE.json]
+        (writes table1.md / table1.json; with --headline also its ``table1_over_beta`` entry)
 """
 
 from __future__ import annotations
@@ -187,11 +188,26 @@ def markdown(rows: list[dict[str, Any]], sources: list[str], gap_rows: list[dict
     return "\n".join(lines)
 
 
+def headline_entry(rows: list[dict[str, Any]], gap_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What ``headline.json`` records as ``table1_over_beta`` (JSON-normalised: what reading the file back gives)."""
+    return json.loads(json.dumps({"report": "table1.md", "rows": rows, "gaps": gap_rows}, allow_nan=False))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="VORT Table 1 (mean over β) from sweep reports")
     ap.add_argument("reports", type=Path, nargs="+", help="report.json of vort_zipf_tiny / vort_zipf_tiny_beta")
     ap.add_argument("--out", type=Path, required=True, help="directory for table1.md and table1.json")
+    ap.add_argument("--headline", type=Path, help="a paper's headline.json: record the table there too "
+                    "(table1_over_beta; the rest of the file is kept)")
     a = ap.parse_args(argv)
+    headline = None
+    if a.headline is not None:
+        try:
+            headline = json.loads(a.headline.read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"cannot read {a.headline}: {e}")
+        if not isinstance(headline, dict):
+            ap.error(f"{a.headline}: a headline file holds a JSON object")
     try:
         reps = [json.loads(p.read_text()) for p in a.reports]
     except (OSError, ValueError) as e:
@@ -203,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(a.out / "table1.json", json.dumps({"sources": sources, "rows": rows, "gaps": gap_rows},
                                                         indent=2, allow_nan=False) + "\n")
     atomic_write_text(a.out / "table1.md", markdown(rows, sources, gap_rows))
+    if headline is not None:
+        headline["table1_over_beta"] = headline_entry(rows, gap_rows)
+        atomic_write_text(a.headline, json.dumps(headline, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
     print(f"wrote {a.out / 'table1.md'}")
     return 0
 
