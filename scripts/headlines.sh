@@ -10,12 +10,12 @@
 # headline of a paper only where its reference baseline calibrates (see that paper's headline.json).
 # headline:  VLA's convolution check, the CPU-scale headlines of Lattice, Elastic and Echo, VLA's copy task, Echo's
 #            longer calibration of the cells that did not calibrate in 2,000 steps, Echo's transfer suite at the
-#            paper's size (3 seeds), then a second worker on `long` (VORT: the one paper without an answer yet),
+#            paper's size (3 seeds), then a second worker on `long` (VORT's grid, should any of it be left),
 #            then Echo's MQAR at the longer gap that calibrated (M = 4 gap 256) and the rest of VLA's capacity
-#            curve (≈ 12 CPU-hours together on 2026-11-27).
+#            curve (≈ 14 CPU-hours together left on 2026-11-27).
 # long:      VORT's Zipf grid at 1/40 scale, β = 1, then β = 1.5 and 2.0 at β = 1's lrs: a lane of its own
-#            (≈ 12 CPU-hours left on 2026-11-27 after a GPU ran most of it; on a GPU machine,
-#            `bash scripts/gpu_campaign.sh` runs these sweeps with many workers side by side).
+#            (complete on 2026-11-27, partly on a GPU; on a GPU machine, `bash scripts/gpu_campaign.sh` runs
+#            these sweeps with many workers side by side).
 # A paper's headline runs only once its calibration is recorded as passed: `calibration.calibrated` in its
 # headline.json starts with "yes" (set after reading the calibration report against the criterion stated there);
 # FORCE=1 runs them all anyway.

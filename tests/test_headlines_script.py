@@ -12,9 +12,9 @@ from seqmem.sweep import list_packaged_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "headlines.sh"
-CALIBRATIONS = ["echo_calibrate_small", "elastic_calibrate_small", "elastic_calibrate_drift", "lattice_calibrate_small",
-                "vort_calibrate_small", "vort_calibrate_rope", "vort_calibrate_tiny", "vort_calibrate_tiny_wide",
-                "vort_calibrate_tiny_wide_long"]
+CALIBRATIONS = ["vla_calibrate", "echo_calibrate_small", "elastic_calibrate_small", "elastic_calibrate_drift",
+                "lattice_calibrate_small", "vort_calibrate_small", "vort_calibrate_rope", "vort_calibrate_tiny",
+                "vort_calibrate_tiny_wide", "vort_calibrate_tiny_wide_long"]
 
 
 def _run(tmp_path: Path, *args: str, force: bool = True) -> tuple[int, list[list[str]], str]:
