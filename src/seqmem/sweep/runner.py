@@ -164,12 +164,18 @@ def part_trained(out: Path, points: list[Point]) -> dict[Point, float]:
             and (f := trained_fraction(out / p.rel_dir, p.run_spec["train"]["steps"])) > 0}
 
 
+def run_cost(row_cost: dict[tuple, float], group: tuple) -> float:
+    """CPU-seconds one run of row ``group`` costs: 0 for a row whose cost is not known (absent or NaN)."""
+    c = row_cost.get(group, 0.0)
+    return c if c == c else 0.0
+
+
 def cost_left(counts: dict[tuple, tuple[int, int]], groups: dict[tuple, list[Point]], row_cost: dict[tuple, float],
               partial: dict[Point, float]) -> float:
     """CPU-seconds the runs left cost: each row's runs left (``counts``: :func:`plan_counts`) at its cost per run,
     less the share the part-trained ones (``partial``: :func:`part_trained`) have done; rows without a cost count 0."""
-    cost = sum(c * max(n - d, 0) for k, (n, d) in counts.items() if (c := row_cost.get(groups[k][0].group, 0.0)) == c)
-    cost -= sum(c * f for p, f in partial.items() if (c := row_cost.get(p.group, 0.0)) == c)
+    cost = sum(run_cost(row_cost, groups[k][0].group) * max(n - d, 0) for k, (n, d) in counts.items())
+    cost -= sum(run_cost(row_cost, p.group) * f for p, f in partial.items())
     return max(cost, 0.0)
 
 
@@ -182,12 +188,9 @@ def work_done(out: Path, mine: set[Point] | list[Point], started: dict[Point, fl
     from the first finished run on (it used to credit finished runs only, and started high)."""
     total = 0.0
     for p in mine:
-        c = row_cost.get(p.group, 0.0)
-        if c != c:  # a row whose cost is unknown (NaN) counts 0
-            continue
         d = out / p.rel_dir
         now = 1.0 if is_finished(d) else trained_fraction(d, p.run_spec["train"]["steps"])
-        total += c * max(now - started.get(p, 0.0), 0.0)
+        total += run_cost(row_cost, p.group) * max(now - started.get(p, 0.0), 0.0)
     return total
 
 
@@ -603,8 +606,8 @@ def run_sweep(
         # slices (setting, model size) in spec order; within a slice the runs with the most CPU time left first
         # (a part-trained run counts by the steps it has left), so that the workers finish together
         def left(p: Point) -> float:
-            c = row_cost.get(p.group) or 0.0
-            return c * (1.0 - trained_fraction(out / p.rel_dir, p.run_spec["train"]["steps"])) if c == c else 0.0
+            return run_cost(row_cost, p.group) * (1.0 - trained_fraction(out / p.rel_dir,
+                                                                         p.run_spec["train"]["steps"]))
 
         return sorted(todo, key=lambda p: (slice_order[(p.setting, p.model_axes)], -left(p)))
 
@@ -635,7 +638,7 @@ def run_sweep(
             log(f"skipped {p.rel_dir}: another process is training it")
             return
         state["finished"] += 1
-        n_all, n_done, cost_left = left_now()
+        n_all, n_done, secs_left = left_now()
         # what this process has trained so far, its runs in flight included (a resumed run: the share it added)
         done_cost = work_done(out, attempted - busy, started, row_cost)
         el = time.perf_counter() - t0
@@ -650,8 +653,8 @@ def run_sweep(
         left = n_all - n_done
         if left <= 0:
             eta = "done"
-        elif done_cost > 0 and cost_left > 1e-9:
-            eta = f"ETA {_fmt_secs(el / done_cost * cost_left)}"
+        elif done_cost > 0 and secs_left > 1e-9:
+            eta = f"ETA {_fmt_secs(el / done_cost * secs_left)}"
         else:
             eta = f"ETA {_fmt_secs(el / state['finished'] * left)}"
         log(f"[{n_done}/{n_all}] {p.rel_dir}  {what}  "

@@ -164,8 +164,11 @@ def markdown(rows: list[dict[str, Any]], sources: list[str], gap_rows: list[dict
         paper = " / ".join(f"{r['paper'][b]:.1f}" for b in BINS) if r["paper"] else "— (no such row)"
         lines.append(f"| {r['row']} | " + " | ".join(cells) + f" | {ours} | {paper} |")
     if gap_rows:
+        def signed(x: float) -> str:  # points with a sign, a true minus
+            return f"{x:+.1f}".replace("-", "−")
+
         def pts(d: dict[str, Any]) -> str:
-            m = f"{100 * d['mean']:+.1f}".replace("-", "−")
+            m = signed(100 * d["mean"])
             return f"{m} ± {100 * d['std']:.1f}" if d["std"] is not None else m
 
         lines += ["", "## The paper's gaps on long lags, paired by seed (points)", "",
@@ -183,7 +186,7 @@ def markdown(rows: list[dict[str, Any]], sources: list[str], gap_rows: list[dict
             lines.append(f"| {g['a']} − {g['b']} | " + " | ".join(cells)
                          + f" | {pts(pl)} ({pl['positive']} of {pl['n']}) | "
                          + (pts(over["long"]) if over else "— (not every β yet)") + " | "
-                         + (f"{g['paper']['long']:+.1f}".replace("-", "−") if g["paper"] else "—") + " |")
+                         + (signed(g["paper"]["long"]) if g["paper"] else "—") + " |")
     lines += ["", "Sources: " + ", ".join(f"`{s}`" for s in sources), ""]
     return "\n".join(lines)
 
