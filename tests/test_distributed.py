@@ -107,3 +107,35 @@ def test_batch_smaller_than_world_is_rejected(monkeypatch):
     task = MQARTask(vocab_size=32, num_pairs=2, seq_len=16)
     with pytest.raises(ValueError, match="smaller than the number of processes"):
         loop.train(model, task, loop.TrainConfig(steps=2, batch_size=2))
+
+
+def _documented_torchrun() -> list[str]:
+    """The first complete ``torchrun ... -m seqmem train`` command in the README or docs/ecosystem.md (the one
+    users paste), as argv."""
+    import shlex
+
+    root = Path(__file__).resolve().parents[1]
+    for doc in ("README.md", "docs/ecosystem.md"):
+        for line in (root / doc).read_text().splitlines():
+            line = line.split("#")[0].strip()
+            if line.startswith("torchrun ") and " -m seqmem train " in line and "..." not in line:
+                return shlex.split(line)
+    raise AssertionError("no complete torchrun command in README.md or docs/ecosystem.md")
+
+
+def test_documented_torchrun_command_runs_with_default_flags(tmp_path):
+    """The documented multi-process command as written (default --checkpoint-every: every rank must resolve the same
+    interval), only shrunk by appended size flags (later flags win) and two processes on 127.0.0.1."""
+    argv = _documented_torchrun()
+    assert argv[:2] == ["torchrun", "--standalone"] and "--checkpoint-every" not in argv
+    i = argv.index("--nproc-per-node")
+    argv[i + 1] = "2"
+    seqmem_args = argv[argv.index("seqmem") + 1:]
+    out = seqmem_args.index("--out")
+    seqmem_args[out + 1] = str(tmp_path / "run")
+    small = ["--steps", "2", "--batch-size", "4", "--d-model", "16", "--layers", "1", "--heads", "2", "--vocab", "32",
+             "--num-pairs", "2", "--seq-len", "16", "--eval-examples", "8", "--no-progress"]
+    p = _torchrun([*seqmem_args, *small])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "2 processes (DDP)" in p.stderr
+    assert [c.name for c in list_checkpoints(tmp_path / "run" / "checkpoints")] == ["ckpt-00000001", "ckpt-00000002"]

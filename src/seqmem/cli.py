@@ -235,7 +235,8 @@ def _train_checked(args: argparse.Namespace, rank: int, world: int, device: str)
     from seqmem.train.checkpoint import holds_run, list_checkpoints, read_run_spec
 
     out = Path(args.out)
-    if rank != 0:
+    if rank != 0:  # rank 0 checks and locks the directory; every rank resolves the same checkpoint interval
+        _resolve_checkpoint_every(args, out, read_run_spec)
         return _train_into(args, rank, world, device, out)
     overwrite = getattr(args, "overwrite", False)
     if args.resume and overwrite:
@@ -252,12 +253,7 @@ def _train_checked(args: argparse.Namespace, rank: int, world: int, device: str)
             if not args.resume and not overwrite and holds_run(out):
                 raise UsageError(f"{out} already holds a training run: --resume continues it, --overwrite replaces "
                                  "it, or choose another --out")
-            if args.resume and (out / "run.json").exists():
-                old = read_run_spec(out)  # a corrupt run.json: one line naming it
-                if args.checkpoint_every is None:  # the run's own interval (0 in runs from before the default)
-                    args.checkpoint_every = old.get("train", {}).get("checkpoint_every")
-            if args.checkpoint_every is None:
-                args.checkpoint_every = default_checkpoint_every(args.steps)
+            _resolve_checkpoint_every(args, out, read_run_spec)
             return _train_into(args, rank, world, device, out)
     except BaseException:
         if ours and not list_checkpoints(out / "checkpoints"):
@@ -268,6 +264,18 @@ def _train_checked(args: argparse.Namespace, rank: int, world: int, device: str)
             elif not lock_was_there:  # an existing directory is left as it was found
                 (out / LOCK).unlink(missing_ok=True)
         raise
+
+
+def _resolve_checkpoint_every(args: argparse.Namespace, out: Path, read_run_spec: Any) -> None:
+    """``--checkpoint-every`` when not given: on ``--resume`` the run's own interval (0 in runs from before the
+    default), else :func:`default_checkpoint_every`.  Every ``torchrun`` rank resolves it the same way (the ranks
+    share the run directory, as ``--resume`` already requires), so all of them checkpoint at the same steps."""
+    if args.resume and (out / "run.json").exists():
+        old = read_run_spec(out)  # a corrupt run.json: one line naming it
+        if args.checkpoint_every is None:
+            args.checkpoint_every = old.get("train", {}).get("checkpoint_every")
+    if args.checkpoint_every is None:
+        args.checkpoint_every = default_checkpoint_every(args.steps)
 
 
 def _first_missing(path: Path) -> Path | None:
