@@ -47,6 +47,14 @@ class SeqmemConfig(PretrainedConfig):
         self.to_lm_config()  # validate (clear ValueErrors) before anything is built
         super().__post_init__(**kwargs)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, plus ``transformers``' standard names of the sizes (``hidden_size``, ``num_hidden_layers``,
+        ``num_attention_heads``) that tools reading ``config.to_dict()`` expect (peft's prompt tuning does)."""
+        d = super().to_dict()
+        for alias, field in self.attribute_map.items():
+            d.setdefault(alias, getattr(self, field))
+        return d
+
     def to_lm_config(self) -> LMConfig:
         """The equivalent :class:`seqmem.models.LMConfig`."""
         return LMConfig(

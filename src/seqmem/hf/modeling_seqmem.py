@@ -41,6 +41,25 @@ LayerState = State | list[State]
 _CACHE_FIELD = "cache" if "cache" in getattr(CausalLMOutputWithPast, "__dataclass_fields__", {}) else "past_key_values"
 
 
+#: Keyword arguments ``transformers`` itself may pass that carry nothing for a seqmem model: ``cache_position`` (the
+#: cache counts positions itself) and an all-zero ``token_type_ids`` (a tokenizer's single segment).
+_TRANSFORMERS_EXTRA = ("cache_position", "token_type_ids")
+
+
+def _check_extra(model: nn.Module, kwargs: dict[str, Any], output_attentions: bool | None) -> None:
+    """Unknown keyword arguments are errors (``TypeError``), never swallowed; ``output_attentions`` is refused."""
+    unknown = sorted(k for k in kwargs if k not in _TRANSFORMERS_EXTRA)
+    if unknown:
+        raise TypeError(f"{type(model).__name__}.forward() got unexpected keyword argument(s) {unknown}")
+    tt = kwargs.get("token_type_ids")
+    if tt is not None and bool((tt != 0).any()):
+        raise ValueError("token_type_ids: a seqmem model has one segment type; got nonzero token_type_ids")
+    want = getattr(model.config, "output_attentions", False) if output_attentions is None else output_attentions
+    if want:
+        raise ValueError(f"output_attentions=True: {type(model).__name__} has no attention weights to return (its "
+                         "mixers are recurrent memories; attention layers use fused kernels); leave it unset")
+
+
 def _stack_rows(rows: list[State]) -> LayerState:
     """One batched state from per-row (batch-1) states, else the list itself.
 
@@ -202,8 +221,9 @@ class SeqmemPreTrainedModel(PreTrainedModel):
     def _run(
         self, ids: Tensor, states: list[LayerState] | None, want_hidden: bool
     ) -> tuple[Tensor, list[LayerState], list[Tensor] | None]:
+        """The backbone on token ids (batch, time) or on input embeddings (batch, time, d_model)."""
         embed, blocks, norm = self._parts()
-        x = embed(ids.long())
+        x = ids if ids.is_floating_point() else embed(ids.long())
         hidden = [x] if want_hidden else None
         x, new_states = run_blocks(blocks, x, states, self._run_block, hidden)
         h = norm(x)
@@ -215,7 +235,7 @@ class SeqmemPreTrainedModel(PreTrainedModel):
         self, ids: Tensor, keep: Tensor, states: list[LayerState] | None, want_hidden: bool
     ) -> tuple[Tensor, list[LayerState], list[Tensor] | None]:
         """:meth:`_run` on each row's kept positions only (rows with equal counts batched); zeros elsewhere."""
-        B, T = ids.shape
+        B, T = ids.shape[:2]
         counts = keep.sum(1).tolist()
         if min(counts) == 0:
             raise ValueError(f"attention_mask row {counts.index(0)} has no 1 among the {T} new positions: "
@@ -259,13 +279,20 @@ class SeqmemPreTrainedModel(PreTrainedModel):
             if cache is not None and cache is not past_key_values:
                 raise ValueError("give cache or past_key_values, not both")
             cache = past_key_values
-        if inputs_embeds is not None:
-            raise ValueError(f"{type(self).__name__} takes input_ids, not inputs_embeds")
-        if input_ids is None:
-            raise ValueError("input_ids is required")
         embed, _, _ = self._parts()
-        check_ids(input_ids, embed.num_embeddings)
-        B, T = input_ids.shape
+        if inputs_embeds is not None:
+            if input_ids is not None:
+                raise ValueError("give input_ids or inputs_embeds, not both")
+            d = embed.embedding_dim
+            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != d or not inputs_embeds.is_floating_point():
+                raise ValueError(f"inputs_embeds must be a float tensor (batch, time, {d}), got "
+                                 f"{tuple(inputs_embeds.shape)} {inputs_embeds.dtype}")
+            input_ids = inputs_embeds  # _run embeds integer ids and takes float inputs as they are
+        elif input_ids is None:
+            raise ValueError("input_ids or inputs_embeds is required")
+        else:
+            check_ids(input_ids, embed.num_embeddings)
+        B, T = input_ids.shape[:2]
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
             use_cache = False  # as in transformers' own models: states are not kept while checkpointing
@@ -329,8 +356,11 @@ class SeqmemModel(SeqmemPreTrainedModel):
         return_dict: bool | None = None,
         inputs_embeds: Tensor | None = None,
         past_key_values: Cache | None = None,
+        output_attentions: bool | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast | tuple:
+        """The backbone's hidden states; arguments as :meth:`SeqmemForCausalLM.forward` (without the loss's)."""
+        _check_extra(self, kwargs, output_attentions)
         h, out_cache, hidden = self._backbone(input_ids, attention_mask, cache, use_cache, output_hidden_states,
                                               inputs_embeds, past_key_values)
         out = BaseModelOutputWithPast(last_hidden_state=h, hidden_states=hidden, **{_CACHE_FIELD: out_cache})
@@ -341,6 +371,9 @@ class SeqmemForCausalLM(SeqmemPreTrainedModel, GenerationMixin):
     """``transformers`` causal LM around :class:`seqmem.models.LanguageModel` (parameters under ``model.``)."""
 
     _tied_weights_keys = {"model.head.weight": "model.embed.weight"}
+    # forward() normalises its loss by ``num_items_in_batch`` when given, so transformers' Trainer must not divide it
+    # again by the gradient-accumulation steps (declared here, not inferred from ``**kwargs``)
+    accepts_loss_kwargs = True
 
     def __init__(self, config: SeqmemConfig) -> None:
         super().__init__(config)
@@ -389,15 +422,22 @@ class SeqmemForCausalLM(SeqmemPreTrainedModel, GenerationMixin):
         logits_to_keep: int | Tensor = 0,
         inputs_embeds: Tensor | None = None,
         past_key_values: Cache | None = None,
+        output_attentions: bool | None = None,
+        num_items_in_batch: int | Tensor | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast | tuple:
-        """Logits for ``input_ids`` continuing the state in ``cache`` (a :class:`SeqmemCache`; older
-        ``transformers`` call it ``past_key_values``, also accepted).
+        """Logits for ``input_ids`` (or ``inputs_embeds``, batch × time × d_model, instead) continuing the state in
+        ``cache`` (a :class:`SeqmemCache`; older ``transformers`` call it ``past_key_values``, also accepted).
 
         ``attention_mask`` (batch, past + new): positions with 0 are skipped by every layer (see the module
         docstring); their logits are zeros.  ``labels`` (same shape as ``input_ids``; -100 = ignored, so set it at
-        padded positions) are shifted inside, as in every ``transformers`` causal LM.
+        padded positions) are shifted inside, as in every ``transformers`` causal LM; the loss is the mean over the
+        scored tokens, or their sum divided by ``num_items_in_batch`` when given (what ``transformers.Trainer``
+        passes under gradient accumulation: the scored tokens of the whole accumulated batch, so the accumulated
+        gradient is that of the batch's token mean).  Unknown keyword arguments raise ``TypeError``;
+        ``output_attentions=True`` raises ``ValueError`` (there are no attention weights to return).
         """
+        _check_extra(self, kwargs, output_attentions)
         h, out_cache, hidden = self._backbone(input_ids, attention_mask, cache, use_cache, output_hidden_states,
                                               inputs_embeds, past_key_values)
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
@@ -407,13 +447,20 @@ class SeqmemForCausalLM(SeqmemPreTrainedModel, GenerationMixin):
         logits = self.model.head(h)
         loss = None
         if labels is not None:
-            if labels.shape != input_ids.shape:
-                raise ValueError(f"labels {tuple(labels.shape)} must match input_ids {tuple(input_ids.shape)}")
-            if logits.shape[1] != input_ids.shape[1]:
+            shape = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+            if labels.shape != shape:
+                raise ValueError(f"labels {tuple(labels.shape)} must be (batch, time) = {tuple(shape)}")
+            if logits.shape[1] != shape[1]:
                 raise ValueError("labels need logits for every position (logits_to_keep=0)")
-            loss = F.cross_entropy(
-                logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100
-            )
+            flat_logits = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
+            flat_labels = labels[:, 1:].reshape(-1).to(logits.device)
+            if num_items_in_batch is None:
+                loss = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100)
+            else:
+                loss = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100, reduction="sum")
+                if isinstance(num_items_in_batch, Tensor):
+                    num_items_in_batch = num_items_in_batch.to(loss.device)
+                loss = loss / num_items_in_batch
         out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=hidden, **{_CACHE_FIELD: out_cache})
         return out if return_dict is not False else out.to_tuple()
 

@@ -1,0 +1,151 @@
+"""The Hugging Face model under the tools users bring: ``transformers.Trainer`` with gradient accumulation,
+``inputs_embeds`` and peft prompt tuning, explicit keyword arguments, registration on ``import seqmem.hf`` and
+exported models that load with ``trust_remote_code``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from seqmem.hf import SeqmemConfig, SeqmemForCausalLM, SeqmemModel  # noqa: E402
+
+V = 64
+
+
+def _tiny(mixer: str = "deltanet") -> SeqmemForCausalLM:
+    torch.manual_seed(0)
+    return SeqmemForCausalLM(SeqmemConfig(vocab_size=V, d_model=16, n_layers=1, n_heads=2, mixer=mixer, mlp_ratio=2))
+
+
+class _Rows(torch.utils.data.Dataset):
+    """8 rows of 12 tokens; each row scores a different number of tokens (-100 elsewhere), so a mean per
+    micro-batch divided by the accumulation steps is NOT the batch's token mean."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(1)
+        self.ids = torch.randint(0, V, (8, 12), generator=g)
+        self.labels = self.ids.clone()
+        for i in range(8):
+            self.labels[i, : 1 + i] = -100
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.labels[i]}
+
+
+def _trainer_step(tmp_path, accum: int) -> tuple[float, float, dict[str, torch.Tensor]]:
+    model = _tiny()
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / f"a{accum}"), per_device_train_batch_size=8 // accum,
+        gradient_accumulation_steps=accum, max_steps=1, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant",
+        logging_steps=1, report_to="none", use_cpu=True, save_strategy="no", max_grad_norm=1e9, seed=0,
+        dataloader_num_workers=0, disable_tqdm=True)
+    tr = transformers.Trainer(model=model, args=args, train_dataset=_Rows())
+    tr.train()
+    log = next(r for r in tr.state.log_history if "loss" in r)
+    return log["loss"], log["grad_norm"], {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_trainer_gradient_accumulation_1_2_4_equal(tmp_path):
+    """Same global batch of 8 rows as 1, 2 or 4 micro-batches: the logged loss, the gradient norm and the updated
+    weights agree (the loss is the batch's token mean, ≈ ln V at initialisation)."""
+    runs = {a: _trainer_step(tmp_path, a) for a in (1, 2, 4)}
+    loss1, gn1, w1 = runs[1]
+    assert abs(loss1 - math.log(V)) < 0.2
+    ds = _Rows()
+    with torch.no_grad():
+        ref = _tiny()(input_ids=ds.ids, labels=ds.labels).loss.item()
+    assert loss1 == pytest.approx(ref, rel=1e-4)
+    for a in (2, 4):
+        loss, gn, w = runs[a]
+        assert loss == pytest.approx(loss1, rel=1e-4), a
+        assert gn == pytest.approx(gn1, rel=1e-4), a
+        for k in w1:
+            torch.testing.assert_close(w[k], w1[k], rtol=1e-4, atol=1e-6, msg=lambda m, k=k, a=a: f"{a} {k}: {m}")
+
+
+def test_loss_normalised_by_num_items_in_batch():
+    m = _tiny()
+    ds = _Rows()
+    with torch.no_grad():
+        mean = m(input_ids=ds.ids, labels=ds.labels).loss
+        n = int((ds.labels[:, 1:] != -100).sum())
+        summed = m(input_ids=ds.ids, labels=ds.labels, num_items_in_batch=torch.tensor(2 * n)).loss
+    torch.testing.assert_close(summed, mean / 2)
+
+
+@pytest.mark.parametrize("cls", [SeqmemForCausalLM, SeqmemModel])
+def test_inputs_embeds_equal_input_ids(cls):
+    torch.manual_seed(0)
+    m = cls(SeqmemConfig(vocab_size=V, d_model=16, n_layers=2, n_heads=2, mixer="gated_deltanet")).eval()
+    ids = torch.randint(0, V, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding
+    emb = m.get_input_embeddings()(ids)
+    with torch.no_grad():
+        for am in (None, mask):
+            a = m(input_ids=ids, attention_mask=am)[0]
+            b = m(inputs_embeds=emb, attention_mask=am)[0]
+            torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="not both"):
+        m(input_ids=ids, inputs_embeds=emb)
+    with pytest.raises(ValueError, match="inputs_embeds must be"):
+        m(inputs_embeds=emb[..., :8])
+
+
+def test_labels_with_inputs_embeds():
+    m = _tiny()
+    ids = torch.randint(0, V, (2, 7))
+    with torch.no_grad():
+        a = m(input_ids=ids, labels=ids).loss
+        b = m(inputs_embeds=m.get_input_embeddings()(ids), labels=ids).loss
+    torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("cls", [SeqmemForCausalLM, SeqmemModel])
+def test_unknown_keyword_arguments_are_errors(cls):
+    m = cls(SeqmemConfig(vocab_size=V, d_model=16, n_layers=1, n_heads=2, mixer="deltanet"))
+    ids = torch.randint(0, V, (1, 5))
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['atention_mask'\]"):
+        m(input_ids=ids, atention_mask=torch.ones_like(ids))
+    with pytest.raises(ValueError, match="output_attentions=True"):
+        m(input_ids=ids, output_attentions=True)
+    m(input_ids=ids, token_type_ids=torch.zeros_like(ids), output_attentions=False)  # a tokenizer's single segment
+    with pytest.raises(ValueError, match="token_type_ids"):
+        m(input_ids=ids, token_type_ids=torch.ones_like(ids))
+
+
+def test_config_to_dict_has_transformers_size_names():
+    d = SeqmemConfig(d_model=16, n_layers=3, n_heads=2).to_dict()
+    assert (d["hidden_size"], d["num_hidden_layers"], d["num_attention_heads"]) == (16, 3, 2)
+
+
+def test_peft_prompt_tuning_trains():
+    peft = pytest.importorskip("peft", reason="peft not installed (pip install peft)")
+    m = _tiny()
+    pm = peft.get_peft_model(m, peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    trainable = [n for n, p in pm.named_parameters() if p.requires_grad]
+    assert trainable and all("prompt" in n for n in trainable)
+    ids = torch.randint(0, V, (2, 6))
+    out = pm(input_ids=ids, labels=ids)
+    assert out.logits.shape == (2, 10, V)
+    # the prompt's embeddings go in front of the tokens' as inputs_embeds
+    prompt = pm.get_prompt(batch_size=2)
+    with torch.no_grad():
+        ref = m(inputs_embeds=torch.cat([prompt, m.get_input_embeddings()(ids)], 1)).logits
+    torch.testing.assert_close(out.logits, ref)
+    opt = torch.optim.Adam([p for p in pm.parameters() if p.requires_grad], lr=0.1)
+    losses = []
+    for _ in range(5):
+        loss = pm(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
