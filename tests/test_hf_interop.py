@@ -149,3 +149,52 @@ def test_peft_prompt_tuning_trains():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
+
+
+_LOAD = """
+import sys, torch
+from transformers import AutoModelForCausalLM
+mode, path = sys.argv[1], sys.argv[2]
+if mode == "import":
+    import seqmem.hf
+try:
+    m = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=(mode == "remote") or None)
+except Exception as e:
+    print("ERROR", type(e).__name__, e)
+    raise SystemExit(0)
+ids = torch.arange(16).reshape(1, 16) % 32
+torch.save(m.eval()(ids).logits.detach(), path + "/logits-" + mode + ".pt")
+print("LOADED", type(m).__module__, type(m).__name__)
+"""
+
+
+def test_exported_model_loads_with_trust_remote_code_or_the_import(tmp_path):
+    """`seqmem export-hf` output: loads in a fresh process with `import seqmem.hf` or with trust_remote_code=True
+    (auto_map and two small files that import the installed seqmem); without either, the error names the fix."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from seqmem.cli import main
+
+    run, out = tmp_path / "run", tmp_path / "hf"
+    assert main(["train", "--task", "mqar", "--mixer", "deltanet", "--layers", "1", "--d-model", "16", "--heads", "2",
+                 "--steps", "2", "--batch-size", "4", "--vocab-size", "32", "--num-pairs", "2", "--seq-len", "16",
+                 "--eval-examples", "8", "--no-progress", "--out", str(run)]) == 0
+    assert main(["export-hf", "--run", str(run), "--out", str(out)]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["auto_map"]["AutoModelForCausalLM"] == "modeling_seqmem.SeqmemForCausalLM"
+    assert (out / "modeling_seqmem.py").is_file() and (out / "configuration_seqmem.py").is_file()
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1"}
+    res = {}
+    for mode in ("import", "remote", "plain"):
+        p = subprocess.run([sys.executable, "-c", _LOAD, mode, str(out)], env=env, capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        res[mode] = p.stdout.strip()
+    assert res["import"] == "LOADED seqmem.hf.modeling_seqmem SeqmemForCausalLM"
+    assert res["remote"] == "LOADED seqmem.hf.modeling_seqmem SeqmemForCausalLM"
+    torch.testing.assert_close(torch.load(out / "logits-remote.pt"), torch.load(out / "logits-import.pt"))
+    assert "ERROR ValueError" in res["plain"] and "trust_remote_code=True" in res["plain"], res["plain"]

@@ -49,7 +49,7 @@ _CHILD = textwrap.dedent(
 
 
 def test_plain_install_needs_no_extras():
-    env = dict(os.environ, OMP_NUM_THREADS="1", SEQMEM_NO_HF="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run(
         [sys.executable, "-c", _CHILD.format(blocked=EXTRAS_ONLY)],
         capture_output=True,

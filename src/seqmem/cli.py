@@ -435,7 +435,7 @@ def _eval(args: argparse.Namespace, evaluate: Any, latest_good_checkpoint: Any, 
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
     try:
-        from seqmem.hf import from_run
+        from seqmem.hf import from_run, save_exported
     except ImportError:
         raise UsageError("export-hf needs transformers (pip install seqmem[hf])") from None
     from seqmem.hf.tokenizer import export_tokenizer
@@ -446,7 +446,9 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     out = _check_out_dir(args.out)
     # the run's tokenizer (byte-level, trained BPE or Hugging Face) with EOS/pad, and eos_token_id in config.json
     export_tokenizer(args.run, out, model)
-    model.save_pretrained(str(out))
+    save_exported(model, str(out))
+    print(f"load it with `import seqmem.hf` then AutoModelForCausalLM.from_pretrained({str(args.out)!r}), or without "
+          "the import with trust_remote_code=True (seqmem installed)", file=sys.stderr)
     print(str(args.out))
     return 0
 

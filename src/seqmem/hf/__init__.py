@@ -1,39 +1,38 @@
-"""Hugging Face ``transformers`` integration (optional): :class:`SeqmemConfig`, :class:`SeqmemForCausalLM`,
-:class:`SeqmemModel`, :class:`SeqmemCache`, :func:`from_run`, :func:`export_tokenizer`.
+"""Hugging Face ``transformers`` integration (optional; ``pip install "seqmem[hf]"``): :class:`SeqmemConfig`,
+:class:`SeqmemForCausalLM`, :class:`SeqmemModel`, :class:`SeqmemCache`, :func:`from_run`, :func:`export_tokenizer`,
+:func:`save_exported`.
 
-``import seqmem.hf`` registers ``model_type="seqmem"`` with ``AutoConfig``, ``AutoModel`` and
-``AutoModelForCausalLM`` — at once if ``transformers``' auto classes are already imported, else the moment they are
-(see :mod:`seqmem.hf._hook`) — without importing ``transformers`` itself; ``import seqmem`` alone registers nothing.
-The names below are loaded on first access.  See docs/ecosystem.md.
+``import seqmem.hf`` imports ``transformers`` and registers ``model_type="seqmem"`` with ``AutoConfig``,
+``AutoModel`` and ``AutoModelForCausalLM`` (``register(..., exist_ok=True)``, the ``transformers`` convention), so
+``AutoModelForCausalLM.from_pretrained(DIR)`` loads a saved seqmem model in that process.  A model written by
+:func:`save_exported` (what ``seqmem export-hf`` does) also loads without the import, with
+``trust_remote_code=True``: its ``config.json`` names two small files in the directory that import this package
+(``seqmem`` must be installed).  ``import seqmem`` alone does not import ``transformers``.  See docs/ecosystem.md.
 """
 
 from __future__ import annotations
 
-from typing import Any
+try:
+    import transformers  # noqa: F401
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(f"seqmem.hf needs transformers: pip install \"seqmem[hf]\" ({e})") from None
 
-from seqmem.hf._hook import install as _install
+from seqmem.hf.configuration_seqmem import SeqmemConfig
+from seqmem.hf.modeling_seqmem import SeqmemCache, SeqmemForCausalLM, SeqmemModel, from_run, save_exported
+from seqmem.hf.tokenizer import export_tokenizer
 
 __all__ = ["SeqmemCache", "SeqmemConfig", "SeqmemForCausalLM", "SeqmemModel", "export_tokenizer", "from_run",
-           "register"]
-
-_install()
+           "register", "save_exported"]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "SeqmemConfig":
-        from seqmem.hf.configuration_seqmem import SeqmemConfig
+def register() -> None:
+    """Register ``seqmem`` with ``AutoConfig``, ``AutoModel`` and ``AutoModelForCausalLM`` (done on import;
+    idempotent)."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-        return SeqmemConfig
-    if name in ("SeqmemForCausalLM", "SeqmemModel", "SeqmemCache", "from_run"):
-        from seqmem.hf import modeling_seqmem
+    AutoConfig.register("seqmem", SeqmemConfig, exist_ok=True)
+    AutoModel.register(SeqmemConfig, SeqmemModel, exist_ok=True)
+    AutoModelForCausalLM.register(SeqmemConfig, SeqmemForCausalLM, exist_ok=True)
 
-        return getattr(modeling_seqmem, name)
-    if name == "export_tokenizer":
-        from seqmem.hf.tokenizer import export_tokenizer
 
-        return export_tokenizer
-    if name == "register":
-        from seqmem.hf._hook import register
-
-        return register
-    raise AttributeError(f"module 'seqmem.hf' has no attribute {name!r}")
+register()

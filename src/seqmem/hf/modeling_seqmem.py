@@ -30,7 +30,7 @@ from seqmem.hf.configuration_seqmem import SeqmemConfig
 from seqmem.mixers.base import State
 from seqmem.models.lm import LanguageModel, check_ids, run_blocks
 
-__all__ = ["SeqmemCache", "SeqmemForCausalLM", "SeqmemModel", "from_run"]
+__all__ = ["SeqmemCache", "SeqmemForCausalLM", "SeqmemModel", "from_run", "save_exported"]
 
 #: A layer's cached state: one batched ``State``, or one batch-1 ``State`` per row when the rows' states cannot be
 #: stacked (e.g. KV caches of different lengths after left padding).
@@ -482,3 +482,41 @@ def from_run(run_dir: str, **config_kwargs: Any) -> SeqmemForCausalLM:
         raise ValueError(f"no valid checkpoint under {run / 'checkpoints'}")
     load_weights(lm, ck)
     return SeqmemForCausalLM.from_language_model(lm, **config_kwargs)
+
+
+#: The files an exported model carries for ``trust_remote_code=True``: they load the classes of the installed
+#: ``seqmem`` package (its version's code, not a copy), so ``seqmem`` must be installed where the model is loaded.
+REMOTE_CODE = {
+    "configuration_seqmem.py": (
+        '"""The configuration: the class of the installed seqmem package (pip install \'seqmem[hf]\')."""\n'
+        "\n"
+        "from seqmem.hf import SeqmemConfig\n"
+        "\n"
+        '__all__ = ["SeqmemConfig"]\n'
+    ),
+    "modeling_seqmem.py": (
+        '"""A seqmem model: the classes of the installed seqmem package (pip install \'seqmem[hf]\'); importing it\n'
+        'registers model_type \'seqmem\' with transformers\' auto classes, as `import seqmem.hf` does."""\n'
+        "\n"
+        "from seqmem.hf import SeqmemConfig, SeqmemForCausalLM, SeqmemModel\n"
+        "\n"
+        '__all__ = ["SeqmemConfig", "SeqmemForCausalLM", "SeqmemModel"]\n'
+    ),
+}
+AUTO_MAP = {
+    "AutoConfig": "configuration_seqmem.SeqmemConfig",
+    "AutoModel": "modeling_seqmem.SeqmemModel",
+    "AutoModelForCausalLM": "modeling_seqmem.SeqmemForCausalLM",
+}
+
+
+def save_exported(model: SeqmemPreTrainedModel, out: str) -> None:
+    """``model.save_pretrained(out)`` plus ``auto_map`` in ``config.json`` and the two files it names, so that
+    ``AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)`` loads it in a process that never imported
+    ``seqmem.hf`` (``seqmem`` installed; without ``trust_remote_code``, ``import seqmem.hf`` first)."""
+    from pathlib import Path
+
+    model.config.auto_map = dict(AUTO_MAP)
+    model.save_pretrained(str(out))
+    for name, text in REMOTE_CODE.items():
+        (Path(out) / name).write_text(text)
