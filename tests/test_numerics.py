@@ -289,7 +289,7 @@ def test_gated_deltanet_zero_rows_at_large_scale_are_its_saturated_gates():
         y32 = copy.deepcopy(m).float()(x.float())[0]
         q, k, v, beta = m._prep(x, None, {})
         g = -torch.exp(m.A_log) * F.softplus(m.a_proj(x) + m.dt_bias)
-        o, _ = gated_delta_rule(q, k, v, beta, g, mode="recurrent")
+        o, _ = gated_delta_rule(q, k, v, beta=beta, g=g, mode="recurrent")
         gate = F.silu(m.g_proj(x))
     zero = (y == 0).all(-1)
     assert 0 < zero.float().mean() < 0.2

@@ -35,7 +35,7 @@ def fake():
 
     def fn(q, k, v, beta, g, scale, initial_state, chunk_size):
         calls.append(chunk_size)
-        return gated_delta_rule(q, k, v, beta, g, scale=scale, initial_state=initial_state, mode="recurrent")
+        return gated_delta_rule(q, k, v, beta=beta, g=g, scale=scale, initial_state=initial_state, mode="recurrent")
 
     support = {"ok": True}
     backends.register_backend("gated_delta_rule", "fake", fn, supports=lambda *t: support["ok"])
@@ -48,7 +48,7 @@ def test_off_by_default(fake, monkeypatch):
     calls, _ = fake
     monkeypatch.delenv("SEQMEM_BACKENDS", raising=False)
     q, k, v, beta, g = _qkv()
-    gated_delta_rule(q, k, v, beta, g)
+    gated_delta_rule(q, k, v, beta=beta, g=g)
     assert calls == [] and backends.enabled_backends() == ()
 
 
@@ -56,14 +56,14 @@ def test_enabled_backend_is_used_and_matches(fake):
     calls, _ = fake
     q, k, v, beta, g = _qkv()
     s0 = torch.randn(2, 2, 8, 8)
-    ref = gated_delta_rule(q, k, v, beta, g, initial_state=s0, chunk_size=8)
+    ref = gated_delta_rule(q, k, v, beta=beta, g=g, initial_state=s0, chunk_size=8)
     with backends.backends(["fake"]):
-        out = gated_delta_rule(q, k, v, beta, g, initial_state=s0, chunk_size=8)
-        gated_delta_rule(q, k, v, beta, g, mode="recurrent")  # the reference form never dispatches
+        out = gated_delta_rule(q, k, v, beta=beta, g=g, initial_state=s0, chunk_size=8)
+        gated_delta_rule(q, k, v, beta=beta, g=g, mode="recurrent")  # the reference form never dispatches
     assert calls == [8]
     torch.testing.assert_close(out[0], ref[0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out[1], ref[1], rtol=1e-4, atol=1e-5)
-    gated_delta_rule(q, k, v, beta, g)
+    gated_delta_rule(q, k, v, beta=beta, g=g)
     assert calls == [8]  # off again after the block
 
 
@@ -72,18 +72,18 @@ def test_unsupported_or_missing_backend_falls_back(fake, monkeypatch):
     q, k, v, beta, g = _qkv()
     support["ok"] = False
     with backends.backends(["fake"]):
-        gated_delta_rule(q, k, v, beta, g)
+        gated_delta_rule(q, k, v, beta=beta, g=g)
     assert calls == []
     support["ok"] = True
     backends.register_backend("gated_delta_rule", "absent", lambda *a: 1 / 0, available=lambda: False)
     try:
         with backends.backends(["absent", "fake"]):  # first choice not installed: the next one
-            gated_delta_rule(q, k, v, beta, g)
+            gated_delta_rule(q, k, v, beta=beta, g=g)
         assert calls == [64]
     finally:
         backends.unregister_backend("gated_delta_rule", "absent")
     monkeypatch.setenv("SEQMEM_BACKENDS", "fake")  # the environment variable enables it too
-    gated_delta_rule(q, k, v, beta, g)
+    gated_delta_rule(q, k, v, beta=beta, g=g)
     assert len(calls) == 2
 
 
@@ -94,10 +94,10 @@ def test_real_backends_fall_back_on_cpu():
     x = torch.randn(2, 19, 2, 8)
     dt, A = torch.rand(2, 19, 2), -torch.rand(2)
     B, C = torch.randn(2, 19, 2, 4), torch.randn(2, 19, 2, 4)
-    ref = [delta_rule(q, k, v, beta), gated_delta_rule(q, k, v, beta, g), ssd(x, dt, A, B, C)]
+    ref = [delta_rule(q, k, v, beta), gated_delta_rule(q, k, v, beta=beta, g=g), ssd(x, dt, A, B, C)]
     with backends.backends(["fla", "mamba_ssm"]):
         assert _backends.select("gated_delta_rule", q, k, v, beta, g, None) is None
-        got = [delta_rule(q, k, v, beta), gated_delta_rule(q, k, v, beta, g), ssd(x, dt, A, B, C)]
+        got = [delta_rule(q, k, v, beta), gated_delta_rule(q, k, v, beta=beta, g=g), ssd(x, dt, A, B, C)]
     for (o1, s1), (o2, s2) in zip(ref, got):
         assert torch.equal(o1, o2) and torch.equal(s1, s2)
 
@@ -131,11 +131,12 @@ def test_fla_matches_reference(dtype):
     q, k, v, beta, g = _qkv(b=2, t=300, h=4, d=64, device="cuda", dtype=dtype)
     s0 = torch.randn(2, 4, 64, 64, device="cuda")
     tol = {torch.float32: 2e-3, torch.bfloat16: 5e-2}[dtype]
-    for op, args in ((delta_rule, (q, k, v, beta)), (gated_delta_rule, (q, k, v, beta, g))):
-        ref_o, ref_s = op(*[a.double() for a in args], initial_state=s0.double(), mode="recurrent")
+    for op, gates in ((delta_rule, {"beta": beta}), (gated_delta_rule, {"beta": beta, "g": g})):
+        ref_o, ref_s = op(q.double(), k.double(), v.double(), **{n: x.double() for n, x in gates.items()},
+                          initial_state=s0.double(), mode="recurrent")
         with backends.backends(["fla"]):
-            assert _backends.select(op.__name__, *args, s0) is not None
-            o, s = op(*args, initial_state=s0)
+            assert _backends.select(op.__name__, q, k, v, *gates.values(), s0) is not None
+            o, s = op(q, k, v, **gates, initial_state=s0)
         scale_o, scale_s = ref_o.abs().max(), ref_s.abs().max()
         assert (o.double() - ref_o).abs().max() <= tol * scale_o, op.__name__
         assert (s.double() - ref_s).abs().max() <= tol * scale_s, op.__name__

@@ -50,8 +50,8 @@ def delta_ref(q, k, v, beta, s0, scale, g=None):
 def test_chunk_equals_recurrent_and_reference_f64(gated, t, chunk, init):
     q, k, v, beta, g, s0 = make(t, init=init)
     if gated:
-        o_r, s_r = gated_delta_rule(q, k, v, beta, g, initial_state=s0, mode="recurrent")
-        o_c, s_c = gated_delta_rule(q, k, v, beta, g, initial_state=s0, mode="chunk", chunk_size=chunk)
+        o_r, s_r = gated_delta_rule(q, k, v, beta=beta, g=g, initial_state=s0, mode="recurrent")
+        o_c, s_c = gated_delta_rule(q, k, v, beta=beta, g=g, initial_state=s0, mode="chunk", chunk_size=chunk)
         o_x, s_x = delta_ref(q, k, v, beta, s0, DK**-0.5, g)
     else:
         o_r, s_r = delta_rule(q, k, v, beta, initial_state=s0, mode="recurrent")
@@ -73,7 +73,7 @@ def test_gradients_chunk_equal_recurrent(gated, dtype, tol):
 
         def f(mode):
             return lambda q, k, v, beta, g, s0: gated_delta_rule(
-                q, k, v, beta, g, initial_state=s0, mode=mode, chunk_size=8
+                q, k, v, beta=beta, g=g, initial_state=s0, mode=mode, chunk_size=8
             )
     else:
         args = (q, k, v, beta, s0)
@@ -95,11 +95,11 @@ def test_gradients_chunk_equal_recurrent(gated, dtype, tol):
 def test_float32_chunk_close_to_float64(gated):
     q, k, v, beta, g, s0 = make(50)
     fn = gated_delta_rule if gated else delta_rule
-    extra64 = (g,) if gated else ()
-    extra32 = (g.float(),) if gated else ()
-    o64, s64 = fn(q, k, v, beta, *extra64, initial_state=s0, mode="recurrent")
-    f32 = (x.float() for x in (q, k, v, beta))
-    o32, s32 = fn(*f32, *extra32, initial_state=s0.float(), chunk_size=16)
+    extra64 = {"g": g} if gated else {}
+    extra32 = {"g": g.float()} if gated else {}
+    o64, s64 = fn(q, k, v, beta=beta, **extra64, initial_state=s0, mode="recurrent")
+    q32, k32, v32, b32 = (x.float() for x in (q, k, v, beta))
+    o32, s32 = fn(q32, k32, v32, beta=b32, **extra32, initial_state=s0.float(), chunk_size=16)
     assert o32.dtype == torch.float32 and s32.dtype == torch.float32
     assert_rel_close(o32, o64, 1e-5, "f32 chunk vs f64")
     assert_rel_close(s32, s64, 1e-5, "f32 chunk state vs f64")
@@ -112,8 +112,8 @@ def test_chained_calls_equal_single_call(gated, mode):
     fn = gated_delta_rule if gated else delta_rule
 
     def call(sl, s):
-        extra = (g[:, sl],) if gated else ()
-        return fn(q[:, sl], k[:, sl], v[:, sl], beta[:, sl], *extra, initial_state=s, mode=mode, chunk_size=8)
+        extra = {"g": g[:, sl]} if gated else {}
+        return fn(q[:, sl], k[:, sl], v[:, sl], beta=beta[:, sl], **extra, initial_state=s, mode=mode, chunk_size=8)
 
     o, s = call(slice(0, 37), s0)
     outs, st = [], s0
@@ -128,12 +128,12 @@ def test_gated_chunk_stable_with_strong_decay():
     """Decays down to e^-50 per token inside a 64-chunk: cumulative products underflow (e^-3200) but the
     segment-sum form stays finite and exact."""
     q, k, v, beta, g, s0 = make(100, g_scale=50.0)
-    o_r, s_r = gated_delta_rule(q, k, v, beta, g, initial_state=s0, mode="recurrent")
-    o_c, s_c = gated_delta_rule(q, k, v, beta, g, initial_state=s0, mode="chunk", chunk_size=64)
+    o_r, s_r = gated_delta_rule(q, k, v, beta=beta, g=g, initial_state=s0, mode="recurrent")
+    o_c, s_c = gated_delta_rule(q, k, v, beta=beta, g=g, initial_state=s0, mode="chunk", chunk_size=64)
     assert torch.isfinite(o_c).all() and torch.isfinite(s_c).all()
     assert_rel_close(o_c, o_r, 1e-10, "strong decay output")
     q32, k32, v32, b32, g32 = (x.float().requires_grad_(True) for x in (q, k, v, beta, g))
-    o32, s32 = gated_delta_rule(q32, k32, v32, b32, g32, chunk_size=64)
+    o32, s32 = gated_delta_rule(q32, k32, v32, beta=b32, g=g32, chunk_size=64)
     (o32.sum() + s32.sum()).backward()
     assert all(torch.isfinite(x.grad).all() for x in (q32, k32, v32, b32, g32))
 
@@ -153,7 +153,7 @@ def test_delta_rule_overwrites_with_beta_one():
 
 def test_gated_with_zero_log_decay_is_delta_rule():
     q, k, v, beta, g, s0 = make(21)
-    o1, s1 = gated_delta_rule(q, k, v, beta, torch.zeros_like(g), initial_state=s0, chunk_size=8)
+    o1, s1 = gated_delta_rule(q, k, v, beta=beta, g=torch.zeros_like(g), initial_state=s0, chunk_size=8)
     o2, s2 = delta_rule(q, k, v, beta, initial_state=s0, chunk_size=8)
     assert_rel_close(o1, o2, 1e-12, "g = 0")
     assert_rel_close(s1, s2, 1e-12, "g = 0 state")
@@ -170,14 +170,15 @@ def test_gradcheck(mode):
         (*small, b_, s_),
     )
     assert torch.autograd.gradcheck(
-        lambda q, k, v, b, g, s: gated_delta_rule(q, k, v, b, g, initial_state=s, mode=mode, chunk_size=2),
+        lambda q, k, v, b, g, s: gated_delta_rule(q, k, v, beta=b, g=g, initial_state=s, mode=mode, chunk_size=2),
         (*small, b_, g_, s_),
     )
 
 
 def test_low_precision_inputs_computed_in_float32():
     q, k, v, beta, g, _ = make(9)
-    o, s = gated_delta_rule(*(x.bfloat16() for x in (q, k, v, beta, g)), chunk_size=4)
+    qb, kb, vb, bb, gb = (x.bfloat16() for x in (q, k, v, beta, g))
+    o, s = gated_delta_rule(qb, kb, vb, beta=bb, g=gb, chunk_size=4)
     assert o.dtype == torch.bfloat16 and s.dtype == torch.float32
 
 
@@ -198,9 +199,9 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="initial_state"):
         delta_rule(q, k, v, beta, initial_state=s0.transpose(-1, -2))
     with pytest.raises(ValueError, match="g"):
-        gated_delta_rule(q, k, v, beta, g[:, :-1])
+        gated_delta_rule(q, k, v, beta=beta, g=g[:, :-1])
     with pytest.raises(ValueError, match="floating"):
-        gated_delta_rule(q, k, v, beta, g.long())
+        gated_delta_rule(q, k, v, beta=beta, g=g.long())
     with pytest.raises(ValueError, match="scale"):
         delta_rule(q, k, v, beta, scale="big")
 
@@ -211,10 +212,10 @@ def test_gate_zero_erases_memory(mode):
     q, k, v, beta, g, s0 = make(13)
     g = g.clone()
     g[:, 9] = -1e4  # forget everything before token 9
-    _, S = gated_delta_rule(q[:, :10], k[:, :10], v[:, :10], beta[:, :10], g[:, :10], initial_state=s0, mode=mode,
-                            chunk_size=4)
+    _, S = gated_delta_rule(q[:, :10], k[:, :10], v[:, :10], beta=beta[:, :10], g=g[:, :10], initial_state=s0,
+                            mode=mode, chunk_size=4)
     expect = beta[:, 9, :, None, None] * k[:, 9, :, :, None] * v[:, 9, :, None, :]
     assert_rel_close(S, expect, 1e-12, "state after a full reset")
-    o_full, _ = gated_delta_rule(q, k, v, beta, g, initial_state=s0, mode=mode, chunk_size=4)
-    o_tail, _ = gated_delta_rule(q[:, 9:], k[:, 9:], v[:, 9:], beta[:, 9:], g[:, 9:], mode=mode, chunk_size=4)
+    o_full, _ = gated_delta_rule(q, k, v, beta=beta, g=g, initial_state=s0, mode=mode, chunk_size=4)
+    o_tail, _ = gated_delta_rule(q[:, 9:], k[:, 9:], v[:, 9:], beta=beta[:, 9:], g=g[:, 9:], mode=mode, chunk_size=4)
     assert_rel_close(o_full[:, 9:], o_tail, 1e-12, "outputs after the reset ignore the past")

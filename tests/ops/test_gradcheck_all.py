@@ -115,7 +115,7 @@ def _gated_delta_rule(mode):
     k = F.normalize(_rand(B, T, H, 2, seed=1), dim=-1)
     beta, s0 = _uniform(B, T, H, seed=4, lo=0.2, hi=0.8), _rand(B, H, 2, 2, seed=3)
     g = -_uniform(B, T, H, seed=5, lo=0.05, hi=0.5)
-    return (lambda q, k, v, b, g, s: ops.gated_delta_rule(q, k, v, b, g, initial_state={"S": s}, mode=mode,
+    return (lambda q, k, v, b, g, s: ops.gated_delta_rule(q, k, v, beta=b, g=g, initial_state={"S": s}, mode=mode,
                                                           chunk_size=2)), (q, k, v, beta, g, s0)
 
 

@@ -180,7 +180,7 @@ def _gated_delta_rule(mode):
     T = 9
     q, k, v = _qkv(T)
     beta, g = _uniform(B, T, H, seed=4, lo=0.2, hi=0.8), -_uniform(B, T, H, seed=5, lo=0.05, hi=0.5)
-    return T, lambda sl, st: ops.gated_delta_rule(q[:, sl], k[:, sl], v[:, sl], beta[:, sl], g[:, sl],
+    return T, lambda sl, st: ops.gated_delta_rule(q[:, sl], k[:, sl], v[:, sl], beta=beta[:, sl], g=g[:, sl],
                                                   initial_state=st, mode=mode, chunk_size=2)
 
 

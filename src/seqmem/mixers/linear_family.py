@@ -282,7 +282,7 @@ class GatedDeltaNet(DeltaNet):
     def _rule(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, **kw: Any) -> tuple[Tensor, State]:
         # log decay (batch, time, heads), Gated DeltaNet / Mamba-2 parametrisation
         g = -torch.exp(self.A_log) * F.softplus(self.a_proj(x) + self.dt_bias)
-        return gated_delta_rule(q, k, v, beta, g, **kw)
+        return gated_delta_rule(q, k, v, beta=beta, g=g, **kw)
 
     def _norm_out(self, x: Tensor, o: Tensor) -> Tensor:
         b, t, _ = x.shape

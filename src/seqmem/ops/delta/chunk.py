@@ -146,8 +146,9 @@ def gated_delta_rule(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    beta: Tensor,
-    g: Tensor,
+    *gates: Tensor,
+    beta: Tensor | None = None,
+    g: Tensor | None = None,
     scale: float | None = None,
     initial_state: dict[str, Tensor] | None = None,
     mode: str = "chunk",
@@ -157,9 +158,14 @@ def gated_delta_rule(
 
     ``S_t = e^{g_t} (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``, ``o_t = S_t^T (scale q_t)``.
 
+    ``beta`` and ``g`` are keyword-only: both are (batch, time, heads), and flash-linear-attention's
+    ``chunk_gated_delta_rule`` takes them positionally in the other order (``g, beta``), so a positional call is
+    refused rather than silently swapped; :mod:`seqmem.ops.fla_compat` has the op in fla's order and names.
+
     Args:
         q, k: ``(batch, time, heads, d_k)``; v: ``(batch, time, heads, d_v)``;
-        beta, g: ``(batch, time, heads)`` (``g`` = log decay; the chunked form is stable for ``g <= 0``).
+        beta, g: ``(batch, time, heads)``, by keyword (``g`` = log decay; the chunked form is stable for
+            ``g <= 0``).
         scale, initial_state, mode, chunk_size: as in :func:`delta_rule`.
 
     Returns:
@@ -167,5 +173,10 @@ def gated_delta_rule(
 
         * ``"S"``: the memory ``S_t`` (batch, heads, d_k, d_v), in the compute dtype.
     """
+    if gates or beta is None or g is None:
+        got = f"{len(gates)} positional gate(s)" if gates else "beta=None" if beta is None else "g=None"
+        raise TypeError(f"gated_delta_rule(q, k, v, beta=..., g=...) takes beta and g by keyword (got {got}): "
+                        "fla's chunk_gated_delta_rule takes (g, beta) in that order, so a positional pair is "
+                        "ambiguous; seqmem.ops.fla_compat.chunk_gated_delta_rule takes fla's order")
     initial_state = state_tensor("gated_delta_rule", initial_state)
     return _run("gated_delta_rule", q, k, v, beta, g, scale, initial_state, mode, chunk_size)
