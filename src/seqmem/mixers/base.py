@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from seqmem.io import check_int
+from seqmem.mixers._fla_names import FlaNamesMeta
 
 State = dict[str, Tensor]
 IMPLS = ("reference", "fast")
@@ -200,8 +201,9 @@ def _checked_init(init: Any) -> Any:
     return wrapped
 
 
-class Mixer(nn.Module):
-    """Base class of every token mixer.
+class Mixer(nn.Module, metaclass=FlaNamesMeta):
+    """Base class of every token mixer.  Constructors also take flash-linear-attention's names ``hidden_size``,
+    ``num_heads``, ``head_dim`` and ``layer_idx`` (see :mod:`seqmem.mixers._fla_names`).
 
     Subclasses implement :meth:`_forward` (validated input in, ``(y, state)`` out) and :meth:`state_size`.
     They may set ``contract_configs``: a list of option dicts with which the contract tests build the mixer
