@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine:  `make demo`  and  `make test`.
 # Each creates .venv on first use (scripts/setup.sh says what it installs and how torch is chosen):
-# `make demo` installs torch and seqmem with its core dependencies only; `make test` adds the dev and hf extras.
+# `make demo` installs torch and seqmem with the plot extra (matplotlib); `make test` adds the dev and hf extras.
 .PHONY: setup setup-demo demo compare headlines test lint
 setup:
 	bash scripts/setup.sh test

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-time (idempotent) set-up of a virtual environment (default .venv) for seqmem.
 #
-#   bash scripts/setup.sh demo    # torch + seqmem (editable) with its core dependencies only: what `make demo` needs
+#   bash scripts/setup.sh demo    # torch + seqmem (editable) with the plot extra (matplotlib): what `make demo` needs
 #   bash scripts/setup.sh test    # the above + the dev and hf extras (pytest, hypothesis, ruff, scipy, transformers)
 #   bash scripts/setup.sh plain   # torch + `pip install .` (not editable, no extras): what a user's install gets
 #
@@ -42,8 +42,8 @@ run() {
 }
 
 case "$MODE" in
-  demo) stamp="$VENV/.seqmem-demo"; target=(-e .) ;;
-  test) stamp="$VENV/.seqmem-test"; target=(-e ".[dev,hf]") ;;
+  demo) stamp="$VENV/.seqmem-demo"; target=(-e ".[plot]") ;;
+  test) stamp="$VENV/.seqmem-test"; target=(-e ".[dev,hf,plot]") ;;
   plain) stamp="$VENV/.seqmem-plain"; target=(.) ;;
 esac
 if [ "$DRY" != 1 ] && [ -f "$stamp" ] && [ ! pyproject.toml -nt "$stamp" ] && [ ! scripts/setup.sh -nt "$stamp" ]; then

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 
-EXTRAS_ONLY = ("scipy", "transformers", "hypothesis", "pytest", "datasets")
+EXTRAS_ONLY = ("scipy", "transformers", "hypothesis", "pytest", "datasets", "matplotlib")
 
 _CHILD = textwrap.dedent(
     """

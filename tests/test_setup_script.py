@@ -65,7 +65,7 @@ def test_cpu_index_by_default_without_gpu(tmp_path):
     assert not (tmp_path / "venv").exists()  # a dry run creates nothing
     assert cmds[0].endswith(f"-m venv {tmp_path / 'venv'}")
     assert _torch_cmd(cmds).endswith(f"torch==2.13.0 --index-url {CPU_INDEX}")
-    assert cmds[-1].endswith("pip install -q -e .[dev,hf]")
+    assert cmds[-1].endswith("pip install -q -e .[dev,hf,plot]")
     assert cmds.index(_torch_cmd(cmds)) < len(cmds) - 1  # torch first
 
 
@@ -95,7 +95,7 @@ def test_overrides(tmp_path, gpu):
     assert p.returncode == 2 and "SEQMEM_TORCH" in p.stderr
 
 
-@pytest.mark.parametrize("mode, target", [("demo", "-e ."), ("test", "-e .[dev,hf]"), ("plain", ".")])
+@pytest.mark.parametrize("mode, target", [("demo", "-e .[plot]"), ("test", "-e .[dev,hf,plot]"), ("plain", ".")])
 def test_modes_install_what_they_need(tmp_path, mode, target):
     p, cmds = _setup(tmp_path, mode)
     assert p.returncode == 0, p.stderr

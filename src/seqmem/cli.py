@@ -26,6 +26,7 @@ from seqmem.cliargs import (  # noqa: E402  (re-exported: the names older code i
     positive_int,
 )
 from seqmem.clihelp import add_deprecated_alias, finish_parser
+from seqmem.io import MissingExtra
 
 _positive_int, _positive_float, _out_path, _check_out_dir = positive_int, positive_float, out_path, check_out_dir
 __all__ = ["UsageError", "build_run", "main", "make_parser", "parse_options"]
@@ -453,6 +454,40 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval_harness(args: argparse.Namespace) -> int:
+    try:
+        import lm_eval
+    except ImportError:
+        raise UsageError("eval-harness needs lm-evaluation-harness: pip install 'seqmem[eval]'") from None
+    try:
+        import seqmem.hf  # noqa: F401  (registers model_type "seqmem" with transformers' auto classes)
+    except ImportError:
+        raise UsageError("eval-harness needs transformers: pip install 'seqmem[eval]'") from None
+    model = Path(args.model)
+    if not (model / "config.json").is_file():
+        raise UsageError(f"--model {model}: not a saved model (no config.json); write one with seqmem export-hf")
+    if json.loads((model / "config.json").read_text()).get("model_type") != "seqmem":
+        raise UsageError(f"--model {model}: config.json is not a seqmem model (model_type != 'seqmem')")
+    tasks = [t for t in args.tasks.split(",") if t]
+    if not tasks:
+        raise UsageError("--tasks: give at least one task name")
+    if args.limit is not None and args.limit <= 0:
+        raise UsageError(f"--limit must be positive, got {args.limit}")
+    if args.json is not None:
+        _check_out_dir(args.json.parent if str(args.json.parent) else Path("."))
+    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+    res = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={model}", tasks=tasks, limit=limit,
+                                  num_fewshot=args.num_fewshot, batch_size=args.batch_size, device=args.device)
+    record = {"model": str(model), "tasks": tasks, "limit": limit, "results": res["results"]}
+    text = json.dumps(record, indent=2, default=str)
+    if args.json is not None:
+        from seqmem.io import atomic_write_text
+
+        atomic_write_text(args.json, text + "\n")
+    print(text)
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------------------- repro
 def _available(pkg: str) -> list[str]:
     mod = importlib.import_module(pkg)
@@ -624,6 +659,21 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=_out_path, required=True, help="directory for save_pretrained")
     p.set_defaults(func=cmd_export_hf)
 
+    p = sub.add_parser("eval-harness", help="run lm-evaluation-harness tasks on an exported model (needs the eval "
+                                            "extra)",
+                       description="Evaluate a model written by `seqmem export-hf` (or any saved SeqmemForCausalLM) "
+                                   "with lm-evaluation-harness (lm_eval.simple_evaluate, its 'hf' model type) and "
+                                   "print the results as JSON.  Needs pip install 'seqmem[eval]'.")
+    p.add_argument("--model", type=Path, required=True, help="directory written by seqmem export-hf")
+    p.add_argument("--tasks", required=True, help="comma-separated lm-eval task names, e.g. lambada_openai,piqa")
+    p.add_argument("--limit", type=float, default=None,
+                   help="examples per task (an integer), or a fraction below 1 (lm-eval's --limit)")
+    p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (lm-eval's default if unset)")
+    p.add_argument("--batch-size", type=int, default=8, help="lm-eval batch size (default 8)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    p.set_defaults(func=cmd_eval_harness)
+
     from seqmem import demo, plotting
 
     demo.add_parser(sub)
@@ -653,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
             args = ap.parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed, for the records a command writes
         return int(args.func(args) or 0)
-    except (UsageError, ValueError, FileNotFoundError, FloatingPointError) as e:
+    except (UsageError, ValueError, FileNotFoundError, FloatingPointError, MissingExtra) as e:
         print(f"seqmem: error: {e}".splitlines()[0], file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -101,6 +101,24 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
         raise
 
 
+class MissingExtra(ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it (one line)."""
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend; :class:`MissingExtra` naming the ``plot`` extra when matplotlib is
+    not installed (it is needed for plots only)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise MissingExtra('plots need matplotlib, which a plain install leaves out: pip install "seqmem[plot]"') \
+            from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def save_figure(fig: Any, path: Path | str, dpi: int = 120) -> None:
     """Save a matplotlib figure as PNG atomically (rendered in memory, then :func:`atomic_write_bytes`)."""
     import io

@@ -39,10 +39,9 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float
 
 def plot_runs(runs: list[str | Path], out: str | Path | None = None) -> list[Path]:
     """Draw the curves of ``runs`` into ``out`` (default ``<first run>/plots``); returns the PNG paths."""
-    import matplotlib
+    from seqmem.io import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     if not runs:
         raise ValueError("give at least one run directory")

@@ -58,7 +58,8 @@ def _need_datasets(what: str):
         import datasets
     except ImportError:
         raise ValueError(
-            f"{what} needs the 'datasets' package (pip install datasets); local text / .jsonl files work without it"
+            f"{what} needs the 'datasets' package (pip install 'seqmem[data]'); local text / .jsonl files work "
+            "without it"
         ) from None
     return datasets
 

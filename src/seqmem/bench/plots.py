@@ -11,12 +11,9 @@ _STYLES = ["-", "--", "-.", ":"]
 
 
 def _plt():
-    import matplotlib
+    from seqmem.io import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return pyplot()
 
 
 def _series(records: list[dict[str, Any]], impl: str, key: str) -> dict[str, tuple[list[int], list[float]]]:

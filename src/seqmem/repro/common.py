@@ -91,10 +91,9 @@ def figure(path: Path | str, *, figsize: tuple[float, float], dpi: int = 120, nr
     when ``nrows`` or ``ncols`` exceeds 1); after the block the figure is laid out tightly, saved as PNG at
     ``path`` (:func:`save_figure`) and closed.  When the block raises, the figure is closed and nothing is
     written."""
-    import matplotlib
+    from seqmem.io import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(nrows, ncols, figsize=figsize)
     try:

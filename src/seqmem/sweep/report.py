@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from seqmem.io import atomic_write_text, fmt, machine_info, mean_std, save_figure, table_lines
+from seqmem.io import MissingExtra, atomic_write_text, fmt, machine_info, mean_std, pyplot, save_figure, table_lines
 from seqmem.sweep.runner import (
     choose_lr,
     plan_rows,
@@ -290,10 +291,7 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
 
 def plot(spec: SweepSpec, rows: list[dict[str, Any]], path: Path) -> None:
     """Accuracy (or loss) against peak state: per setting a panel, per mixer a line across model sizes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     settings = spec.settings
     fig, axs = plt.subplots(1, len(settings), figsize=(6.2 * len(settings) + 2.4, 4.8), squeeze=False)
@@ -398,7 +396,10 @@ def write_report(spec: SweepSpec, out: Path, report_dir: Path | None = None, com
     if not (_same_report(report_dir / "report.md", md) and _same_report(report_dir / "report.json", js)):
         atomic_write_text(report_dir / "report.md", md)
         atomic_write_text(report_dir / "report.json", js)
-    plot(spec, rows, report_dir / f"{spec.select}_vs_state.png")
+    try:
+        plot(spec, rows, report_dir / f"{spec.select}_vs_state.png")
+    except MissingExtra as e:  # the tables are the report; the figure needs the plot extra
+        print(f"seqmem: report written without its figure: {e}", file=sys.stderr)
     return payload
 
 

@@ -30,10 +30,9 @@ def add_arguments(parser) -> None:
 
 # ------------------------------------------------------------------------------------------------ plots
 def plot_per_block(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
-    import matplotlib
+    from seqmem.io import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4))
     base = results.get("Transformer++", {}).get("per_block_loss")
