@@ -186,6 +186,7 @@ def test_exported_model_loads_with_trust_remote_code_or_the_import(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["auto_map"]["AutoModelForCausalLM"] == "modeling_seqmem.SeqmemForCausalLM"
     assert (out / "modeling_seqmem.py").is_file() and (out / "configuration_seqmem.py").is_file()
+    assert "import seqmem.hf" in (out / "README.md").read_text()  # where transformers' refusal sends the user
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1",
            "OMP_NUM_THREADS": "1"}
     res = {}

@@ -510,6 +510,22 @@ AUTO_MAP = {
 }
 
 
+EXPORT_CARD = """# A seqmem model
+
+A causal LM built with seqmem (mixer {mixer}, {layers} layers), saved by `seqmem export-hf`.  It needs the
+`seqmem` package (`pip install "seqmem[hf]"`).  Load it either way:
+
+```python
+import seqmem.hf  # registers model_type "seqmem" with transformers' auto classes
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained("THIS_DIRECTORY")
+```
+
+or, without the import, `AutoModelForCausalLM.from_pretrained("THIS_DIRECTORY", trust_remote_code=True)`: the two
+`.py` files here only import the installed seqmem's classes.
+"""
+
+
 def save_exported(model: SeqmemPreTrainedModel, out: str) -> None:
     """``model.save_pretrained(out)`` plus ``auto_map`` in ``config.json`` and the two files it names, so that
     ``AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)`` loads it in a process that never imported
@@ -520,3 +536,6 @@ def save_exported(model: SeqmemPreTrainedModel, out: str) -> None:
     model.save_pretrained(str(out))
     for name, text in REMOTE_CODE.items():
         (Path(out) / name).write_text(text)
+    card = Path(out) / "README.md"
+    if not card.exists():  # what transformers' refusal points the user to ("inspect the repository content")
+        card.write_text(EXPORT_CARD.format(mixer=model.config.mixer, layers=model.config.n_layers))
