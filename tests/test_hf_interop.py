@@ -121,9 +121,16 @@ def test_unknown_keyword_arguments_are_errors(cls):
         m(input_ids=ids, token_type_ids=torch.ones_like(ids))
 
 
-def test_config_to_dict_has_transformers_size_names():
-    d = SeqmemConfig(d_model=16, n_layers=3, n_heads=2).to_dict()
+def test_config_to_dict_has_transformers_size_names(tmp_path):
+    c = SeqmemConfig(d_model=16, n_layers=3, n_heads=2)
+    d = c.to_dict()
     assert (d["hidden_size"], d["num_hidden_layers"], d["num_attention_heads"]) == (16, 3, 2)
+    c.save_pretrained(tmp_path)
+    again = SeqmemConfig.from_pretrained(tmp_path)
+    assert again.to_dict() == d
+    assert SeqmemConfig(hidden_size=32, num_attention_heads=8).n_heads == 8
+    with pytest.raises(ValueError, match="hidden_size=32 and d_model=16 disagree"):
+        SeqmemConfig(d_model=16, hidden_size=32)
 
 
 def test_peft_prompt_tuning_trains():

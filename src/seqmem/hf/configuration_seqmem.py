@@ -37,6 +37,13 @@ class SeqmemConfig(PretrainedConfig):
     tie_word_embeddings: bool | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
+        for alias, field in self.attribute_map.items():  # transformers' names (config.json carries both)
+            if alias in kwargs:
+                value, default = kwargs.pop(alias), getattr(type(self), field)
+                if getattr(self, field) not in (default, value):
+                    raise ValueError(f"SeqmemConfig: {alias}={value!r} and {field}={getattr(self, field)!r} "
+                                     f"disagree ({alias} is transformers' name for {field}); give one of them")
+                setattr(self, field, value)
         if self.mixer_options is None:
             self.mixer_options = {}
         if isinstance(self.mixer, tuple):
