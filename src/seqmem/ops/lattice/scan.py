@@ -51,23 +51,31 @@ def lattice_scan(
     With ``normalize`` (eq. 14) the initial slots are projected onto the sphere.
     ``mode="recurrent"``: per-token loop under autograd (the reference, ``naive.py``).  ``mode="scan"``: the
     same model with a hand-derived backward that recomputes the states per chunk of ``chunk_size`` tokens.
+    On CUDA tensors, dec/enc/sim with the sphere projection and no L1 run the fused recurrent Triton kernel
+    (``fused_recurrent.py``) when ``triton`` is importable and not switched off
+    (:func:`seqmem.ops.set_triton` or ``SEQMEM_TRITON=0``); the state is then returned in the inputs' dtype.
     The C++ kernel covers dec/enc/sim with or without the sphere projection, and delta and ttt without it, each
     with or without ``forget``; the PyTorch version covers dec/enc/sim with the projection and delta.  Other
     combinations (L1 always) run :func:`lattice_step` under ``torch.utils.checkpoint`` per chunk: exact and
     memory-frugal, not faster.  ``backend``: ``"cpp"`` = the fused C++ kernel (CPU, float32/64),
-    ``"torch"`` = the PyTorch hand-VJP scan, ``"auto"`` = cpp where available, else torch.
+    ``"torch"`` = the PyTorch hand-VJP scan, ``"triton"`` = the Triton kernel (CUDA, or CPU under
+    ``TRITON_INTERPRET=1``), ``"auto"`` = triton on CUDA, else cpp where available, else torch.
     """
     state = state_dict("lattice_scan", initial_state)
     check_state_keys("lattice_scan", state, ("S",))
     S_in = None if state is None else state["S"]
     B, T, H, m, d = _check(q, k, v, gamma, S_in, objective, normalize, forget, l1, mode, chunk_size)
-    if backend not in ("auto", "cpp", "torch"):
-        raise ValueError(f"backend must be 'auto', 'cpp' or 'torch', got {backend!r}")
+    if backend not in ("auto", "cpp", "torch", "triton"):
+        raise ValueError(f"backend must be 'auto', 'cpp', 'torch' or 'triton', got {backend!r}")
     if mode == "recurrent":
         y, S = lattice_naive(q, k, v, gamma, S_in, objective=objective, normalize=normalize, forget=forget, l1=l1,
                              eps=eps)  # fmt: skip
         return y, {"S": S}
-    if backend != "torch":
+    if backend in ("auto", "triton"):
+        out = _triton_scan(q, k, v, gamma, S_in, objective, normalize, forget, l1, chunk_size, backend)
+        if out is not None:
+            return out[0], {"S": out[1]}
+    if backend in ("auto", "cpp"):
         out = _cpp_scan(q, k, v, gamma, S_in, objective, normalize, forget, l1, chunk_size, backend)
         if out is not None:
             return out[0], {"S": out[1]}
@@ -82,6 +90,30 @@ def lattice_scan(
     else:
         y, S = _checkpointed_scan(qt, kt, vt, gt, S0, mu, lam, objective, normalize, chunk_size, eps)
     return y.reshape(T, B, H, d).transpose(0, 1), {"S": S.reshape(B, H, d, m)}
+
+
+def _triton_scan(q, k, v, gamma, initial_state, objective, normalize, forget, l1, chunk_size, backend):
+    """The fused recurrent Triton kernel when it applies (else None; ``backend="triton"`` then raises).
+
+    ``auto`` takes it for CUDA tensors only (:func:`seqmem.ops._triton.use_triton`), so CPU runs are unchanged."""
+    from seqmem.ops._triton import use_triton
+
+    tensors = (q, k, v, gamma if isinstance(gamma, Tensor) else None, forget, initial_state)
+    fits = (
+        objective in _OSR and normalize and l1 is None
+        and all(x.dtype in (torch.float32, torch.float16, torch.bfloat16) for x in tensors if x is not None)
+        and max(k.shape[-1], v.shape[-1]) <= 128
+    )  # fmt: skip
+    if backend == "auto" and not (fits and use_triton(*tensors)):
+        return None
+    if not fits:
+        raise ValueError("backend='triton' covers dec/enc/sim with normalize=True, no l1, float32/16/bfloat16 "
+                         "inputs and d, m <= 128")
+    from seqmem.ops.lattice.fused_recurrent import fused_recurrent_lattice
+
+    y, S = fused_recurrent_lattice(q, k, v, gamma, initial_state, objective=objective, forget=forget,
+                                   chunk_size=chunk_size)  # fmt: skip
+    return y, S.to(torch.promote_types(k.dtype, v.dtype))
 
 
 def _cpp_scan(q, k, v, gamma, initial_state, objective, normalize, forget, l1, chunk_size, backend):
