@@ -11,6 +11,8 @@ Per head (Algorithm 1, "VLAv3 Sequential Forward Pass"; eqs. 8-11 of the paper):
     z ← z + k_feat;   o = S φ(q) / max(φ(q)ᵀ z, ε)           (readout, eq. 11)
 
 ``mode="recurrent"`` is that loop, written out step by step in ``naive.py`` (the reference).
+On CUDA tensors ``mode="chunk"`` runs the fused recurrent Triton kernels instead (``fused_recurrent.py``; when
+``triton`` is importable and not switched off by :func:`seqmem.ops._triton.set_triton` / ``SEQMEM_TRITON=0``).
 ``mode="chunk"`` is the exact chunked form in this file (not in the paper; derived in docs/vla.md):
 
 * A-part: the A-loop depends only on the keys, so a run of c rank-1 Sherman–Morrison updates is one
@@ -43,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from seqmem.ops import _triton
 from seqmem.ops._common import check_chunk_size, check_mode, floor
 from seqmem.ops._common import compute_dtype as _compute_dtype
 from seqmem.ops._common import full_precision as _full_precision
@@ -56,6 +59,7 @@ __all__ = [
 ]
 
 NORMALIZERS = ("paper", "none")
+_KERNEL_CHUNK = 64  # the Triton kernels' checkpoint interval (tokens)
 _TINY = 1e-12
 
 
@@ -304,11 +308,28 @@ def vla_attention(
             fixed_A=fixed_A, initial_state=initial_state, return_trace=return_trace,
         )
     return _in_compute_dtype(
-        _vla_attention, q, k, v, w_u, initial_state,
+        _triton_form("vla", q, k, v, w_u, initial_state) or _vla_attention, q, k, v, w_u, initial_state,
         lam0=lam0, u_scale=u_scale, refresh_period=refresh_period, refresh_eta=refresh_eta, eps=eps,
         normalizer=normalizer, normalize_key=normalize_key, normalize_alpha=normalize_alpha, fixed_A=fixed_A,
         chunk_size=chunk_size,
     )  # fmt: skip
+
+
+def _triton_form(op: str, q: Tensor, k: Tensor, v: Tensor, w: Tensor, initial_state):
+    """The fused recurrent Triton body of ``op`` (``"vla"`` or ``"paper_delta_rule"``) when it applies — CUDA
+    tensors, triton importable and not switched off (:func:`seqmem.ops._triton.use_triton`), float32 compute,
+    head dims <= 128 — else None (the chunked PyTorch body runs)."""
+    floats = [q, k, v, w, *_state_tensors(initial_state)]
+    if not (_triton.use_triton(*floats) and _compute_dtype(*floats) == torch.float32
+            and max(k.shape[-1], v.shape[-1]) <= 128):
+        return None
+    from seqmem.ops.vla import fused_recurrent as fr
+
+    def body(q, k, v, w, *, chunk_size, **options):  # the kernels' checkpoint interval, not the chunk length
+        fn = fr.fused_recurrent_vla if op == "vla" else fr.fused_recurrent_vla_paper_delta_rule
+        return fn(q, k, v, w, chunk_size=_KERNEL_CHUNK, **options)
+
+    return body
 
 
 def _vla_attention(
@@ -415,8 +436,8 @@ def vla_paper_delta_rule(
         raise ValueError(f"{fn}: initial_state must be a dict with keys {sorted(need)}")
     if mode == "recurrent":
         return vla_paper_delta_rule_naive(q, k, v, beta, eps=eps, normalizer=normalizer, initial_state=initial_state)
-    return _in_compute_dtype(_vla_paper_delta_rule, q, k, v, beta, initial_state, eps=eps, normalizer=normalizer,
-                             chunk_size=chunk_size)
+    body = _triton_form("paper_delta_rule", q, k, v, beta, initial_state) or _vla_paper_delta_rule
+    return _in_compute_dtype(body, q, k, v, beta, initial_state, eps=eps, normalizer=normalizer, chunk_size=chunk_size)
 
 
 def _vla_paper_delta_rule(
