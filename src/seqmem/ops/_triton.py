@@ -72,3 +72,8 @@ def check_device(op: str, kernel: object, *tensors: Tensor | None) -> None:
         raise ValueError(f"{op}: the Triton kernel needs CUDA tensors (CPU tensors only under TRITON_INTERPRET=1)")
     if len({t.device for t in ts}) > 1:
         raise ValueError(f"{op}: all tensors must be on one device, got {sorted({str(t.device) for t in ts})}")
+
+
+def num_warps(state_elems: int) -> int:
+    """Warps per program for a kernel whose state of ``state_elems`` floats lives in registers (~32 per thread)."""
+    return 4 if state_elems <= 4096 else 8 if state_elems <= 8192 else 16

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from seqmem.ops._triton import check_device
+from seqmem.ops._triton import check_device, num_warps
 
 __all__ = ["MAX_DIM", "fused_recurrent_lattice"]
 
@@ -62,7 +62,7 @@ def _fwd_kernel(
     D: tl.constexpr, M: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, OBJ: tl.constexpr,
     HAS_MU: tl.constexpr, SAVE: tl.constexpr,
 ):
-    i_bh = tl.program_id(0)
+    i_bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B·H·T·d·m passes 2³¹ at long T
     i_b = i_bh // H
     i_h = i_bh % H
     o_d = tl.arange(0, BD)
@@ -104,7 +104,7 @@ def _bwd_kernel(
     D: tl.constexpr, M: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, OBJ: tl.constexpr,
     HAS_MU: tl.constexpr, HAS_DS: tl.constexpr,
 ):
-    i_bh = tl.program_id(0)
+    i_bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B·H·T·d·m passes 2³¹ at long T
     i_b = i_bh // H
     i_h = i_bh % H
     o_d = tl.arange(0, BD)
@@ -210,6 +210,7 @@ class _FusedRecurrentLattice(torch.autograd.Function):
         _fwd_kernel[(N,)](
             q, k, v, g, mu if mu is not None else g, s0, y, s_out, ckpt, T, H, chunk,
             D=D, M=M, BD=BD, BM=BM, OBJ=_OBJ[objective], HAS_MU=mu is not None, SAVE=save,
+            num_warps=num_warps(BD * BM),
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, g, mu, ckpt)
         ctx.objective, ctx.chunk, ctx.s0_dtype = objective, chunk, s0.dtype
@@ -235,6 +236,7 @@ class _FusedRecurrentLattice(torch.autograd.Function):
             ds_out.contiguous() if ds_out is not None else ds0, dq, dk, dv, dg, dmu, ds0, T, H, C,
             D=D, M=M, BD=triton.next_power_of_2(D), BM=triton.next_power_of_2(M), OBJ=_OBJ[ctx.objective],
             HAS_MU=mu is not None, HAS_DS=ds_out is not None,
+            num_warps=num_warps(triton.next_power_of_2(D) * triton.next_power_of_2(M)),
         )  # fmt: skip
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype),
                 None if mu is None else dmu.to(mu.dtype), ds0.to(ctx.s0_dtype), None, None)

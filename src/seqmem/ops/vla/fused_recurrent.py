@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from seqmem.ops._triton import check_device
+from seqmem.ops._triton import check_device, num_warps
 
 __all__ = ["MAX_DIM", "fused_recurrent_vla", "fused_recurrent_vla_paper_delta_rule"]
 
@@ -45,7 +45,7 @@ def _sm_fwd_kernel(
     u, kh, eh, a0, alpha, a_out, ckpt, T, H, C, EPS,
     D: tl.constexpr, BD: tl.constexpr, SAVE: tl.constexpr,
 ):
-    i_bh = tl.program_id(0)
+    i_bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B·H·T·d·m passes 2³¹ at long T
     i_b = i_bh // H
     i_h = i_bh % H
     o_d = tl.arange(0, BD)
@@ -77,7 +77,7 @@ def _sm_bwd_kernel(
     u, kh, eh, ckpt, scratch, dalpha, da_out, du, dkh, da0, T, H, C, EPS,
     D: tl.constexpr, BD: tl.constexpr, HAS_DA: tl.constexpr,
 ):
-    i_bh = tl.program_id(0)
+    i_bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B·H·T·d·m passes 2³¹ at long T
     i_b = i_bh // H
     i_h = i_bh % H
     o_d = tl.arange(0, BD)
@@ -146,7 +146,8 @@ class _ShermanMorrison(torch.autograd.Function):
         a_out = torch.empty(B, H, D, D, dtype=torch.float32, device=kh.device)
         ckpt = torch.empty(N, n_ck if save else 1, D, D, dtype=torch.float32, device=kh.device)
         _sm_fwd_kernel[(N,)](u, kh, eh, a0, alpha, a_out, ckpt, T, H, chunk, eps,
-                             D=D, BD=triton.next_power_of_2(D), SAVE=save)  # fmt: skip
+                             D=D, BD=triton.next_power_of_2(D), SAVE=save,
+                             num_warps=num_warps(triton.next_power_of_2(D) ** 2))  # fmt: skip
         ctx.save_for_backward(u, kh, eh, ckpt)
         ctx.chunk, ctx.eps = chunk, eps
         return alpha, a_out
@@ -163,6 +164,7 @@ class _ShermanMorrison(torch.autograd.Function):
         _sm_bwd_kernel[(N,)](
             u, kh, eh, ckpt, scratch, dalpha, da0 if da_out is None else da_out.float().contiguous(), du, dkh, da0,
             T, H, C, ctx.eps, D=D, BD=triton.next_power_of_2(D), HAS_DA=da_out is not None,
+            num_warps=num_warps(triton.next_power_of_2(D) ** 2),
         )  # fmt: skip
         return du, dkh, None, da0, None, None
 
@@ -174,8 +176,8 @@ def _gdr_fwd_kernel(
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
     SAVE: tl.constexpr,
 ):
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1)
+    i_v = tl.program_id(0).to(tl.int64)
+    i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
     n_v = tl.num_programs(0)
@@ -217,8 +219,8 @@ def _gdr_bwd_kernel(
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
     HAS_DS: tl.constexpr,
 ):
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1)
+    i_v = tl.program_id(0).to(tl.int64)
+    i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
     n_v = tl.num_programs(0)
@@ -236,7 +238,7 @@ def _gdr_bwd_kernel(
     base_k = i_b * T * H * D + i_h * D + o_k
     base_v = i_b * T * H * DV + i_h * DV + o_v
     base_g = i_b * T * H + i_h
-    part = i_v * (tl.num_programs(1) * T * D)  # the value block's slice of the partial-gradient buffers
+    part = i_v * tl.num_programs(1) * T * D  # the value block's slice of the partial-gradient buffers
     p_scr = scratch + (i_bh * n_v + i_v) * C * BV * D + o_blk
     n_ck = tl.cdiv(T, C)
     c = n_ck - 1
@@ -280,7 +282,7 @@ def _gdr_bwd_kernel(
             tl.store(dv + base_v + t * H * DV, de, mask=m_v)
             tl.store(da + p_kt, -tl.sum(S_in * de[:, None], 0), mask=m_k)
             if HAS_G:
-                tl.store(dg + i_v * (tl.num_programs(1) * T) + base_g + t * H, tl.sum(tl.sum(G * S_in, 1), 0))
+                tl.store(dg + i_v * tl.num_programs(1) * T + base_g + t * H, tl.sum(tl.sum(G * S_in, 1), 0))
                 G = g_t * G - de[:, None] * a_t[None, :]
             else:
                 G = G - de[:, None] * a_t[None, :]
