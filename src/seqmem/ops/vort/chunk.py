@@ -9,6 +9,8 @@ all tokens and a per-token input weight c_s(α_t),
 
 (the c_now term is the λ = 0 tail lump, acting at lag 0 only).  Modes: ``"recurrent"`` (the per-token loop of
 the paper, ``naive.py``), ``"chunk"`` (RetNet/GLA-style chunked form) and ``"parallel"`` (one chunk = quadratic form).
+On CUDA with flash-linear-attention installed, ``"chunk"`` without ``strict_causal`` runs fla's chunked simple-GLA
+kernel with the channels as heads (``gla.py``; the same math).
 Normalisers: ``"kernel"`` (eq. 16, default; kernel-weighted denominator) and ``"plain"`` (eq. 13: undecayed
 denominator Σ_i φ(q_t)·φ(k_i); one extra accumulator z).  ``strict_causal=True`` reads out before writing token
 t (eq. 13's i < t).  Keys may be passed in scaled form, φ(k_t) = k_t e^{β_t} (``k_log_scale``): the state is then
@@ -25,14 +27,17 @@ gradient descent on per-token α (Section 5; our reading, see docs/vort.md).
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import torch
 from torch import Tensor
 
+from seqmem.ops import _triton
 from seqmem.ops._common import check_choice, floor
 from seqmem.ops.fractional import gl_weights, soe_coefficients
 from seqmem.ops.local_attention.chunk import join_past, window_cache, window_state, windowed_softmax
+from seqmem.ops.vort.gla import soe_retention_gla
 from seqmem.ops.vort.naive import soe_retention_naive
 
 __all__ = [
@@ -113,6 +118,9 @@ def soe_retention(
         )
     if T == 1 and mode != "recurrent":  # a decode step: one fused update of the state, no chunk machinery
         return _one_token(q, k, v, coef, xi, coef_now, eps0, normalizer, strict_causal, initial_state, k_log_scale)
+    if mode == "chunk" and not strict_causal and _gla_applies(q, k, v, coef, coef_now, initial_state, k_log_scale):
+        return soe_retention_gla(q, k, v, coef, xi, coef_now, eps0=eps0, normalizer=normalizer,
+                                 initial_state=initial_state, k_log_scale=k_log_scale)  # fmt: skip
     G = b = z = m = None  # the chunked form skips the zero state's terms (None = zero)
     if initial_state is not None:
         G, b = initial_state["G"], initial_state["b"]
@@ -134,6 +142,15 @@ def soe_retention(
     if scaled:
         state["m"] = m
     return o.transpose(1, 2), state
+
+
+def _gla_applies(q, k, v, coef, coef_now, initial_state, k_log_scale) -> bool:
+    """Whether ``mode="chunk"`` runs as fla's chunked simple-GLA kernel with the channels as heads (``gla.py``):
+    CUDA tensors with Triton kernels on (:func:`seqmem.ops._triton.use_triton`), fla installed, no float64."""
+    ts = [q, k, v, coef, coef_now, k_log_scale, *(initial_state or {}).values()]
+    ts = [t for t in ts if t is not None]
+    return (_triton.use_triton(*ts) and importlib.util.find_spec("fla") is not None
+            and all(t.dtype != torch.float64 for t in ts))
 
 
 def _one_token(q, k, v, coef, xi, coef_now, eps0, normalizer, strict, initial_state, k_log_scale):
