@@ -97,3 +97,17 @@ def test_half_inputs_accumulate_in_float32():
     assert y.dtype == torch.bfloat16 and S.dtype == torch.float32
     assert_rel_close(y.float(), yr, 2e-2, "y (bf16 in, fp32 accumulate)")
     assert_rel_close(S, Sr, 1e-5, "S_T (float32 state)")
+
+
+def test_padded_dims_and_single_token():
+    """d, m that are not powers of two (the kernel pads its blocks) and a one-token call (a decode step)."""
+    g = torch.Generator().manual_seed(4)
+    for t, d, m in ((3, 12, 5), (1, 12, 5)):
+        q, k, v = (torch.randn(B, t, H, n, generator=g).to(DEVICE) for n in (m, m, d))
+        gam = torch.rand(B, t, H, m, generator=g).to(DEVICE)
+        S0 = orthonormal_slots(B * H, d, m, generator=g).view(B, H, d, m).to(DEVICE)
+        for objective in ("dec", "enc"):
+            y, S = fr.fused_recurrent_lattice(q, k, v, gam, S0, objective=objective, chunk_size=2)
+            yr, Sr = lattice_naive(q, k, v, gam, S0, objective=objective)
+            assert_rel_close(y, yr, 1e-5, f"y ({objective}, T={t}, d={d}, m={m})")
+            assert_rel_close(S, Sr, 1e-5, f"S_T ({objective}, T={t}, d={d}, m={m})")

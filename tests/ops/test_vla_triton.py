@@ -113,3 +113,16 @@ def test_ops_dispatch(monkeypatch):
     assert_rel_close(o, o_r, 1e-5, "o (paper delta rule)")
     monkeypatch.undo()
     assert _triton.use_triton(q) == (DEVICE == "cuda")
+
+
+def test_padded_dims_and_single_token():
+    """D, Dv that are not powers of two (the kernels pad their blocks) and a one-token call (a decode step)."""
+    g = torch.Generator().manual_seed(6)
+    for t, d, dv in ((3, 12, 7), (1, 12, 7)):
+        q, k, v = (torch.randn(B, t, H, n, generator=g).to(DEVICE) for n in (d, d, dv))
+        w_u = (torch.randn(H, d, d, generator=g) * d**-0.5).to(DEVICE)
+        o, s = fr.fused_recurrent_vla(q, k, v, w_u, refresh_period=2, chunk_size=2)
+        o_r, s_r = vla_attention_naive(q, k, v, w_u, refresh_period=2)
+        assert_rel_close(o, o_r, 1e-5, f"o (T={t})")
+        for n in ("S", "A", "z"):
+            assert_rel_close(s[n], s_r[n], 1e-5, f"{n} (T={t})")
