@@ -45,7 +45,8 @@ def _grads(y, S, ins, seed=7):
 
 @pytest.mark.parametrize("objective,gamma,forget", [("dec", "head", False), ("enc", "slot", True),
                                                       ("sim", "head", True)])
-def test_matches_naive(objective, gamma, forget):
+def test_matches_naive(objective, gamma, forget, monkeypatch):
+    monkeypatch.setattr(fr, "SLOT_BLOCK", 4)  # enc / sim: two blocks of 4 slots, partial read-outs summed
     q, k, v, gam, mu, S0 = _inputs(0, gamma, forget)
     y, S = fr.fused_recurrent_lattice(q, k, v, gam, S0, objective=objective, forget=mu, chunk_size=4)
     yr, Sr = lattice_naive(q, k, v, gam, S0, objective=objective, forget=mu)
@@ -99,8 +100,10 @@ def test_half_inputs_accumulate_in_float32():
     assert_rel_close(S, Sr, 1e-5, "S_T (float32 state)")
 
 
-def test_padded_dims_and_single_token():
-    """d, m that are not powers of two (the kernel pads its blocks) and a one-token call (a decode step)."""
+def test_padded_dims_and_single_token(monkeypatch):
+    """d, m that are not powers of two (the kernel pads its blocks; enc: slot blocks of 4 + 1) and a one-token call
+    (a decode step)."""
+    monkeypatch.setattr(fr, "SLOT_BLOCK", 4)
     g = torch.Generator().manual_seed(4)
     for t, d, m in ((3, 12, 5), (1, 12, 5)):
         q, k, v = (torch.randn(B, t, H, n, generator=g).to(DEVICE) for n in (m, m, d))

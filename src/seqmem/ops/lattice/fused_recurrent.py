@@ -1,9 +1,12 @@
 """Lattice, the fused recurrent Triton kernel: :func:`fused_recurrent_lattice` (objectives dec / enc / sim with
 the sphere projection of eq. 14, optional forget gate μ_t of eq. 16).
 
-One program per (batch, head) holds the whole slot matrix ``S (d×m)`` in registers and loops over time.  The
-dimensions are coupled both ways, so the state cannot be split across programs: the DEC error ``e = Sk − v``
-sums over the slots (m), and every slot's projection ``⟨s_i, h⟩`` and its renormalisation ``‖u_i‖`` sum over d.
+Each program holds its part of the slot matrix ``S (d×m)`` in registers and loops over time.  Every slot's
+projection ``⟨s_i, h⟩`` and renormalisation ``‖u_i‖`` sum over d, so a program always holds whole slots (columns).
+DEC's error ``e = Sk − v`` sums over all the slots, so for DEC one program per (batch, head) holds all of ``S``;
+for ENC and SIM (``h = ±v`` does not depend on ``S``) the slots evolve independently, and the grid is
+(batch·heads) × (blocks of ``SLOT_BLOCK`` = 32 slots), each block writing a partial read-out ``S_blk q_blk`` (and
+partial gradients of ``v`` and μ) that are summed in PyTorch.
 Per token (unit slots, ``φ(S) = S``; eqs. 7/10/12 in the form of eq. 13, then eq. 14)::
 
     h = S k − v (dec) | v (enc) | −v (sim);   p = Sᵀ h
@@ -13,7 +16,8 @@ Per token (unit slots, ``φ(S) = S``; eqs. 7/10/12 in the form of eq. 13, then e
 Backward: the forward saves ``S`` every ``chunk_size`` tokens; the backward kernel walks the chunks in reverse,
 re-runs each chunk forward from its checkpoint (writing the chunk's ``C`` input states to a per-program scratch
 buffer), then walks it backwards with the hand-derived VJP of the step above (the same algebra as the PyTorch
-scan's backward in ``scan.py``).  Memory: ``B·H·(⌈T/C⌉ + C)·d·m`` floats besides the inputs.
+scan's backward in ``scan.py``).  Memory: ``B·H·(⌈T/C⌉ + C)·d·m`` floats besides the inputs (the checkpoints are
+padded to whole slot blocks).
 
 Inputs float32 / float16 / bfloat16, computed in float32; ``y`` has ``v``'s dtype, the state is float32.
 The kernel runs on CUDA tensors, or on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``).
@@ -32,6 +36,7 @@ from seqmem.ops._triton import check_device, num_warps
 __all__ = ["MAX_DIM", "fused_recurrent_lattice"]
 
 MAX_DIM = 128
+SLOT_BLOCK = 32  # slots per program for enc / sim
 _OBJ = {"dec": 0, "enc": 1, "sim": 2}
 
 
@@ -63,23 +68,27 @@ def _fwd_kernel(
     HAS_MU: tl.constexpr, SAVE: tl.constexpr,
 ):
     i_bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B·H·T·d·m passes 2³¹ at long T
+    i_m = tl.program_id(1).to(tl.int64)  # the slot block (enc / sim: the slots evolve independently)
+    n_m = tl.num_programs(1)
     i_b = i_bh // H
     i_h = i_bh % H
     o_d = tl.arange(0, BD)
-    o_m = tl.arange(0, BM)
+    o_m = i_m * BM + tl.arange(0, BM)
     m_d = o_d < D
     m_m = o_m < M
     m_s = m_d[:, None] & m_m[None, :]
     o_s = o_d[:, None] * M + o_m[None, :]
+    o_blk = o_d[:, None] * BM + tl.arange(0, BM)[None, :]  # the block in a (D, BM) checkpoint
     S = tl.load(s0 + i_bh * D * M + o_s, mask=m_s, other=0.0).to(tl.float32)
     p_qk = i_b * T * H * M + i_h * M + o_m  # (b, t, h, :) of q, k, g at t = 0
     p_v = i_b * T * H * D + i_h * D + o_d
+    y += i_m * tl.num_programs(0) * T * D  # this slot block's partial read-out
     p_mu = i_b * T * H + i_h
     n_ck = tl.cdiv(T, C)
     t = 0
     while t < T:
         if SAVE:
-            tl.store(ckpt + (i_bh * n_ck + t // C) * D * M + o_s, S, mask=m_s & (t % C == 0))
+            tl.store(ckpt + ((i_bh * n_m + i_m) * n_ck + t // C) * D * BM + o_blk, S, mask=m_s & (t % C == 0))
         k_t = tl.load(k + p_qk, mask=m_m, other=0.0).to(tl.float32)
         q_t = tl.load(q + p_qk, mask=m_m, other=0.0).to(tl.float32)
         g_t = tl.load(g + p_qk, mask=m_m, other=0.0).to(tl.float32)
@@ -89,7 +98,7 @@ def _fwd_kernel(
         else:
             mu_t = 1.0
         _, _, _, _, _, S = _step(S, k_t, v_t, g_t, mu_t, m_m, OBJ)
-        y_t = tl.sum(S * q_t[None, :], 1)  # y_t = S_t q_t (updated state, eq. 13)
+        y_t = tl.sum(S * q_t[None, :], 1)  # y_t = S_t q_t (updated state, eq. 13), this block's slots
         tl.store(y + p_v, y_t.to(y.dtype.element_ty), mask=m_d)
         p_qk += H * M
         p_v += H * D
@@ -105,14 +114,19 @@ def _bwd_kernel(
     HAS_MU: tl.constexpr, HAS_DS: tl.constexpr,
 ):
     i_bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B·H·T·d·m passes 2³¹ at long T
+    i_m = tl.program_id(1).to(tl.int64)
+    n_m = tl.num_programs(1)
     i_b = i_bh // H
     i_h = i_bh % H
     o_d = tl.arange(0, BD)
-    o_m = tl.arange(0, BM)
+    o_m = i_m * BM + tl.arange(0, BM)
     m_d = o_d < D
     m_m = o_m < M
     m_s = m_d[:, None] & m_m[None, :]
     o_s = o_d[:, None] * M + o_m[None, :]
+    o_blk = o_d[:, None] * BM + tl.arange(0, BM)[None, :]
+    dv += i_m * tl.num_programs(0) * T * D  # this slot block's partial gradients of v and μ
+    dmu += i_m * tl.num_programs(0) * T
     if HAS_DS:
         G = tl.load(ds_out + i_bh * D * M + o_s, mask=m_s, other=0.0).to(tl.float32)
     else:
@@ -121,16 +135,16 @@ def _bwd_kernel(
     base_qk = i_b * T * H * M + i_h * M + o_m
     base_v = i_b * T * H * D + i_h * D + o_d
     base_mu = i_b * T * H + i_h
-    p_scr = scratch + i_bh * C * D * M + o_s
+    p_scr = scratch + (i_bh * n_m + i_m) * C * D * BM + o_blk
     c = n_ck - 1
     while c >= 0:
         c0 = c * C
         c1 = tl.minimum(c0 + C, T)
         # 1. re-run the chunk from its checkpoint; scratch[j] = the state before token c0 + j
-        S = tl.load(ckpt + (i_bh * n_ck + c) * D * M + o_s, mask=m_s, other=0.0)
+        S = tl.load(ckpt + ((i_bh * n_m + i_m) * n_ck + c) * D * BM + o_blk, mask=m_s, other=0.0)
         t = c0
         while t < c1:
-            tl.store(p_scr + (t - c0) * D * M, S, mask=m_s)
+            tl.store(p_scr + (t - c0) * D * BM, S, mask=m_s)
             k_t = tl.load(k + base_qk + t * H * M, mask=m_m, other=0.0).to(tl.float32)
             g_t = tl.load(g + base_qk + t * H * M, mask=m_m, other=0.0).to(tl.float32)
             v_t = tl.load(v + base_v + t * H * D, mask=m_d, other=0.0).to(tl.float32)
@@ -144,7 +158,7 @@ def _bwd_kernel(
         # 2. walk the chunk backwards: G = ∂L/∂S_t  →  ∂L/∂S_{t-1} and the token's input gradients
         t = c1 - 1
         while t >= c0:
-            S_in = tl.load(p_scr + (t - c0) * D * M, mask=m_s, other=0.0)
+            S_in = tl.load(p_scr + (t - c0) * D * BM, mask=m_s, other=0.0)
             k_t = tl.load(k + base_qk + t * H * M, mask=m_m, other=0.0).to(tl.float32)
             q_t = tl.load(q + base_qk + t * H * M, mask=m_m, other=0.0).to(tl.float32)
             g_t = tl.load(g + base_qk + t * H * M, mask=m_m, other=0.0).to(tl.float32)
@@ -194,6 +208,13 @@ def _bwd_kernel(
     tl.store(ds0 + i_bh * D * M + o_s, G, mask=m_s)
 
 
+def _slot_block(objective: str, M: int) -> int:
+    """Slots per program: all of them for dec (its error sums over the slots), blocks of ``SLOT_BLOCK`` for enc
+    and sim (their slots evolve independently; only the read-out ``y = S q`` sums over them)."""
+    BM = triton.next_power_of_2(M)
+    return BM if objective == "dec" else min(BM, SLOT_BLOCK)
+
+
 class _FusedRecurrentLattice(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, mu, s0, objective, chunk):  # noqa: ANN001, ANN205
@@ -202,44 +223,46 @@ class _FusedRecurrentLattice(torch.autograd.Function):
         N = B * H
         chunk = max(1, min(chunk, T))
         n_ck = triton.cdiv(T, chunk)
-        y = torch.empty(B, T, H, D, dtype=v.dtype, device=v.device)
+        BD, BM = triton.next_power_of_2(D), _slot_block(objective, M)
+        n_m = triton.cdiv(M, BM)
+        # one slot block writes y directly; several write float32 partial read-outs, summed below
+        y = torch.empty(n_m, B, T, H, D, dtype=v.dtype if n_m == 1 else torch.float32, device=v.device)
         s_out = torch.empty(B, H, D, M, dtype=torch.float32, device=v.device)
         save = any(ctx.needs_input_grad[:6])  # checkpoints only when a backward can follow
-        ckpt = torch.empty(N, n_ck if save else 1, D, M, dtype=torch.float32, device=v.device)
-        BD, BM = triton.next_power_of_2(D), triton.next_power_of_2(M)
-        _fwd_kernel[(N,)](
+        ckpt = torch.empty(N, n_m, n_ck if save else 1, D, BM, dtype=torch.float32, device=v.device)
+        _fwd_kernel[(N, n_m)](
             q, k, v, g, mu if mu is not None else g, s0, y, s_out, ckpt, T, H, chunk,
             D=D, M=M, BD=BD, BM=BM, OBJ=_OBJ[objective], HAS_MU=mu is not None, SAVE=save,
             num_warps=num_warps(BD * BM),
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, g, mu, ckpt)
-        ctx.objective, ctx.chunk, ctx.s0_dtype = objective, chunk, s0.dtype
-        return y, s_out
+        ctx.objective, ctx.chunk, ctx.s0_dtype, ctx.BM = objective, chunk, s0.dtype, BM
+        return (y[0] if n_m == 1 else y.sum(0).to(v.dtype)), s_out
 
     @staticmethod
     def backward(ctx, dy, ds_out):  # noqa: ANN001, ANN205
         q, k, v, g, mu, ckpt = ctx.saved_tensors
         B, T, H, M = k.shape
         D = v.shape[-1]
-        N, C = B * H, ctx.chunk
+        N, C, BM = B * H, ctx.chunk, ctx.BM
+        n_m = triton.cdiv(M, BM)
         dev = v.device
         f32 = torch.float32
         dy = torch.zeros(B, T, H, D, dtype=f32, device=dev) if dy is None else dy.contiguous()
         dq = torch.empty(B, T, H, M, dtype=f32, device=dev)
         dk, dg = torch.empty_like(dq), torch.empty_like(dq)
-        dv = torch.empty(B, T, H, D, dtype=f32, device=dev)
-        dmu = torch.empty(B, T, H, dtype=f32, device=dev) if mu is not None else dq
+        dv = torch.empty(n_m, B, T, H, D, dtype=f32, device=dev)  # per slot block, summed below
+        dmu = torch.empty(n_m, B, T, H, dtype=f32, device=dev) if mu is not None else dq
         ds0 = torch.empty(B, H, D, M, dtype=f32, device=dev)
-        scratch = torch.empty(N, C, D, M, dtype=f32, device=dev)
-        _bwd_kernel[(N,)](
+        scratch = torch.empty(N, n_m, C, D, BM, dtype=f32, device=dev)
+        _bwd_kernel[(N, n_m)](
             q, k, v, g, mu if mu is not None else g, ckpt, scratch, dy,
             ds_out.contiguous() if ds_out is not None else ds0, dq, dk, dv, dg, dmu, ds0, T, H, C,
-            D=D, M=M, BD=triton.next_power_of_2(D), BM=triton.next_power_of_2(M), OBJ=_OBJ[ctx.objective],
-            HAS_MU=mu is not None, HAS_DS=ds_out is not None,
-            num_warps=num_warps(triton.next_power_of_2(D) * triton.next_power_of_2(M)),
+            D=D, M=M, BD=triton.next_power_of_2(D), BM=BM, OBJ=_OBJ[ctx.objective],
+            HAS_MU=mu is not None, HAS_DS=ds_out is not None, num_warps=num_warps(triton.next_power_of_2(D) * BM),
         )  # fmt: skip
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype),
-                None if mu is None else dmu.to(mu.dtype), ds0.to(ctx.s0_dtype), None, None)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.sum(0).to(v.dtype), dg.to(g.dtype),
+                None if mu is None else dmu.sum(0).to(mu.dtype), ds0.to(ctx.s0_dtype), None, None)
 
 
 def fused_recurrent_lattice(
