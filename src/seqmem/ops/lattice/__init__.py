@@ -30,6 +30,9 @@ Files:
   of O(T·d·m)); it runs in a fused C++ kernel (``_kernel.cpp``, loaded by ``_cpp.py``, built on first use) or,
   without a compiler, in PyTorch.  The update is non-linear in the state, so there is NO exact chunk-parallel
   form.
+* ``fused_recurrent.py``: :func:`~seqmem.ops.lattice.fused_recurrent.fused_recurrent_lattice`, the same scan
+  (dec/enc/sim with the sphere projection) as one Triton kernel with a Triton backward; ``lattice_scan`` runs it
+  on CUDA tensors (imported only then: it needs ``triton``).
 * ``minibatch.py``: :func:`lattice_minibatch` (formerly ``lattice_chunked``, a deprecated alias), the TTT-style
   mini-batch approximation (docs/lattice.md): a different model, equal to the scan only for ``chunk_size=1``.
 * ``step.py``: the building blocks (:func:`lattice_step`, :func:`sphere_retract`, :func:`soft_threshold`,
