@@ -150,7 +150,8 @@ def test_cli_entry_point_writes_and_rerenders(tmp_path, capsys):
 
 
 #: Mixers whose recurrent state (and solves / normalisers) are computed and stored in float32 for float16 and
-#: bfloat16 inputs (issue #10 §2): key -> the state tensors that must be float32.
+#: bfloat16 inputs (issue #10 §2; the delta rules and the Lattice scan since issues #40 and #43): key -> the state
+#: tensors that must be float32.
 FLOAT32_STATES: dict[str, set[str]] = {
     "vort": {"G", "b"},
     "vort_fixed_alpha": {"G", "b"},
@@ -162,6 +163,11 @@ FLOAT32_STATES: dict[str, set[str]] = {
     "vla_fixed_a": {"S", "z"},
     "vla_v2": {"S", "A", "z"},
     "vla_paper_deltanet": {"S", "z"},
+    "deltanet": {"S"},
+    "gated_deltanet": {"S"},
+    "lattice": {"S"},
+    "lattice_enc": {"S"},
+    "lattice_sim": {"S"},
 }
 
 
@@ -323,7 +329,9 @@ def test_rms_norm_does_not_overflow_and_is_bit_identical_below_the_bound():
                             (torch.float16, (1e-2, 1, 3), 1e3), (torch.bfloat16, (1e-3, 1, 1e3), 1e25)):
         for s in scales:
             x = (base * s).to(dt)
-            assert torch.equal(rms_norm(x, None, 1e-5), plain(x)), (dt, s)
+            # half precision is normalised in float32 and rounded once (see the next test)
+            want = plain(x) if dt in (torch.float32, torch.float64) else plain(x.float()).to(dt)
+            assert torch.equal(rms_norm(x, None, 1e-5), want), (dt, s)
             assert torch.equal(_rms_norm_scaled(x, None, 1e-5), plain(x)), (dt, s)
         want = plain(base, 0.0)
         got = rms_norm((base * big).to(dt), None, 1e-5).double()
@@ -335,3 +343,29 @@ def test_rms_norm_does_not_overflow_and_is_bit_identical_below_the_bound():
     (ga,) = torch.autograd.grad((rms_norm(x, w, 1e-5) ** 3).sum(), x)
     (gb,) = torch.autograd.grad((plain(x) * w).pow(3).sum(), x)
     assert torch.equal(ga, gb)
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
+def test_rms_norm_of_half_inputs_is_computed_in_float32(dt):
+    """float16 rows of RMS ~1e-2 (a DeltaNet head's read-out at T = 16): the plain formula's backward scales by
+    (mean(x²) + eps)^(-3/2) ~ 1e6 and overflowed float16 (every DeltaNet gradient was NaN under float16 autocast);
+    computed in float32 the gradient is finite and the result is float32's rounded once."""
+    from seqmem.mixers._norm import GatedRMSNorm, RMSNorm, rms_norm
+
+    g = torch.Generator().manual_seed(0)
+    x32 = torch.randn(6, 8, 16, generator=g) * 1e-2
+    up = torch.randn(6, 8, 16, generator=g)
+    x = x32.to(dt).requires_grad_()
+    y = rms_norm(x, None, 1e-5)
+    assert y.dtype == dt and torch.equal(y, rms_norm(x.detach().float(), None, 1e-5).to(dt))
+    (gx,) = torch.autograd.grad(y, x, up.to(dt))
+    xr = x.detach().float().requires_grad_()
+    (gr,) = torch.autograd.grad(rms_norm(xr, None, 1e-5), xr, up.to(dt).float())
+    assert torch.isfinite(gx).all() and _rel(gx, gr.double()) < (1e-2 if dt == torch.bfloat16 else 2e-3)
+    # the modules: half weights or half inputs give the promoted dtype of the plain formula
+    norm, gated = RMSNorm(16), GatedRMSNorm(16, norm_before_gate=False)
+    assert norm(x).dtype == torch.float32 and norm.to(dt)(x).dtype == dt
+    z = torch.randn(6, 8, 16, generator=g).to(dt)
+    assert gated(x, z).dtype == torch.float32 and gated.to(dt)(x, z).dtype == dt
+    (gz,) = torch.autograd.grad(gated(x, z.requires_grad_()).sum(), z)
+    assert torch.isfinite(gz).all()

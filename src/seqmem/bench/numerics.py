@@ -16,7 +16,8 @@ Per mixer and precision it reports NaN/Inf in output and state, the relative err
 whole sequence, the first and the last ``--tail`` tokens, the largest state norm over time and the wall time; for
 the float64 run it records every state tensor's norm after each piece, so growth (``‖s_T‖ / ‖s_{T/2}‖``) can be
 compared with what each mechanism promises (:func:`promise`, its ``state_promise`` fact).  Forward only,
-``impl="fast"`` unless ``--impl``.
+``impl="fast"`` unless ``--impl``; ``--backward`` adds the gradients at the end of the input in each precision
+(:func:`backward_at_end`: finite, and their error against float32).
 
 Run: ``python -m seqmem.bench.numerics --json FILE --markdown FILE`` (or ``seqmem bench numerics`` once wired).
 """
@@ -194,22 +195,9 @@ def measure_mixer(name: str, *, length: int = 65536, piece: int = 4096, d_model:
     def run_one(prec: str) -> dict[str, Any]:
         if prec == "float64":
             mixer, x, ctx = m64, x64, contextlib.nullcontext
-        elif prec == "float32":
-            mixer, x, ctx = m32, x64.float(), contextlib.nullcontext
-        elif prec == "bf16":
-            mixer, x = m32, x64.float()
-
-            def ctx() -> Any:
-                return torch.autocast(dev.type, dtype=torch.bfloat16)
-        elif prec == "fp16":
-            mixer, x, ctx = copy.deepcopy(m32).half(), x64.half(), contextlib.nullcontext
-        elif prec == "fp16_autocast":
-            mixer, x = m32, x64.float()
-
-            def ctx() -> Any:
-                return torch.autocast(dev.type, dtype=torch.float16)
         else:
-            raise ValueError(f"unknown precision {prec!r}; choose from {list(PRECISIONS + EXTRA_PRECISIONS)}")
+            mixer, dt, ctx = _precision_setup(m32, prec, dev)
+            x = x64.to(dt)
         acc = {"all": 0.0, "first": 0.0, "last": 0.0, "nonfinite": 0, "state_max": 0.0, "state_finite": True,
                "out_dtype": None}
         if prec == "float64":
@@ -265,6 +253,84 @@ def measure_mixer(name: str, *, length: int = 65536, piece: int = 4096, d_model:
             log(f"{name}: {prec}")
         rec["runs"][prec] = run_one(prec)
     rec["growth"] = state_growth(traj)
+    return rec
+
+
+def _precision_setup(m32: torch.nn.Module, prec: str, dev: torch.device) -> tuple[torch.nn.Module, torch.dtype,
+                                                                                    Callable[[], Any]]:
+    """``(mixer, input dtype, context)`` of ``prec`` for the float32 mixer ``m32`` (a copy where it is cast)."""
+    if prec == "float64":
+        return copy.deepcopy(m32).double(), torch.float64, contextlib.nullcontext
+    if prec == "float32":
+        return m32, torch.float32, contextlib.nullcontext
+    if prec == "fp16":
+        return copy.deepcopy(m32).half(), torch.float16, contextlib.nullcontext
+    if prec in ("bf16", "fp16_autocast"):
+        dt = torch.bfloat16 if prec == "bf16" else torch.float16
+        return m32, torch.float32, lambda: torch.autocast(dev.type, dtype=dt)
+    raise ValueError(f"unknown precision {prec!r}; choose from {list(PRECISIONS + EXTRA_PRECISIONS)}")
+
+
+def backward_at_end(name: str, *, length: int = 65536, piece: int = 4096, d_model: int = 32, n_heads: int = 2,
+                    seed: int = 0, precision: str = "fp16_autocast", impl: str = "fast", device: str = "cpu",
+                    options: dict[str, Any] | None = None, compare: str | None = "float32") -> dict[str, Any]:
+    """Gradients at the end of a long input: stream ``length - piece`` tokens without gradients in ``precision``,
+    then run the last ``piece`` with gradients (the incoming state a leaf that requires them, as in truncated
+    backpropagation through time) and call ``backward`` outside the autocast region (the standard mixed-precision
+    pattern).  Same mixer and input as :func:`measure_mixer`.  The loss is ``⟨y, r⟩ / √numel`` with a fixed
+    ``r ~ N(0, 1)``: upstream gradients of RMS ``1/√numel`` whatever the output's scale (a loss like ``mean(y²)``
+    would scale them with ``y``, which is ~t for an undecayed read-out).
+
+    Returns ``finite`` (every output; ``nonfinite_outputs`` counts NaN/Inf), ``grads_finite``, ``nonfinite``
+    (the names of gradients with NaN/Inf: ``x``, ``state.<key>``, parameters), ``grad_max`` (the largest
+    |gradient|), ``seconds`` and, with ``compare`` (a precision), ``grad_rel_err``: the largest
+    ``‖g − g_ref‖ / ‖g_ref‖`` over the gradient tensors against the same run in ``compare``, and
+    ``grad_rel_err_of`` (the tensor it is in)."""
+    dev = torch.device(device)
+    m32, _ = build_random_mixer(name, d_model, n_heads, seed, impl=impl, **dict(options or {}))
+    m32 = m32.to(dev)
+    g = torch.Generator().manual_seed(seed + 1)
+    x64 = torch.randn(1, length, d_model, generator=g, dtype=torch.float64).to(dev)
+    start = max(length - piece, 0)
+    r = torch.randn(1, length - start, d_model, generator=g, dtype=torch.float64).float().to(dev)
+
+    def grads(prec: str) -> tuple[dict[str, torch.Tensor], bool, float]:
+        mixer, dt, ctx = _precision_setup(m32, prec, dev)
+        mixer = copy.deepcopy(mixer)
+        state, bad_out = None, 0
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for s in range(0, start, piece):
+                with ctx():
+                    y, state = mixer(x64[:, s:min(s + piece, start)].to(dt), state)
+                bad_out += int((~torch.isfinite(y)).sum())
+        x = x64[:, start:].to(dt).requires_grad_()
+        state = None if state is None else {
+            k: (v.detach().requires_grad_() if v.is_floating_point() else v) for k, v in state.items()}
+        with ctx():
+            y, _ = mixer(x, state)
+        (y.float() * r).sum().div(math.sqrt(r.numel())).backward()
+        out = {"x": x.grad, **{f"state.{k}": v.grad for k, v in (state or {}).items() if v.is_floating_point()},
+               **{n: p.grad for n, p in mixer.named_parameters()}}
+        bad_out += int((~torch.isfinite(y)).sum())
+        return {k: v for k, v in out.items() if v is not None}, bad_out, time.perf_counter() - t0
+
+    got, bad_out, seconds = grads(precision)
+    bad = [k for k, v in got.items() if not bool(torch.isfinite(v).all())]
+    rec: dict[str, Any] = {
+        "mixer": name, "precision": precision, "length": length, "piece": piece, "finite": bad_out == 0,
+        "nonfinite_outputs": bad_out,
+        "grads_finite": not bad, "nonfinite": bad, "seconds": seconds,
+        "grad_max": max((float(v.detach().abs().max()) for v in got.values() if v.numel()), default=0.0),
+    }
+    if compare is not None:
+        ref, _, _ = grads(compare)
+        errs = {k: float((got[k].double() - r.double()).norm() / r.double().norm())
+                for k, r in ref.items() if k in got and float(r.double().norm()) > 0}
+        worst = max(errs, key=lambda k: errs[k] if math.isfinite(errs[k]) else math.inf, default=None)
+        rec["grad_rel_err"] = errs[worst] if worst is not None else 0.0
+        rec["grad_rel_err_of"] = worst
+        rec["compare"] = compare
     return rec
 
 
@@ -361,6 +427,24 @@ def tables(records: list[dict[str, Any]]) -> str:
         else:
             verdict = "grows, as documented" if gsum not in ("flat", "no state") else "flat at this length"
         lines.append(f"| {r['mixer']} | {r['promise']} | {r['promise_why']} | {gsum} | {bigs} | {verdict} |")
+    back = [(r["mixer"], b) for r in records for b in r.get("backward", {}).values()]
+    if back:
+        lines += ["", "### Gradients at the end of the input (--backward)\n",
+                  "The first T − piece tokens streamed without gradients, the last piece with them (its incoming "
+                  "state a leaf that requires gradients), backward outside autocast of ⟨y, r⟩/√numel (r ~ N(0, 1) "
+                  "fixed). grad rel_err: the largest ‖g − g_ref‖/‖g_ref‖ over the gradient tensors (input, "
+                  "incoming state, parameters) against the same run in the reference precision.\n",
+                  "| mixer | precision | output finite | gradients finite | largest abs gradient | grad rel_err "
+                  "(tensor) | reference | seconds |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for name, b in back:
+            if b.get("error"):
+                lines.append(f"| {name} | {b['precision']} | — | — | — | — | — | {b['error']} |")
+                continue
+            fin = "yes" if b["grads_finite"] else "NO: " + ", ".join(b["nonfinite"])
+            err = f"{_e(b['grad_rel_err'])} ({b['grad_rel_err_of']})" if "grad_rel_err" in b else "—"
+            lines.append(f"| {name} | {b['precision']} | {'yes' if b['finite'] else 'NO'} | {fin} | "
+                         f"{_e(b['grad_max'])} | {err} | {b.get('compare', '—')} | {b['seconds']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -386,6 +470,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seconds", type=_pos_float, default=300.0,
                    help="per mixer and precision: stop (and say so) when the projected time exceeds this")
     p.add_argument("--threads", type=_pos_int, default=None, help="torch.set_num_threads (default: unchanged)")
+    p.add_argument("--backward", action="store_true",
+                   help="also check the gradients at the end of the input in each precision (backward_at_end: the "
+                        "last piece with gradients, against float32)")
     add_output_options(p, "the tables")
     p.add_argument("--render", type=Path, default=None,
                    help="only re-render the Markdown of a saved --json file (no measurement)")
@@ -447,6 +534,17 @@ def run(args: argparse.Namespace) -> int:
                             seed=args.seed, precisions=tuple(precs), tail=args.tail, impl=args.impl,
                             max_seconds=args.max_seconds, device=str(dev),
                             log=lambda s: print(s, file=sys.stderr, flush=True))
+        if args.backward:
+            rec["backward"] = {}
+            for prec in precs[1:]:
+                try:
+                    rec["backward"][prec] = backward_at_end(
+                        name, length=args.length, piece=args.piece, d_model=args.d_model, n_heads=args.heads,
+                        seed=args.seed, precision=prec, impl=args.impl, device=str(dev),
+                        compare=None if prec == "float32" else "float32")
+                except Exception as exc:  # an op without a kernel for this dtype on this device: report it
+                    rec["backward"][prec] = {"precision": prec,
+                                             "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
         records.append(rec)
         print(f"{name}: " + ", ".join(
             f"{p} {'ERR' if r.get('error') else _e(r['rel_err'])}" for p, r in rec["runs"].items()),

@@ -8,6 +8,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _up(t: Tensor) -> Tensor:
+    """``t`` in float32 if it is float16 / bfloat16, else ``t`` itself."""
+    return t.float() if t.dtype in _HALF else t
+
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim, without overflow in ``mean(x^2)``.
@@ -20,7 +27,15 @@ def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
 
     On the CPU (where reading a flag back costs no pipeline stall) the plain formula runs first and the scaled form
     only when some row's mean of squares is not finite: the guard's extra passes cost as much as the norm itself.
+
+    Float16 / bfloat16 ``x`` (and ``weight``) are normalised in float32 and the result rounded once to the dtype
+    the formula gives (``x``'s and ``weight``'s promoted): in float16 the backward of ``rsqrt`` scales by
+    ``(mean(x²) + eps)^{-3/2}``, which overflows for rows of RMS below ~1e-2 (every gradient of DeltaNet under
+    float16 autocast was NaN), and ``eps = 1e-5`` is subnormal there.
     """
+    if x.dtype in _HALF or (weight is not None and weight.dtype in _HALF):
+        out = x.dtype if weight is None else torch.promote_types(x.dtype, weight.dtype)
+        return rms_norm(_up(x), None if weight is None else _up(weight), eps).to(out)
     if x.device.type == "cpu" and not torch.compiler.is_compiling():
         ms = x.pow(2).mean(-1, keepdim=True)
         if bool(torch.isfinite(ms).all()):
@@ -67,6 +82,12 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor, z: Tensor) -> Tensor:
+        """Float16 / bfloat16 ``x``, ``z`` are gated and normalised in float32 (see :func:`rms_norm`), the result
+        rounded once to the promoted dtype of ``x``, ``z`` and the weight."""
+        out = torch.promote_types(torch.promote_types(x.dtype, z.dtype), self.weight.dtype)
+        x, z = _up(x), _up(z)
         if self.norm_before_gate:
-            return rms_norm(x, self.weight, self.eps) * F.silu(z)
-        return rms_norm(x * F.silu(z), self.weight, self.eps)
+            y = rms_norm(x, self.weight, self.eps) * F.silu(z)
+        else:
+            y = rms_norm(x * F.silu(z), self.weight, self.eps)
+        return y.to(out)

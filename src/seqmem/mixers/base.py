@@ -29,7 +29,12 @@ from seqmem.mixers._fla_names import FlaNamesMeta
 State = dict[str, Tensor]
 IMPLS = ("reference", "fast")
 #: The keys of :attr:`Mixer.facts` (see there).
-FACT_KEYS = ("state_promise", "numerics_smoke", "numerics_full", "gradcheck")
+FACT_KEYS = ("state_promise", "numerics_smoke", "numerics_full", "numerics_amp", "gradcheck")
+#: The ``numerics_amp`` bounds of a mixer that gives none (see :attr:`Mixer.facts`): per half dtype, bounds on the
+#: relative error against float32 of the output and of every gradient tensor.  Measured over every registered mixer
+#: (``tests/test_mixed_precision.py``'s setting, seed 0, torch 2.13 CPU), the largest besides the mixers that give
+#: their own: bfloat16 1.1e-2 (output), 4.5e-2 (a gradient); float16 1.5e-3, 4.0e-3; the defaults are about 3x.
+AMP_BOUNDS: dict[str, tuple[float, float]] = {"bf16": (3e-2, 1.2e-1), "fp16": (4e-3, 1.2e-2)}
 
 _CHECK_FINITE = False
 
@@ -218,6 +223,10 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
     #: ``numerics_smoke``: bounds on the relative error vs float64 for float32, bf16 autocast, float16 at T = 2,048
     #: (``tests/test_numerics.py``; a string records a known failure: "unsupported", "nonfinite", "nonfinite_state");
     #: ``numerics_full``: the same at T = 65,536 as ``(all tokens, last 4,096)`` pairs (the slow test);
+    #: ``numerics_amp``: ``{"bf16" | "fp16": (output bound, gradient bound)}``, bounds on the relative error against
+    #: float32 of the output and of each gradient tensor under mixed precision: autocast with the backward inside
+    #: and outside the autocast region, and weights cast to the dtype (``tests/test_mixed_precision.py``, T = 16);
+    #: a dtype not given takes :data:`AMP_BOUNDS`;
     #: ``gradcheck``: ``{case_id: make}``, each ``make()`` returning ``(fn, float64 inputs)`` for
     #: ``torch.autograd.gradcheck`` of the mechanism's op (``tests/ops/test_gradcheck_all.py``).
     facts: ClassVar[dict[str, Any]] = {}

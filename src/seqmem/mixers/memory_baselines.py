@@ -215,7 +215,7 @@ class Infini(BlockAttention):
         with _full_precision(k_raw.device):
             sk = _elu1(k_raw.to(M.dtype))  # (b, L, h, dk)
             v = v.to(M.dtype)
-            if self.update == "delta":
+            if self.update == "delta" and blk > 0:  # block 0 reads the empty memory: 0 (see _attend_token)
                 v = v - self._read(sk, M, z, "blhk,bhkv->blhv", "blhk,bhk->blh")
             M = M + torch.einsum("blhk,blhv->bhkv", sk, v)
             z = z + sk.sum(1)
@@ -248,6 +248,10 @@ class Infini(BlockAttention):
 
     def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
         a_loc = super()._attend_token(q_rot, q_raw, k_rot, v, {})
+        if bool(ctx["empty"].all()):  # as _attend_fast: M = 0, z = 0, so A_mem = 0 exactly and so are its
+            # gradients, but they pass through ÷ (σ(q)·z + eps) = ÷ eps: a backward run inside float16 autocast
+            # (its matmuls in float16) turned that into inf · 0 = NaN
+            return (1 - torch.sigmoid(self.mem_gate)[:, None]) * a_loc
         a_mem = self._mem_out(q_raw, ctx, "bhk,bhkv->bhv", "bhk,bhk->bh", a_loc)
         return _gate(self.mem_gate, a_mem, a_loc)
 

@@ -70,6 +70,28 @@ def full_precision(device: torch.device) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+def autocast_off(*tensors: Tensor | None) -> contextlib.AbstractContextManager:
+    """:func:`full_precision` on the device of the first tensor given (a null context if there is none)."""
+    t = next((x for x in tensors if isinstance(x, Tensor)), None)
+    return contextlib.nullcontext() if t is None else full_precision(t.device)
+
+
+def backward_without_autocast(backward: Any) -> Any:
+    """Decorator of an ``autograd.Function``'s ``backward`` whose ``forward`` runs with autocast off (its op casts
+    the inputs to the compute dtype itself): the backward then runs with autocast off too, whether it is called
+    inside an autocast region or not.  Without it, a backward called inside ``torch.autocast`` would recompute
+    in the autocast dtype what the forward computed in float32 (the device-generic form of
+    ``torch.amp.custom_bwd``, which needs the device type when the class is defined)."""
+    import functools
+
+    @functools.wraps(backward)
+    def wrapped(ctx: Any, *grads: Any) -> Any:
+        with autocast_off(*grads):
+            return backward(ctx, *grads)
+
+    return wrapped
+
+
 def floor(value: float, dtype: torch.dtype) -> float:
     """``value`` as a lower clamp that stays positive in ``dtype``: at least the smallest normal number of ``dtype``
     (a fixed ``1e-30`` is 0 in float16, so ``x / norm.clamp_min(1e-30)`` is 0/0 = NaN for a zero vector).  Equal to

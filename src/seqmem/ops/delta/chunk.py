@@ -29,6 +29,7 @@ from seqmem.ops._common import (
     check_qkv_op,
     compute_dtype,
     from_chunks,
+    full_precision,
     segsum,
     state_tensor,
     to_chunks,
@@ -49,10 +50,14 @@ def _run(
     gates = (beta,) if g is None else (beta, g)
     if mode == "chunk" and (be := _backends.select(op, q, k, v, *gates, initial_state)) is not None:
         o, S = be.fn(q, k, v, *gates, scale, initial_state, chunk_size)
-    elif mode == "recurrent":
-        o, S = gated_delta_rule_naive(q, k, v, beta, g, scale, initial_state)
-    else:
-        o, S = _delta_core(q, k, v, beta, g, scale, initial_state, chunk_size)
+        return o, {"S": S}
+    # half inputs or autocast: computed in float32 with autocast off (under float16 autocast the triangular
+    # solves and chunk products ran in float16, and the backward overflowed)
+    with full_precision(q.device):
+        if mode == "recurrent":
+            o, S = gated_delta_rule_naive(q, k, v, beta, g, scale, initial_state)
+        else:
+            o, S = _delta_core(q, k, v, beta, g, scale, initial_state, chunk_size)
     return o, {"S": S}
 
 
@@ -136,7 +141,11 @@ def delta_rule(
     Returns:
         ``(o (batch, time, heads, d_v), state)`` with the state
 
-        * ``"S"``: the memory ``S_t`` (batch, heads, d_k, d_v), in the compute dtype.
+        * ``"S"``: the memory ``S_t`` (batch, heads, d_k, d_v), in the compute dtype (float64 for float64 inputs,
+          else float32).
+
+        Float16 / bfloat16 inputs, and any inputs under ``torch.autocast``, are computed in float32 with autocast
+        off (both modes; an opt-in GPU kernel of :mod:`seqmem.backends` keeps its own precision).
     """
     initial_state = state_tensor("delta_rule", initial_state)
     return _run("delta_rule", q, k, v, beta, None, scale, initial_state, mode, chunk_size)

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from seqmem.ops._common import backward_without_autocast
+
 _SRC = Path(__file__).with_name("_kernel.cpp")
 _LIB: ctypes.CDLL | None = None
 _FAILED: str | None = None
@@ -158,6 +160,7 @@ class CppScan(torch.autograd.Function):
         return y, S_end
 
     @staticmethod
+    @backward_without_autocast
     def backward(ctx, gy, gS_end):
         bounds, q, k, v, g, mu = ctx.saved_tensors
         mu = mu if ctx.has_mu else None

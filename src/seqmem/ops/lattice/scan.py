@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from seqmem.ops._common import check_state_keys, state_dict
+from seqmem.ops._common import backward_without_autocast, check_state_keys, compute_dtype, full_precision, state_dict
 from seqmem.ops.lattice import _cpp as _lattice_cpp
 from seqmem.ops.lattice.naive import lattice_naive
 from seqmem.ops.lattice.step import _OSR, _check, _prepare, lattice_step, sphere_retract
@@ -53,13 +53,16 @@ def lattice_scan(
     same model with a hand-derived backward that recomputes the states per chunk of ``chunk_size`` tokens.
     On CUDA tensors, dec/enc/sim with the sphere projection and no L1 run the fused recurrent Triton kernel
     (``fused_recurrent.py``) when ``triton`` is importable and not switched off
-    (:func:`seqmem.ops.set_triton` or ``SEQMEM_TRITON=0``); the state is then returned in the inputs' dtype.
+    (:func:`seqmem.ops.set_triton` or ``SEQMEM_TRITON=0``).
     The C++ kernel covers dec/enc/sim with or without the sphere projection, and delta and ttt without it, each
     with or without ``forget``; the PyTorch version covers dec/enc/sim with the projection and delta.  Other
     combinations (L1 always) run :func:`lattice_step` under ``torch.utils.checkpoint`` per chunk: exact and
     memory-frugal, not faster.  ``backend``: ``"cpp"`` = the fused C++ kernel (CPU, float32/64),
     ``"torch"`` = the PyTorch hand-VJP scan, ``"triton"`` = the Triton kernel (CUDA, or CPU under
     ``TRITON_INTERPRET=1``), ``"auto"`` = triton on CUDA, else cpp where available, else torch.
+    Precision: float16 / bfloat16 inputs, and any inputs under ``torch.autocast``, are computed in float32 with
+    autocast off, forward and backward (float64 stays float64): the returned state is float32 and ``y`` is in
+    the inputs' dtype.
     """
     state = state_dict("lattice_scan", initial_state)
     check_state_keys("lattice_scan", state, ("S",))
@@ -67,18 +70,35 @@ def lattice_scan(
     B, T, H, m, d = _check(q, k, v, gamma, S_in, objective, normalize, forget, l1, mode, chunk_size)
     if backend not in ("auto", "cpp", "torch", "triton"):
         raise ValueError(f"backend must be 'auto', 'cpp', 'torch' or 'triton', got {backend!r}")
+    # half inputs or autocast: float32 with autocast off (a backward outside the autocast region then recomputes
+    # the states in the forward's dtype; the sphere projection and the recurrence keep float32's precision)
+    out_dtype = torch.promote_types(k.dtype, v.dtype)
+    cd = compute_dtype(q, k, v, S_in, *(x for x in (gamma, forget, l1) if isinstance(x, Tensor)))
+
+    def c(x):
+        return x.to(cd) if isinstance(x, Tensor) else x
+
+    with full_precision(q.device):
+        y, S = _scan(c(q), c(k), c(v), c(gamma), c(S_in), objective, normalize, c(forget), c(l1), mode, chunk_size,
+                     eps, backend)  # fmt: skip
+    return y.to(out_dtype), {"S": S}
+
+
+def _scan(q, k, v, gamma, S_in, objective, normalize, forget, l1, mode, chunk_size, eps, backend):
+    """:func:`lattice_scan` on checked inputs of one compute dtype; returns ``(y, S_T)``."""
+    B, T, H, m = k.shape
+    d = v.shape[-1]
     if mode == "recurrent":
-        y, S = lattice_naive(q, k, v, gamma, S_in, objective=objective, normalize=normalize, forget=forget, l1=l1,
+        return lattice_naive(q, k, v, gamma, S_in, objective=objective, normalize=normalize, forget=forget, l1=l1,
                              eps=eps)  # fmt: skip
-        return y, {"S": S}
     if backend in ("auto", "triton"):
         out = _triton_scan(q, k, v, gamma, S_in, objective, normalize, forget, l1, chunk_size, backend)
         if out is not None:
-            return out[0], {"S": out[1]}
+            return out
     if backend in ("auto", "cpp"):
         out = _cpp_scan(q, k, v, gamma, S_in, objective, normalize, forget, l1, chunk_size, backend)
         if out is not None:
-            return out[0], {"S": out[1]}
+            return out
     qt, kt, vt, gt, S0, mu, lam = _prepare(q, k, v, gamma, S_in, normalize, forget, l1, objective)
     fast = lam is None and ((objective in _OSR and normalize) or (objective == "delta" and not normalize))
     if fast:
@@ -89,7 +109,7 @@ def lattice_scan(
         y = y.squeeze(-1)
     else:
         y, S = _checkpointed_scan(qt, kt, vt, gt, S0, mu, lam, objective, normalize, chunk_size, eps)
-    return y.reshape(T, B, H, d).transpose(0, 1), {"S": S.reshape(B, H, d, m)}
+    return y.reshape(T, B, H, d).transpose(0, 1), S.reshape(B, H, d, m)
 
 
 def _triton_scan(q, k, v, gamma, initial_state, objective, normalize, forget, l1, chunk_size, backend):
@@ -307,6 +327,7 @@ class _FastScan(torch.autograd.Function):
         return torch.cat(ys, 0), S
 
     @staticmethod
+    @backward_without_autocast
     def backward(ctx, gy, gS_end):
         q, k, v, g, mu, *bounds = ctx.saved_tensors
         mu = mu if ctx.has_mu else None

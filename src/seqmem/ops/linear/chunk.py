@@ -14,6 +14,7 @@ from seqmem.ops._common import (
     check_qkv_op,
     compute_dtype,
     from_chunks,
+    full_precision,
     state_tensor,
     to_chunks,
 )
@@ -46,13 +47,27 @@ def linear_attention(
 
         * ``"S"``: the memory ``S_t = S_0 + Σ_i k_i v_iᵀ`` (batch, heads, d_k, d_v), in the compute dtype (float64
           for float64 inputs, else float32).
+
+        Float16 / bfloat16 inputs, and any inputs under ``torch.autocast``, are computed in float32 with autocast
+        off (both modes).
     """
     op = "linear_attention"
     initial_state = state_tensor(op, initial_state)
-    b, t, h, dk, dv, scale = check_qkv_op(op, q, k, v, initial_state, scale, mode, chunk_size)
-    if mode == "recurrent":
-        o, S = linear_attention_naive(q, k, v, scale, initial_state)
-        return o, {"S": S}
+    scale = check_qkv_op(op, q, k, v, initial_state, scale, mode, chunk_size)[-1]
+    # half inputs or autocast: computed in float32 with autocast off (the state, an undecayed sum, and the
+    # read-out grow with t: under float16 autocast the chunk products overflowed after ~40k tokens)
+    with full_precision(q.device):
+        if mode == "recurrent":
+            o, S = linear_attention_naive(q, k, v, scale, initial_state)
+        else:
+            o, S = _linear_attention_chunk(q, k, v, scale, initial_state, chunk_size)
+    return o, {"S": S}
+
+
+def _linear_attention_chunk(q, k, v, scale, initial_state, chunk_size):
+    """The chunkwise form (autocast off); returns ``(o in v's dtype, S)``."""
+    b, t, h, dk = q.shape
+    dv = v.shape[-1]
     cd = compute_dtype(q, k, v, initial_state)
 
     qh = q.to(cd).transpose(1, 2) * scale  # (b, h, t, dk)
@@ -61,7 +76,7 @@ def linear_attention(
     S = q.new_zeros(b, h, dk, dv, dtype=cd) if initial_state is None else initial_state.to(cd)
 
     if t == 0:
-        return v.new_zeros(b, 0, h, dv), {"S": S}
+        return v.new_zeros(b, 0, h, dv), S
     C = min(chunk_size, t)  # short inputs (e.g. decoding one token) need no padding to a full chunk
     qc, kc, vc = (to_chunks(x, C) for x in (qh, kh, vh))  # (b, h, n, C, d)
     causal = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device))
@@ -73,4 +88,4 @@ def linear_attention(
     starts = S[:, :, None] + torch.cat([torch.zeros_like(kv[:, :, :1]), csum[:, :, :-1]], dim=2)
     o = o_intra + qc @ starts
     final = S + csum[:, :, -1]
-    return from_chunks(o, t).transpose(1, 2).to(v.dtype), {"S": final}
+    return from_chunks(o, t).transpose(1, 2).to(v.dtype), final

@@ -1,0 +1,127 @@
+"""Ops under ``torch.autocast`` and with half inputs: linear attention, the (gated) delta rule and the Lattice scan
+compute in float32 with autocast off, forward and backward, so
+
+* under autocast (float16 / bfloat16), with the backward outside the region (the standard pattern), outputs and
+  gradients are exactly the float32 op's on the same inputs, rounded once to the inputs' dtype;
+* with the backward inside the region, gradients are finite and close (PyTorch runs an autograd backward's matmuls
+  in the autocast dtype; the Lattice scan's hand-written backward turns autocast off itself, so it stays exact);
+* the state is float32.
+
+Before: Lattice's fast scan crashed in a backward outside autocast ("Input dtypes must be the same": its
+recompute mixed the float32 state with the autocast-dtype inputs), and linear attention's chunk sums ran in
+float16 under autocast and overflowed on long inputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from seqmem.ops import delta_rule, gated_delta_rule, lattice_scan, linear_attention
+from seqmem.ops.lattice import _cpp as _lattice_cpp
+
+HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _inputs(op: str, g: torch.Generator, B: int = 2, T: int = 19, H: int = 2, d: int = 6):
+    """The op's tensors (float32, rounded to float16 and bfloat16 so the half runs see the same values) and a
+    function of them returning ``(y, state tensor)``."""
+    def r(*s):
+        return torch.randn(*s, generator=g)
+
+    if op == "linear":
+        t = [r(B, T, H, d), r(B, T, H, d), r(B, T, H, d)]
+
+        def fn(mode, q, k, v):
+            o, st = linear_attention(q, k, v, mode=mode, chunk_size=8)
+            return o, st["S"]
+    elif op in ("delta", "gated_delta"):
+        q, k = (torch.nn.functional.normalize(r(B, T, H, d), dim=-1) for _ in range(2))
+        t = [q, k, r(B, T, H, d), torch.sigmoid(r(B, T, H))]
+        if op == "gated_delta":
+            t.append(-torch.rand(B, T, H, generator=g) * 0.5)
+
+        def fn(mode, *a):
+            o, st = (delta_rule if len(a) == 4 else gated_delta_rule)(*a, mode=mode, chunk_size=8)
+            return o, st["S"]
+    else:  # lattice_<objective>[_forget]
+        parts = op.split("_")
+        objective, forget = parts[1], parts[-1] == "forget"
+        normalize = objective != "delta"
+        m = d - 2
+        q, k = (torch.nn.functional.normalize(r(B, T, H, m), dim=-1) for _ in range(2))
+        t = [q, k, r(B, T, H, d), torch.sigmoid(r(B, T, H))]
+        S0 = torch.linalg.qr(r(B, H, d, m))[0]
+        if forget:
+            t.append(torch.sigmoid(r(B, T, H) + 2))
+
+        def fn(mode, q, k, v, gamma, mu=None, backend="auto"):
+            y, st = lattice_scan(q, k, v, gamma, {"S": S0}, objective=objective, normalize=normalize, forget=mu,
+                                 mode="recurrent" if mode == "recurrent" else "scan", chunk_size=8, backend=backend)
+            return y, st["S"]
+    for dt in HALF.values():  # every input exactly representable in both half dtypes
+        t = [x.to(dt).float() for x in t]
+    return t, fn
+
+
+OPS = ["linear", "delta", "gated_delta", "lattice_dec", "lattice_enc", "lattice_sim", "lattice_dec_forget",
+       "lattice_delta_forget"]
+
+
+def _run(fn, tensors, mode, dt, ctx, backward_inside, **kw):
+    xs = [x.detach().to(dt).clone().requires_grad_() for x in tensors]
+    up = torch.randn(xs[2].shape, generator=torch.Generator().manual_seed(5))
+    up = up.to(torch.bfloat16).to(torch.float16).float()  # the upstream gradient exact in both half dtypes
+    with ctx():
+        y, S = fn(mode, *xs, **kw)
+        if backward_inside:
+            (y.float() * up).sum().backward()
+    if not backward_inside:
+        (y.float() * up).sum().backward()
+    return y, S, [x.grad for x in xs]
+
+
+@pytest.mark.parametrize("mode", ["fast", "recurrent"])
+@pytest.mark.parametrize("prec", ["fp16", "bf16"])
+@pytest.mark.parametrize("op", OPS)
+def test_autocast_computes_in_float32(op, prec, mode):
+    import contextlib
+
+    dt = HALF[prec]
+    tensors, fn = _inputs(op, torch.Generator().manual_seed(0))
+    backends = ["torch", "cpp"] if op.startswith("lattice") and mode == "fast" and _lattice_cpp.available() \
+        else [None]
+    fmode = "chunk" if mode == "fast" else "recurrent"
+    for backend in backends:
+        kw = {} if backend is None else {"backend": backend}
+        y32, S32, g32 = _run(fn, tensors, fmode, torch.float32, contextlib.nullcontext, True, **kw)
+        for inside in (False, True):
+            where = f"{op} {prec} {mode} {backend} backward {'inside' if inside else 'outside'}"
+            y, S, grads = _run(fn, tensors, fmode, dt, lambda: torch.autocast("cpu", dtype=dt), inside, **kw)
+            assert y.dtype == dt and S.dtype == torch.float32, where
+            assert torch.equal(y, y32.to(dt)) and torch.equal(S, S32), where  # the float32 computation, rounded
+            for a, b in zip(grads, g32):
+                assert a.dtype == dt and torch.isfinite(a).all(), where
+                if not inside or (op.startswith("lattice") and mode == "fast"):  # a hand-written backward
+                    assert torch.equal(a, b.to(dt)), where
+                else:  # the autograd backward's matmuls ran in the autocast dtype
+                    err = float((a.double() - b.double()).norm() / b.double().norm())
+                    assert err < (3e-2 if prec == "bf16" else 4e-3), f"{where}: {err:.1e}"
+
+
+def test_linear_attention_sums_do_not_overflow_under_float16_autocast():
+    """Positive keys and values: each chunk adds ~576 to every state entry, the state passes float16's 65,504
+    after ~7,300 tokens.  Under float16 autocast the op's chunk products and their prefix sums ran in float16 and
+    overflowed (a 64k-token linear-attention layer gave NaN/Inf from token ~40,575); they are float32 now."""
+    g = torch.Generator().manual_seed(0)
+    T, d = 8192, 8
+    k = 2 + 2 * torch.rand(1, T, 1, d, generator=g)
+    v = 2 + 2 * torch.rand(1, T, 1, d, generator=g)
+    q = 1e-3 * torch.rand(1, T, 1, d, generator=g)
+    o32, s32 = linear_attention(q, k, v, chunk_size=64)
+    assert s32["S"].abs().max() > 7e4  # the state is out of float16's range
+    with torch.autocast("cpu", dtype=torch.float16):
+        o, s = linear_attention(q.half(), k.half(), v, chunk_size=64)  # v float32, as the mixer passes it
+    assert torch.isfinite(o).all() and torch.isfinite(s["S"]).all()
+    o_ref, _ = linear_attention(q.half().float(), k.half().float(), v, chunk_size=64)
+    assert torch.equal(o, o_ref)
