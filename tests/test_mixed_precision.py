@@ -151,3 +151,31 @@ def test_fp16_autocast_64k_finite(name):
     """T = 65,536 in pieces of 4,096 (the measured run: docs/results/numerics/fp16_autocast.md)."""
     torch.set_num_threads(1)
     _check_long(name, 65536, 4096)
+
+
+def test_linear_attention_readout_beyond_float16_range_under_autocast():
+    """The undecayed read-out o = Sᵀφ(q) of ``linear_attention`` (``normalize=False``) grows ~t and passes
+    65,504 while y = W_o o stays in range (T = 65,536, d_model 64: max |o| 1.1e5, max |y| 6.0e4): here the value
+    projection is scaled up and W_o down to get there at T = 8,192.  Under float16 autocast the projection cast o
+    to float16 (inf; NaN/Inf from token ~40,575 at 64k, with the op's chunk sums also in float16 then); it runs in
+    float32 now and only y is rounded."""
+    torch.set_num_threads(1)
+    from seqmem.bench.numerics import build_random_mixer
+
+    m, _ = build_random_mixer("linear_attention", 64, 4, 0)
+    with torch.no_grad():
+        m.qkv.weight[128:] *= 16
+        m.out.weight /= 16
+    seen = []
+    m.out.register_forward_pre_hook(lambda mod, a: seen.append(float(a[0].detach().abs().max())))
+    x = torch.randn(1, 8192, 64, generator=torch.Generator().manual_seed(1))
+    y32 = m(x)[0]
+    assert max(seen) > 65504 and y32.abs().max() < 65504  # the read-out is out of float16's range, y is not
+    x16 = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.float16):
+        y, _ = m(x16)
+    assert y.dtype == torch.float16 and torch.isfinite(y).all()
+    assert _rel(y, y32) < 2e-3
+    r = torch.randn(y.shape, generator=torch.Generator().manual_seed(2))
+    (y.float() * r).sum().div(y.numel() ** 0.5).backward()
+    assert torch.isfinite(x16.grad).all() and all(torch.isfinite(p.grad).all() for p in m.parameters())

@@ -31,7 +31,7 @@ from seqmem.mixers._conv import ShortConv
 from seqmem.mixers._norm import GatedRMSNorm, RMSNorm
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_float, check_positive_int
 from seqmem.ops import delta_rule, gated_delta_rule, linear_attention
-from seqmem.ops._common import compute_dtype
+from seqmem.ops._common import compute_dtype, full_precision
 from seqmem.registry import register
 
 __all__ = ["DeltaNet", "GatedDeltaNet", "LinearAttention"]
@@ -191,10 +191,15 @@ class LinearAttention(_LinearFamily):
         b, t, _ = x.shape
         o = o.reshape(b, t, self.d_model)
         w = self.out.weight
-        if o.dtype == w.dtype or torch.is_autocast_enabled(x.device.type):
+        amp = torch.is_autocast_enabled(x.device.type)
+        if o.dtype == w.dtype and not amp:
             return self.out(o), new
-        # float16 mixer: output projection in float32, the result in the input dtype
-        return F.linear(o, w.to(o.dtype)).to(x.dtype), new
+        # float16 / bfloat16 mixer or autocast: the read-out o (~t, an undecayed sum) leaves float16's range before
+        # the projection brings y back into it (64k tokens, d_model 64: |o| > 65,504 while max |y| is 5.9e4), so
+        # the projection runs in float32 and only y is rounded, to the input's (autocast) dtype
+        with full_precision(x.device):
+            y = F.linear(o, w.to(o.dtype))
+        return y.to(torch.get_autocast_dtype(x.device.type) if amp else x.dtype), new
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, feature_map={self.feature_map!r}, normalize={self.normalize}"
