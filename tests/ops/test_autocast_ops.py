@@ -41,8 +41,11 @@ def _inputs(op: str, g: torch.Generator, B: int = 2, T: int = 19, H: int = 2, d:
         if op == "gated_delta":
             t.append(-torch.rand(B, T, H, generator=g) * 0.5)
 
-        def fn(mode, *a):
-            o, st = (delta_rule if len(a) == 4 else gated_delta_rule)(*a, mode=mode, chunk_size=8)
+        def fn(mode, q, k, v, beta, g=None):
+            if g is None:
+                o, st = delta_rule(q, k, v, beta, mode=mode, chunk_size=8)
+            else:
+                o, st = gated_delta_rule(q, k, v, beta=beta, g=g, mode=mode, chunk_size=8)
             return o, st["S"]
     else:  # lattice_<objective>[_forget]
         parts = op.split("_")
