@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from seqmem.io import atomic_write_bytes, atomic_write_text, fmt, machine_info, mean_std, save_figure, table_lines
+from seqmem.repro.verdict import verdict_word
 
 __all__ = [
     "atomic_write_bytes",
@@ -24,6 +25,7 @@ __all__ = [
     "mean_std",
     "save_figure",
     "torch_threads",
+    "verdict_word",
     "write_json",
     "write_results",
 ]

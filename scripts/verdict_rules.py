@@ -1,0 +1,409 @@
+"""Write each paper's ``rule`` block into ``docs/results/<paper>/headline.json`` from the committed run records:
+every claim under the paper's protocol and the tuned one, per-seed values read from ``result.json``, the outcomes
+and the word computed by ``seqmem.repro.verdict`` (the rule: ``docs/results/README.md``).
+
+    python scripts/verdict_rules.py [--check]
+
+The claims (which cells, which lr, what the paper says, what is pending) are declared below; the numbers come only
+from the records.  ``--check`` writes nothing and exits 1 when a headline's ``rule`` differs from what this gives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from seqmem.repro.verdict import cell_stats, claim_outcomes, verdict_word  # noqa: E402
+
+RES = Path("docs/results")
+
+
+def _records(report_dir: str, setting_dir: str, mixer: str) -> list[tuple[Path, dict]]:
+    base = ROOT / RES / report_dir / "runs" / setting_dir / mixer
+    out = []
+    for p in sorted(base.glob("model/*/seed*/result.json")):
+        rec = json.loads(p.read_text())
+        if rec.get("status") == "finished":
+            out.append((p.relative_to(ROOT), rec))
+    if not out:
+        raise SystemExit(f"no finished runs under {base}")
+    return out
+
+
+def cell(report_dir: str, setting_dir: str, mixer: str, lr: float, metric: str, *, label: str,
+         calibrated: bool, fixed_lr: bool = False) -> dict[str, Any]:
+    """A cell: the finished runs of ``mixer`` at ``lr``; ``lr_at_edge`` when ``lr`` is the edge of the lrs tried
+    with seed 0 (not for a protocol's fixed lr)."""
+    from seqmem.repro.verdict import record_value
+
+    recs = _records(report_dir, setting_dir, mixer)
+    tried = sorted({r["lr"] for _, r in recs if r["seed"] == 0})
+    runs = sorted(((p, r) for p, r in recs if abs(r["lr"] - lr) <= 1e-12 * max(1.0, lr)), key=lambda x: x[1]["seed"])
+    if not runs:
+        raise SystemExit(f"{report_dir}/{setting_dir}/{mixer}: no finished run at lr {lr} (tried {tried})")
+    per_seed = {str(r["seed"]): round(record_value(r, metric), 6) for _, r in runs}
+    st = cell_stats(per_seed)
+    return {
+        "label": label, "lr": lr, "lrs_tried_seed0": tried, "per_seed": per_seed,
+        "mean": None if st["mean"] is None else round(st["mean"], 6),
+        "std": None if st["std"] is None else round(st["std"], 6), "n": st["n"],
+        "calibrated": calibrated, "lr_at_edge": (not fixed_lr) and len(tried) > 1 and lr in (tried[0], tried[-1]),
+        "metric": metric, "runs": [str(p) for p, _ in runs],
+    }
+
+
+def finish(claim: dict[str, Any]) -> dict[str, Any]:
+    outs = claim_outcomes(claim)
+    claim["outcomes"], claim["word"] = outs, verdict_word(outs)
+    return claim
+
+
+def best_valid(report_dir: str, setting_dir: str, mixers: list[str], lr: float, seed: int = 0) -> str:
+    """The row of a tune group with the best validation accuracy at ``lr`` (seed 0)."""
+    best = None
+    for m in mixers:
+        for _, r in _records(report_dir, setting_dir, m):
+            if r["seed"] == seed and abs(r["lr"] - lr) < 1e-12:
+                if best is None or r["valid"]["accuracy"] > best[1]:
+                    best = (m, r["valid"]["accuracy"])
+    assert best is not None
+    return best[0]
+
+
+# ---------------------------------------------------------------------------------------------------- VORT
+def vort() -> dict[str, Any]:
+    d, s, m = "vort/zipf_tiny", "beta-1.0", "report.hits_long/report.queries_long"
+    exps = ["exp-lambda4e-3", "exp-lambda4e-2", "exp-lambda4e-1"]
+    exp_paper = best_valid(d, s, exps, 3e-4)
+    cal = True  # the reference recalls long lags at β = 1: 0.909 ± 0.024 (zipf_tiny report)
+    paper = {
+        "pl": cell(d, s, "power-law", 3e-4, m, label="power-law, lr 3e-4", calibrated=cal, fixed_lr=True),
+        "exp": cell(d, s, exp_paper, 3e-4, m, label=f"exponential ({exp_paper}, best on validation at lr 3e-4)",
+                    calibrated=cal, fixed_lr=True),
+        "mix": cell(d, s, "mixture-5", 3e-4, m, label="mixture-5, lr 3e-4", calibrated=cal, fixed_lr=True),
+    }
+    tuned = {
+        "pl": cell(d, s, "power-law", 1e-3, m, label="power-law, lr 1e-3 (chosen on validation)", calibrated=cal),
+        "exp": cell(d, s, "exp-lambda4e-3", 1e-3, m, label="exponential λ 4e-3, lr 1e-3 (chosen on validation)",
+                    calibrated=cal),
+        "mix": cell(d, s, "mixture-5", 3e-4, m, label="mixture-5, lr 3e-4 (chosen on validation)", calibrated=cal),
+    }
+    what_p = ("the paper's lr 3e-4 (§6 'Models compared') at 1/40 scale, β = 1, the exponential's λ chosen on "
+              "validation at that lr; seed 0 only so far")
+    dev_p = ["task layout: 16 queries per 250 positions; the paper plants an anchor at every position (§6 'Task "
+             "design'), which the settling experiment adds as a task option"]
+    what_t = ("lr chosen on validation (seed 0) from 3e-4 / 1e-3 / 3e-3, the exponential's λ from 4e-3 / 4e-2 / "
+              "4e-1 on validation at each lr; 3 seeds at the choice; β = 1 (the calibrated β)")
+    pending = ("vort_settle (src/seqmem/experiments/vort_settle.toml): power-law vs exponential with λ ∈ {4e-3, "
+               "4e-2, 4e-1} and mixture-5 at lr ∈ {3e-4, 1e-3}, 3 seeds each, sparse and the paper's dense anchor "
+               "layout; λ and lr chosen on the validation mean over seeds")
+    lam_note = {
+        "exponential λ 4e-2 at lr 1e-3, seed 0 (validation 0.842 vs λ 4e-3's 0.844)":
+            cell(d, s, "exp-lambda4e-2", 1e-3, m, label="exponential λ 4e-2, lr 1e-3", calibrated=cal),
+        "exponential λ 4e-1 at lr 1e-3, seed 0":
+            cell(d, s, "exp-lambda4e-1", 1e-3, m, label="exponential λ 4e-1, lr 1e-3", calibrated=cal),
+        "exponentials at the paper's lr 3e-4, seed 0": {
+            x: cell(d, s, x, 3e-4, m, label=f"{x}, lr 3e-4", calibrated=cal, fixed_lr=True) for x in exps},
+        "β = 1.5 and 2.0 (zipf_tiny_beta)": "uncalibrated: the reference's long-lag recall is 0.341 ± 0.006 (β = "
+            "1.5) and 0.470 ± 0.042 (β = 2.0); reported in README.md and table1.md, not read into a word",
+    }
+
+    def claim(name: str, a: str, b: str, pa: float, pb: float) -> dict[str, Any]:
+        return finish({
+            "claim": name, "kind": "order", "higher_is_better": True, "metric": "long-lag recall (> 25 positions)",
+            "paper": {"a": pa, "b": pb, "source": "Table 1, long lags > 1000, % (mean over β)"},
+            "protocols": {
+                "paper": {"what": what_p, "deviations": dev_p, "cells": {"a": paper[a], "b": paper[b]}},
+                "tuned": {"what": what_t, "cells": {"a": tuned[a], "b": tuned[b]}},
+            },
+            "pending": pending,
+        })
+
+    claims = [
+        claim("power-law beats the exponential on long lags", "pl", "exp", 79.4, 52.3),
+        claim("mixture-5 beats the exponential on long lags", "mix", "exp", 61.8, 52.3),
+        claim("power-law beats mixture-5 on long lags", "pl", "mix", 79.4, 61.8),
+    ]
+    claims[0]["also_reported"] = lam_note
+    return {"headline_claim": claims[0]["claim"], "claims": claims}
+
+
+# ---------------------------------------------------------------------------------------------------- Elastic
+def elastic() -> dict[str, Any]:
+    d, s, m = "elastic/sampling_small", "default", "report.loss"
+    cal = True  # elastic_calibrate_drift: the memory gap holds on the topic task with topics every 2 blocks
+    tuned_lr = {"elastic-exp-1x": 4e-3, "elastic-uni-1x": 2e-2, "elastic-exp-4x": 4e-3, "elastic-uni-4x": 2e-2,
+                "transformer++": 8e-3, "melodi": 2e-2, "memtrans-1x": 8e-3, "memtrans-4x": 2e-2, "infini": 2e-2}
+
+    def p(x: str) -> dict[str, Any]:
+        return cell(d, s, x, 2e-3, m, label=f"{x}, lr 2e-3", calibrated=cal, fixed_lr=True)
+
+    def t(x: str) -> dict[str, Any]:
+        return cell(d, s, x, tuned_lr[x], m, label=f"{x}, lr {tuned_lr[x]:g} (chosen on validation)", calibrated=cal)
+
+    what_p = ("the paper's lr 2e-3 for every model (§3.1, Table 9: identical hyperparameters), 2,000 steps, "
+              "eps 1e-3 for exponential sampling (the paper leaves α open); seed 0 only so far")
+    what_t = ("lr chosen on validation with seed 0 from 1e-3 / 2e-3 / 4e-3, extended x2 at the upper edge twice "
+              "(8e-3, then 1.6e-2 rounded to 2e-2: the runs trained at 2e-2); 3 seeds at the choice")
+    pending = ("elastic_settle (src/seqmem/experiments/elastic_settle.toml): Elastic exp vs uni 1x at 8,000 "
+               "steps, eps ∈ {1e-3, 3e-2}, an lr grid whose best is interior, the paper's lr 2e-3 row for every "
+               "model, 3 seeds; memory-position loss (loss_cont_q1) beside the total")
+
+    def claim(name: str, a: str, b: str, pa: float, pb: float) -> dict[str, Any]:
+        return finish({
+            "claim": name, "kind": "order", "higher_is_better": False, "metric": "test loss, nats per token",
+            "paper": {"a": pa, "b": pb, "source": "Table 2, Proof-Pile PPL (lower is better)"},
+            "protocols": {"paper": {"what": what_p, "cells": {"a": p(a), "b": p(b)}},
+                          "tuned": {"what": what_t, "cells": {"a": t(a), "b": t(b)}}},
+            "pending": pending,
+        })
+
+    claims = [
+        claim("exponential memory sampling beats uniform (Elastic_exp 1x < Elastic_uni 1x)",
+              "elastic-exp-1x", "elastic-uni-1x", 2.915, 2.958),
+        claim("Elastic_exp 1x beats Transformer++", "elastic-exp-1x", "transformer++", 2.915, 3.322),
+        claim("Elastic_exp 1x beats Melodi", "elastic-exp-1x", "melodi", 2.915, 2.940),
+        finish({
+            "claim": "4x memory lowers Elastic_exp's loss (Table 3)", "kind": "order", "higher_is_better": False,
+            "metric": "test loss, nats per token", "paper": {"a": 2.82, "b": 2.92, "source": "Table 3, PPL 4x vs 1x"},
+            "protocols": {
+                "paper": {"status": "out of reach", "why": "on the topic task only the previous block is useful "
+                          "by design, so a larger memory cannot help; Table 3's long documents need the paper-scale "
+                          "spec (elastic_sampling), beyond this machine"},
+                "tuned": {"same_as": "paper", "why": "the same task"},
+            },
+        }),
+    ]
+    claims[0]["also_reported"] = {
+        "memory-position loss (loss_cont_q1: first quarter of a block that continues a topic), the paper's lr "
+        "2e-3": {x: cell(d, s, x, 2e-3, "report.loss_cont_q1", label=f"{x}, lr 2e-3", calibrated=cal,
+                         fixed_lr=True) for x in ("elastic-exp-1x", "elastic-uni-1x")},
+        "memory-position loss at the tuned lrs": {
+            x: cell(d, s, x, tuned_lr[x], "report.loss_cont_q1", label=f"{x}, lr {tuned_lr[x]:g}", calibrated=cal)
+            for x in ("elastic-exp-1x", "elastic-uni-1x")},
+        "the paper's lr 2e-3, every model, seed 0 (test loss)": {x: p(x)["per_seed"]["0"] for x in tuned_lr},
+    }
+    return {"headline_claim": claims[0]["claim"], "claims": claims}
+
+
+# ---------------------------------------------------------------------------------------------------- Lattice
+def lattice() -> dict[str, Any]:
+    d, s, m = "lattice/context_small", "T-256", "report.bpb"
+    cal = True  # attention's bits/byte fall from T = 128 to 256 and its last bucket beats its first
+    lrs = {"lattice": 9e-3, "lattice_sim": 9e-3, "gated_deltanet": 9e-3, "mamba2": 9e-3, "attention": 3e-3}
+
+    def t(x: str, note: str = "") -> dict[str, Any]:
+        return cell(d, s, x, lrs[x], m, label=f"{x}{note}, lr {lrs[x]:g} (chosen on validation)", calibrated=cal)
+
+    pending = ("lattice_matched (src/seqmem/experiments/lattice_matched.toml, not yet runnable: it needs the "
+               "gated-delta and SSD update rules inside Lattice's block, a mixer option the library does not "
+               "have): Mamba-2's SSD rule and the gated-delta rule in Lattice's block (and Lattice in theirs), "
+               "T = 256, 3 seeds")
+    native = {x: t(x, " (native block)") for x in ("lattice", "gated_deltanet", "mamba2")}
+    matched_not_run = {"status": "not run", "why": "the paper gives every sub-quadratic model Mamba's block (App. "
+                       "A); our Gated DeltaNet and Mamba-2 keep their native blocks (conv on q, k, v; gated "
+                       "RMSNorm; ≈ 8 % more parameters), so the matched comparison has not been run"}
+    same = {"same_as": "paper", "why": "the paper prints no lr: its protocol is the lr chosen on validation"}
+
+    def blocked(name: str, b: str, pb: float) -> dict[str, Any]:
+        return finish({
+            "claim": name, "kind": "order", "higher_is_better": False, "metric": "test bits per byte, T = 256",
+            "paper": {"a": 17.90, "b": pb, "source": "Table 2, Books ppl at 1k (lower is better)"},
+            "protocols": {"paper": dict(matched_not_run), "tuned": dict(same)},
+            "pending": pending,
+            "also_reported": {"native blocks (second table, not read into the word)": {
+                "a": native["lattice"], "b": native[b]}},
+        })
+
+    claims = [
+        blocked("Lattice-DEC beats Gated DeltaNet", "gated_deltanet", 18.60),
+        blocked("Lattice-DEC beats Mamba2", "mamba2", 18.90),
+        finish({
+            "claim": "Transformer++ is behind Lattice-DEC", "kind": "order", "higher_is_better": False,
+            "metric": "test bits per byte, T = 256",
+            "paper": {"a": 17.90, "b": 19.39, "source": "Table 2, Books ppl at 1k (lower is better)"},
+            "protocols": {
+                "paper": {"what": "Lattice in Mamba's block (App. A), Transformer++ its own; lr chosen on "
+                                  "validation (the paper prints none); 3 seeds",
+                          "cells": {"a": t("lattice"), "b": t("attention")}},
+                "tuned": dict(same),
+            },
+        }),
+    ]
+    return {"headline_claim": claims[0]["claim"], "claims": claims}
+
+
+# ---------------------------------------------------------------------------------------------------- Echo
+def echo() -> dict[str, Any]:
+    d, s, m = "echo/mqar_small", "M-4-gap-64", "report.accuracy"
+    cal = True  # Mamba-2 + attention 1.000 at M = 4 gap 64 (echo_calibrate_small)
+    pending_mqar = ("echo_mqar_paper_lr (src/seqmem/experiments/echo_mqar_paper_lr.toml): the four models at "
+                    "the paper's lr 3e-4 (App. G), seeds 0-2, M = 4 gap 64")
+    what_p = "the paper's peak lr 3e-4 (App. G) at our scale (2 layers, d 128, 2,000 steps x 16); seed 0 only so far"
+    what_t = "lr chosen on validation with seed 0 from 3e-4 / 1e-3 / 3e-3 / 1e-2; 3 seeds at the choice"
+    transfer = json.loads((ROOT / RES / "echo/transfer_paper/transfer_seeds.json").read_text())
+    niah = {r["task"]: {k: r[k] for k in r if k.startswith("ours") or k.startswith("paper")}
+            for r in transfer["rows"] if str(r.get("table")) == "2"}
+    t3 = {r["task"]: {k: r[k] for k in r if k.startswith("ours") or k.startswith("paper")}
+          for r in transfer["rows"] if str(r.get("table")) == "3"}
+    claims = [
+        finish({
+            "claim": "Mamba-2 + SKA (K = 2) reaches 100 % on MQAR", "kind": "level", "higher_is_better": True,
+            "metric": "held-out accuracy, M = 4 gap 64", "tolerance": 0.05,
+            "paper": {"a": 1.0, "source": "§5.2 (prose; 50M models fine-tuned on MQAR)"},
+            "protocols": {
+                "paper": {"what": what_p, "deviations": ["the paper fine-tunes 50M-parameter models (§5.2); "
+                          "ours are trained from scratch at ≈ 1M parameters"],
+                          "cells": {"a": cell(d, s, "mamba2+ska", 3e-4, m, label="mamba2+ska, lr 3e-4",
+                                              calibrated=cal, fixed_lr=True)}},
+                "tuned": {"what": what_t, "cells": {"a": cell(d, s, "mamba2+ska", 1e-3, m, label="mamba2+ska, "
+                          "lr 1e-3 (chosen on validation)", calibrated=cal)}},
+            },
+            "pending": pending_mqar,
+            "also_reported": {"SKA with K = 1 (ours), lr 1e-3": cell(d, s, "mamba2+ska-k1", 1e-3, m,
+                                                                     label="mamba2+ska-k1", calibrated=cal),
+                              "reference Mamba-2 + attention, lr 1e-3": cell(d, s, "mamba2+attention", 1e-3, m,
+                                                                            label="mamba2+attention",
+                                                                            calibrated=cal)},
+        }),
+        finish({
+            "claim": "Mamba-2 alone fails MQAR (∼3 %)", "kind": "level", "higher_is_better": True,
+            "metric": "held-out accuracy, M = 4 gap 64", "tolerance": 0.02,
+            "paper": {"a": 0.03, "source": "§5.2 (prose)"},
+            "protocols": {
+                "paper": {"status": "not run", "why": "Mamba-2's lr grid began at 1e-3; lr 3e-4 not run"},
+                "tuned": {"what": what_t, "cells": {"a": cell(d, s, "mamba2", 3e-3, m, label="mamba2, lr 3e-3 "
+                                                              "(chosen on validation)", calibrated=cal)}},
+            },
+            "pending": pending_mqar,
+        }),
+        finish({
+            "claim": "Mamba-2 + SKA keeps NIAH retrieval at long lengths (Table 2)", "kind": "level",
+            "higher_is_better": True, "metric": "NIAH accuracy %, T = 2,048", "tolerance": 5.0,
+            "paper": {"a": 81.2, "source": "Table 2, SSM+SKA at T = 2,048"},
+            "protocols": {
+                "paper": {"status": "not run", "why": "our transfer suite runs SKA with chunk 16 where the paper "
+                          "uses 64 (a needle in the query's own chunk is invisible), without the App. G action "
+                          "mask, and never K = 1 on NIAH"},
+                "tuned": {"status": "not run", "why": "the transfer suite trains every model at the paper's lr "
+                          "only"},
+            },
+            "pending": ("echo_niah_settle (`seqmem repro echo --scale paper` with the paper's chunk 64, K ∈ {1, "
+                        "2} and the action mask; a repro command, not a sweep: see docs/results/README.md)"),
+            "also_reported": {"ours, chunk 16, no action mask, lr 3e-4, 3 seeds (transfer_seeds.json)": niah},
+        }),
+        finish({
+            "claim": "Mamba-2 + SKA beats Mamba-2 + attention on the transfer suite (Table 3)", "kind": "order",
+            "higher_is_better": True, "metric": "mean accuracy % over Table 3's tasks",
+            "paper": {"a": 81.1, "b": 76.2, "source": "Table 3 mean"},
+            "protocols": {
+                "paper": {"status": "uncalibrated", "why": "the reference (Mamba-2 + attention) reaches 25.3 ± "
+                          "1.3 against the paper's 76.2 at the paper's size and lr"},
+                "tuned": {"status": "not run", "why": "no lr but the paper's was trained"},
+            },
+            "pending": "a tuned-lr transfer suite (not specified yet); the reference must calibrate first",
+            "also_reported": {"ours, lr 3e-4, 3 seeds (transfer_seeds.json)": t3},
+        }),
+    ]
+    return {"headline_claim": claims[0]["claim"], "claims": claims}
+
+
+# ---------------------------------------------------------------------------------------------------- VLA
+def vla() -> dict[str, Any]:
+    cal = True  # softmax solves n = 8 at a tuned lr and reproduces the paper's n = 24 failure (vla_calibrate)
+    d, s, m = "vla/capacity", "n-24", "report.accuracy"
+    what_p = "the paper's lr 3e-4 at the paper's size and budget (2,000 steps x 64); seed 0 only so far"
+    what_t = "lr chosen on validation with seed 0 from 3e-4 / 1e-3 / 3e-3; 3 seeds at the choice"
+    pending = ("vla_settle (src/seqmem/experiments/vla_settle.toml): VLA and softmax at n = 24 at the paper's lr "
+               "3e-4, seeds 0-2")
+    claims = [
+        finish({
+            "claim": "VLA solves MQAR at n = 24 (Table 9)", "kind": "level", "higher_is_better": True,
+            "metric": "held-out accuracy, n = 24", "tolerance": 0.05,
+            "paper": {"a": 1.0, "source": "Table 9, 1.000 ± 0.000"},
+            "protocols": {
+                "paper": {"what": what_p, "cells": {"a": cell(d, s, "vla", 3e-4, m, label="vla, lr 3e-4",
+                                                              calibrated=cal, fixed_lr=True)}},
+                "tuned": {"what": what_t, "cells": {"a": cell(d, s, "vla", 1e-3, m, label="vla, lr 1e-3 (chosen "
+                                                              "on validation)", calibrated=cal)}},
+            },
+            "pending": pending,
+            "also_reported": {"VLA without its readout normaliser, lr 3e-3": cell(
+                d, s, "vla-no-normaliser", 3e-3, m, label="vla-no-normaliser", calibrated=cal)},
+        }),
+        finish({
+            "claim": "softmax attention fails MQAR at n = 24 (Table 9)", "kind": "level",
+            "higher_is_better": True, "metric": "held-out accuracy, n = 24", "tolerance": 0.05,
+            "paper": {"a": 0.081, "source": "Table 9, 0.081 ± 0.002"},
+            "protocols": {
+                "paper": {"what": what_p, "cells": {"a": cell(d, s, "attention", 3e-4, m,
+                                                              label="attention, lr 3e-4", calibrated=cal,
+                                                              fixed_lr=True)}},
+                "tuned": {"what": what_t, "cells": {"a": cell(d, s, "attention", 1e-3, m, label="attention, lr "
+                                                              "1e-3 (chosen on validation)", calibrated=cal)}},
+            },
+            "pending": pending,
+        }),
+        finish({
+            "claim": "VLA copies (Table 7), next-token targets (our reading)", "kind": "level",
+            "higher_is_better": True, "metric": "held-out accuracy on the copied half", "tolerance": 0.05,
+            "paper": {"a": 1.0, "source": "Table 7, accuracy at step 150"},
+            "protocols": {
+                "paper": {"what": "the paper's lr 3e-4, batch 32 x 1,500 steps; seed 0 only so far",
+                          "cells": {"a": cell("vla/copy", "default", "vla", 3e-4, m, label="vla, lr 3e-4",
+                                              calibrated=cal, fixed_lr=True)}},
+                "tuned": {"what": what_t, "cells": {"a": cell("vla/copy", "default", "vla", 1e-3, m, label="vla, "
+                                                              "lr 1e-3 (chosen on validation)", calibrated=cal)}},
+            },
+            "pending": ("vla_copy_identity (src/seqmem/experiments/vla_copy_identity.toml) runs both readings at "
+                        "lr 3e-4 and the tuned lr, 3 seeds"),
+        }),
+        finish({
+            "claim": "VLA copies (Table 7), identity targets (the copied half's own input tokens)", "kind": "level",
+            "higher_is_better": True, "metric": "held-out accuracy on the copied half", "tolerance": 0.05,
+            "paper": {"a": 1.0, "source": "Table 7, accuracy at step 150"},
+            "protocols": {"paper": {"status": "not run", "why": "the task option is new"},
+                          "tuned": {"status": "not run", "why": "the task option is new"}},
+            "pending": "vla_copy_identity (src/seqmem/experiments/vla_copy_identity.toml)",
+        }),
+    ]
+    return {"headline_claim": claims[0]["claim"], "claims": claims}
+
+
+PAPERS = {"vort": vort, "elastic": elastic, "lattice": lattice, "echo": echo, "vla": vla}
+
+
+def build(paper: str) -> dict[str, Any]:
+    body = PAPERS[paper]()
+    head = next(c for c in body["claims"] if c["claim"] == body["headline_claim"])
+    return {"text": "docs/results/README.md (the rule)", "word": head["word"], **body}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("papers", nargs="*", default=list(PAPERS))
+    args = ap.parse_args(argv)
+    stale = []
+    for paper in args.papers:
+        path = ROOT / RES / paper / "headline.json"
+        data = json.loads(path.read_text())
+        rule = json.loads(json.dumps(build(paper)))
+        if data.get("rule") != rule:
+            stale.append(paper)
+            if not args.check:
+                data["rule"] = rule
+                path.write_text(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    for p in stale:
+        print(("stale: " if args.check else "rewrote: ") + p)
+    return 1 if (args.check and stale) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

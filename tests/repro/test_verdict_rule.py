@@ -1,0 +1,183 @@
+"""Verdicts follow from their evidence (docs/results/README.md, "The rule"): every ``docs/results/<paper>/
+headline.json`` carries both protocols' numbers and the rule's word; the word agrees with the numbers, the
+numbers with the committed run records, and the free-text verdict says no more than the word."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from seqmem.repro.common import verdict_word as common_verdict_word
+from seqmem.repro.verdict import (
+    WORDS,
+    cell_from_records,
+    cell_stats,
+    check_rule,
+    claim_word,
+    protocol_outcome,
+    verdict_word,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+PAPERS = ("echo", "elastic", "lattice", "vla", "vort")
+HEADLINES = [ROOT / "docs" / "results" / p / "headline.json" for p in PAPERS]
+REPORTS = sorted((ROOT / "docs" / "results").glob("*/*/report.json"))
+
+
+def _cell(vals: list[float], calibrated: bool = True, edge: bool = False) -> dict[str, Any]:
+    return {"per_seed": {str(i): v for i, v in enumerate(vals)}, "calibrated": calibrated, "lr_at_edge": edge}
+
+
+def _order(pa: dict, pb: dict, ta: dict, tb: dict, higher: bool = True) -> dict[str, Any]:
+    return {"claim": "A beats B", "kind": "order", "higher_is_better": higher, "paper": {"a": 2.0, "b": 1.0},
+            "protocols": {"paper": {"cells": {"a": pa, "b": pb}}, "tuned": {"cells": {"a": ta, "b": tb}}},
+            "pending": "x"}
+
+
+def test_words_from_outcomes():
+    assert verdict_word(["agrees", "agrees"]) == "confirmed"
+    assert verdict_word({"paper": "disagrees", "tuned": "disagrees"}) == "refuted"
+    assert verdict_word(["agrees", "disagrees"]) == "not reproduced at our scale"
+    assert verdict_word(["within seeds", "disagrees"]) == "not reproduced at our scale"
+    assert verdict_word(["insufficient seeds", "disagrees"]) == "not reproduced at our scale"
+    assert verdict_word(["uncalibrated", "out of reach"]) == "out of reach"
+    assert verdict_word(["uncalibrated", "not run"]) == "not reproduced at our scale"
+    assert common_verdict_word is verdict_word
+    with pytest.raises(ValueError):
+        verdict_word(["agrees"])
+    with pytest.raises(ValueError):
+        verdict_word(["agrees", "roughly"])
+
+
+def test_order_outcomes_use_the_seed_spread():
+    up, down = _cell([0.9, 0.92, 0.91]), _cell([0.5, 0.52, 0.51])
+    assert claim_word(_order(up, down, up, down)) == "confirmed"
+    assert claim_word(_order(down, up, down, up)) == "refuted"
+    assert claim_word(_order(up, down, down, up)) == "not reproduced at our scale"
+    # lower is better flips the sign
+    assert claim_word(_order(down, up, down, up, higher=False)) == "confirmed"
+    # a gap inside std_a + std_b is not called
+    wide = _cell([0.3, 0.9, 0.6])
+    assert protocol_outcome({"cells": {"a": wide, "b": _cell([0.5, 0.52, 0.51])}},
+                            _order(up, down, up, down)) == "within seeds"
+
+
+def test_one_seed_never_confirms_or_refutes():
+    up1, down1 = _cell([0.99]), _cell([0.01])
+    up, down = _cell([0.9, 0.92, 0.91]), _cell([0.5, 0.52, 0.51])
+    c = _order(down1, up1, down, up)
+    assert c and protocol_outcome(c["protocols"]["paper"], c) == "insufficient seeds"
+    assert claim_word(c) == "not reproduced at our scale"
+
+
+def test_uncalibrated_and_edge_cells_are_not_read():
+    up, down = _cell([0.9, 0.92, 0.91]), _cell([0.5, 0.52, 0.51])
+    assert claim_word(_order(_cell([0.9, 0.92, 0.91], calibrated=False), down, up, down)) \
+        == "not reproduced at our scale"
+    c = _order(up, down, _cell([0.9, 0.92, 0.91], edge=True), down)
+    assert protocol_outcome(c["protocols"]["tuned"], c) == "lr at grid edge"
+    both = _order(_cell([0.9, 0.92, 0.91], calibrated=False), down, _cell([0.9, 0.92, 0.91], calibrated=False), down)
+    assert claim_word(both) == "out of reach"
+
+
+def test_level_claims_and_same_as():
+    claim = {"claim": "A reaches 1.0", "kind": "level", "higher_is_better": True, "paper": {"a": 1.0},
+             "tolerance": 0.05, "protocols": {"paper": {"cells": {"a": _cell([0.99, 1.0, 0.995])}},
+                                              "tuned": {"same_as": "paper"}}}
+    assert claim_word(claim) == "confirmed"
+    claim["protocols"]["paper"]["cells"]["a"] = _cell([0.4, 0.5, 0.45])
+    assert claim_word(claim) == "refuted"
+    claim["protocols"]["paper"]["cells"]["a"] = _cell([0.9, 1.0, 0.8])
+    assert claim_word(claim) == "not reproduced at our scale"
+
+
+def test_check_rule_finds_a_word_its_numbers_do_not_give():
+    up, down = _cell([0.9, 0.92, 0.91]), _cell([0.5, 0.52, 0.51])
+    c = _order(up1 := _cell([0.99]), down, up, down)
+    del up1
+    c["outcomes"] = {"paper": "insufficient seeds", "tuned": "agrees"}
+    for cell in (*c["protocols"]["paper"]["cells"].values(), *c["protocols"]["tuned"]["cells"].values()):
+        cell.update({k: v for k, v in cell_stats(cell["per_seed"]).items()})
+    c["word"] = "confirmed"  # one seed under the paper's protocol: the rule says otherwise
+    rule = {"word": "confirmed", "headline_claim": "A beats B", "claims": [c]}
+    problems = check_rule(rule)
+    assert any("word 'confirmed' recorded" in p for p in problems)
+    c["word"] = rule["word"] = "not reproduced at our scale"
+    assert check_rule(rule) == []
+    c.pop("pending")
+    assert any("pending" in p for p in check_rule(rule))
+
+
+@pytest.mark.parametrize("headline", HEADLINES, ids=PAPERS)
+def test_headline_word_follows_its_numbers(headline):
+    data = json.loads(headline.read_text())
+    rule = data.get("rule")
+    assert rule, f"{headline}: no rule block (run scripts/verdict_rules.py)"
+    assert rule["word"] in WORDS
+    assert check_rule(rule) == []
+    # the free-text verdict opens with the rule's word and uses no stronger word than some claim carries
+    verdict = data["verdict"]
+    assert verdict.startswith(rule["word"]), verdict[:80]
+    carried = {c["word"] for c in rule["claims"]}
+    for word in ("confirmed", "refuted"):
+        if word in verdict:
+            assert word in carried, f"{headline.parent.name}: the verdict says {word!r}; no claim's numbers do"
+
+
+def _cells(obj: Any):
+    if isinstance(obj, dict):
+        if "runs" in obj and "metric" in obj and "per_seed" in obj:
+            yield obj
+        else:
+            for v in obj.values():
+                yield from _cells(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _cells(v)
+
+
+@pytest.mark.parametrize("headline", HEADLINES, ids=PAPERS)
+def test_rule_numbers_are_the_run_records(headline):
+    rule = json.loads(headline.read_text())["rule"]
+    cells = list(_cells(rule))
+    assert cells or headline.parent.name == "lattice"
+    for cell in cells:
+        got = cell_from_records(cell["runs"], cell["metric"], ROOT)
+        assert set(got) == set(cell["per_seed"]), cell["label"]
+        for seed, v in got.items():
+            assert abs(v - cell["per_seed"][seed]) < 1e-5, (cell["label"], seed)
+        for run in cell["runs"]:
+            assert abs(json.loads((ROOT / run).read_text())["lr"] - cell["lr"]) < 1e-12, run
+
+
+def test_the_rule_blocks_are_what_the_builder_writes():
+    spec = importlib.util.spec_from_file_location("verdict_rules", ROOT / "scripts" / "verdict_rules.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--check"]) == 0
+
+
+@pytest.mark.parametrize("report", REPORTS, ids=[str(r.parent.relative_to(ROOT / "docs" / "results"))
+                                                  for r in REPORTS])
+def test_a_reports_lr_is_one_trained(report):
+    """Every chosen lr a report prints is the lr of runs that trained (no rounding between record and report)."""
+    rows = json.loads(report.read_text()).get("rows") or []
+    runs = report.parent / "runs"
+    trained: dict[tuple[str, str], set[float]] = {}
+    for res in runs.glob("*/*/model/*/*/result.json"):
+        rec = json.loads(res.read_text())
+        trained.setdefault((rec["setting"], rec["mixer"]), set()).add(float(rec["lr"]))
+    for row in rows:
+        lr = row.get("best_lr")
+        if lr is None or row.get("runs_done", 0) == 0:
+            continue
+        have = trained.get((row["setting"], row["mixer"]), set())
+        if not have:  # rows whose runs live elsewhere (reused): checked where they trained
+            continue
+        assert any(abs(lr - t) <= 1e-12 * max(1.0, lr) for t in have), (row["setting"], row["mixer"], lr, have)
+        for key in row.get("lr_valid") or {}:
+            assert any(abs(float(key) - t) <= 1e-12 * max(1.0, t) for t in have), (row["mixer"], key, have)
