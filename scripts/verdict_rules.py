@@ -100,9 +100,9 @@ def vort() -> dict[str, Any]:
              "design'), which the settling experiment adds as a task option"]
     what_t = ("lr chosen on validation (seed 0) from 3e-4 / 1e-3 / 3e-3, the exponential's λ from 4e-3 / 4e-2 / "
               "4e-1 on validation at each lr; 3 seeds at the choice; β = 1 (the calibrated β)")
-    pending = ("vort_settle (src/seqmem/experiments/vort_settle.toml): power-law vs exponential with λ ∈ {4e-3, "
-               "4e-2, 4e-1} and mixture-5 at lr ∈ {3e-4, 1e-3}, 3 seeds each, sparse and the paper's dense anchor "
-               "layout; λ and lr chosen on the validation mean over seeds")
+    pending = ("vort_settle and vort_settle_dense (src/seqmem/experiments/): power-law vs exponential with λ ∈ "
+               "{4e-3, 4e-2, 4e-1} and mixture-5 at lr ∈ {3e-4, 1e-3}, 3 seeds each, our sparse and the paper's "
+               "dense anchor layout; λ and lr chosen on the validation mean over seeds")
     lam_note = {
         "exponential λ 4e-2 at lr 1e-3, seed 0 (validation 0.842 vs λ 4e-3's 0.844)":
             cell(d, s, "exp-lambda4e-2", 1e-3, m, label="exponential λ 4e-2, lr 1e-3", calibrated=cal),
@@ -151,9 +151,9 @@ def elastic() -> dict[str, Any]:
               "eps 1e-3 for exponential sampling (the paper leaves α open); seed 0 only so far")
     what_t = ("lr chosen on validation with seed 0 from 1e-3 / 2e-3 / 4e-3, extended x2 at the upper edge twice "
               "(8e-3, then 1.6e-2 rounded to 2e-2: the runs trained at 2e-2); 3 seeds at the choice")
-    pending = ("elastic_settle (src/seqmem/experiments/elastic_settle.toml): Elastic exp vs uni 1x at 8,000 "
-               "steps, eps ∈ {1e-3, 3e-2}, an lr grid whose best is interior, the paper's lr 2e-3 row for every "
-               "model, 3 seeds; memory-position loss (loss_cont_q1) beside the total")
+    pending = ("elastic_paper_lr (every model at the paper's lr 2e-3, 3 seeds) and elastic_settle (Elastic exp, "
+               "eps ∈ {1e-3, 3e-2}, vs uni 1x at 8,000 steps, lrs 2e-3 … 1.6e-2 x 3 seeds; memory-position loss "
+               "beside the total), src/seqmem/experiments/")
 
     def claim(name: str, a: str, b: str, pa: float, pb: float) -> dict[str, Any]:
         return finish({
@@ -201,10 +201,9 @@ def lattice() -> dict[str, Any]:
     def t(x: str, note: str = "") -> dict[str, Any]:
         return cell(d, s, x, lrs[x], m, label=f"{x}{note}, lr {lrs[x]:g} (chosen on validation)", calibrated=cal)
 
-    pending = ("lattice_matched (src/seqmem/experiments/lattice_matched.toml, not yet runnable: it needs the "
-               "gated-delta and SSD update rules inside Lattice's block, a mixer option the library does not "
-               "have): Mamba-2's SSD rule and the gated-delta rule in Lattice's block (and Lattice in theirs), "
-               "T = 256, 3 seeds")
+    pending = ("lattice_matched — not yet a spec: it needs the gated-delta and SSD update rules inside Lattice's "
+               "block (and Lattice's rule in theirs), a mixer option the library does not have; then T = 256, "
+               "3 seeds")
     native = {x: t(x, " (native block)") for x in ("lattice", "gated_deltanet", "mamba2")}
     matched_not_run = {"status": "not run", "why": "the paper gives every sub-quadratic model Mamba's block (App. "
                        "A); our Gated DeltaNet and Mamba-2 keep their native blocks (conv on q, k, v; gated "
@@ -294,8 +293,9 @@ def echo() -> dict[str, Any]:
                 "tuned": {"status": "not run", "why": "the transfer suite trains every model at the paper's lr "
                           "only"},
             },
-            "pending": ("echo_niah_settle (`seqmem repro echo --scale paper` with the paper's chunk 64, K ∈ {1, "
-                        "2} and the action mask; a repro command, not a sweep: see docs/results/README.md)"),
+            "pending": ("Table 2 with the paper's chunk 64, K ∈ {1, 2} and the App. G action mask — not yet "
+                        "runnable: `seqmem repro echo` fixes SKA's chunk at 16 and the ska mixer has no action "
+                        "mask (docs/results/README.md)"),
             "also_reported": {"ours, chunk 16, no action mask, lr 3e-4, 3 seeds (transfer_seeds.json)": niah},
         }),
         finish({

@@ -181,3 +181,37 @@ def test_a_reports_lr_is_one_trained(report):
         assert any(abs(lr - t) <= 1e-12 * max(1.0, lr) for t in have), (row["setting"], row["mixer"], lr, have)
         for key in row.get("lr_valid") or {}:
             assert any(abs(float(key) - t) <= 1e-12 * max(1.0, t) for t in have), (row["mixer"], key, have)
+
+
+SETTLE_SPECS = ("vort_settle", "vort_settle_dense", "elastic_paper_lr", "elastic_settle", "echo_mqar_paper_lr",
+                "vla_settle", "vla_copy_identity")
+
+
+@pytest.mark.parametrize("name", SETTLE_SPECS)
+def test_settling_specs_load_and_build_their_tasks(name):
+    """Every settling experiment named by a rule's ``pending`` is a valid spec with ≥ 3 seeds whose tasks build
+    (the new task options included) and whose model configs are complete."""
+    from seqmem.sweep import load_spec
+    from seqmem.tasks import build_task
+
+    spec = load_spec(name)
+    assert len(spec.seeds) >= 3
+    pts = spec.points()
+    assert pts
+    seen = set()
+    for p in pts:
+        task = p.run_spec["task"]
+        key = json.dumps(task, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            built = build_task(task["name"], **task["options"])
+            assert built.seq_len > 0
+    for headline in HEADLINES:
+        for c in json.loads(headline.read_text())["rule"]["claims"]:
+            if name in (c.get("pending") or ""):
+                break
+        else:
+            continue
+        break
+    else:
+        pytest.fail(f"{name} is named by no rule's pending experiment")

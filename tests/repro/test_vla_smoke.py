@@ -56,3 +56,19 @@ def test_copy_task_layout():
     assert torch.equal(xe, task.eval_data(3)[0])
     with pytest.raises(ValueError):
         CopyHalfTask(vocab_size=2)
+
+
+def test_copy_half_identity_targets():
+    """``targets="identity"``: the copied half is scored against its own input tokens (the other reading of the
+    paper's Table 7); the default config is unchanged, so runs recorded before the option keep their identity."""
+    m = 5
+    ident = CopyHalfTask(vocab_size=20, seq_len=12, targets="identity")
+    x, y = ident.sample(4, torch.Generator().manual_seed(0))
+    nxt_x, nxt_y = CopyHalfTask(vocab_size=20, seq_len=12).sample(4, torch.Generator().manual_seed(0))
+    assert torch.equal(x, nxt_x)  # same inputs, only the scored targets differ
+    assert torch.equal(y[:, m + 1 : 2 * m + 1], x[:, m + 1 : 2 * m + 1])
+    assert (y[:, : m + 1] == -100).all() and (y[:, 2 * m + 1 :] == -100).all()
+    assert int((y != -100).sum()) == int((nxt_y != -100).sum()) == 4 * m
+    assert ident.config()["targets"] == "identity" and "targets" not in CopyHalfTask().config()
+    with pytest.raises(ValueError, match="targets"):
+        CopyHalfTask(targets="self")

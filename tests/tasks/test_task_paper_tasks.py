@@ -37,6 +37,32 @@ def test_vort_zipf_layout_every_query_key_follows_its_anchor():
         assert (lags[b][y[b] == IGNORE_INDEX] == -1).all()
 
 
+def test_vort_zipf_dense_layout_queries_every_position():
+    """``layout = "dense"`` (the paper's §6 layout): an anchor at every position and a query at every position
+    t ≥ 1 for the anchor d_t ≤ t positions back, four tokens per position, lags Zipf(β)-distributed."""
+    t = build_task("vort_zipf", n_positions=200, beta=1.0, n_keys=256, n_labels=16, n_filler=8, layout="dense")
+    assert t.seq_len == 800 and t.config()["layout"] == "dense" and "layout" not in VortZipfTask().config()
+    x, y, lags = t.sample_with_lags(3, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == lags.shape == (3, 800) and x.max() < t.vocab_size
+    for b in range(3):
+        pos = (y[b] != IGNORE_INDEX).nonzero().flatten().tolist()
+        assert pos == [4 * i + 3 for i in range(1, 200)]  # one query per position t >= 1, at its last token
+        keys = x[b, 0::4]
+        assert len(set(keys.tolist())) == 200  # a distinct key per position
+        for p in pos:
+            i, d = p // 4, int(lags[b, p])
+            assert 1 <= d <= i and x[b, p - 1] == t.QUERY
+            assert x[b, p] == x[b, 4 * (i - d)] and y[b, p] == x[b, 4 * (i - d) + 1]  # the anchor's key, label
+    # Zipf(1): lag 1 is the most frequent and about twice as frequent as lag 2
+    _, y2, lg = t.sample_with_lags(64, torch.Generator().manual_seed(1))
+    d = lg[lg > 0]
+    assert (d == 1).sum() > 1.6 * (d == 2).sum() > 0
+    with pytest.raises(ValueError, match="layout"):
+        VortZipfTask(layout="grid")
+    with pytest.raises(ValueError, match="n_keys"):
+        VortZipfTask(n_positions=300, n_keys=64, layout="dense")
+
+
 def test_vort_zipf_uses_the_paper_generator_lags():
     """Same placement as ZipfLagRetrieval (the generator of ``seqmem repro vort``) for the same RNG stream."""
     t = VortZipfTask(n_positions=400, beta=1.5, n_queries=16, n_keys=32)

@@ -5,8 +5,13 @@ docs/vla.md)::
 
     c_1 .. c_m  SEP  c_1 .. c_m  [pad]        m = (T - 1) // 2, SEP = V - 1, c_i uniform from [0, V - 1)
 
-Targets are next-token targets on the copy half only: the position of SEP predicts c_1, the position of c_i in
-the copy predicts c_{i+1}; the last copied token and any pad are not scored (m scored positions per example).
+``targets`` picks one of two readings of what is scored (the paper does not say; m scored positions per example
+either way, any pad not scored):
+
+* ``"next"`` (default): next-token targets on the copy half — the position of SEP predicts c_1, the position of c_i
+  in the copy predicts c_{i+1}; the last copied token is not scored. Copying is then a recall of m associations.
+* ``"identity"``: the copied half's own input tokens — the position of c_i in the copy is scored against c_i
+  itself, which a model can emit from its current input alone (no memory needed).
 """
 
 from __future__ import annotations
@@ -28,17 +33,25 @@ class CopyHalfTask(Task):
 
     name = "copy_half"
 
-    def __init__(self, vocab_size: int = 128, seq_len: int = 64, eval_seed: int = DEFAULT_EVAL_SEED) -> None:
+    TARGETS = ("next", "identity")
+
+    def __init__(self, vocab_size: int = 128, seq_len: int = 64, targets: str = "next",
+                 eval_seed: int = DEFAULT_EVAL_SEED) -> None:
         super().__init__(eval_seed)
         for k, v, lo in (("vocab_size", vocab_size, 3), ("seq_len", seq_len, 3)):
             check_int(k, v, lo)
+        if targets not in self.TARGETS:
+            raise ValueError(f"targets must be one of {self.TARGETS}, got {targets!r}")
+        self.targets = targets
         self.vocab_size, self.seq_len = vocab_size, seq_len
         self.m = (seq_len - 1) // 2
         self.sep_token = vocab_size - 1
 
     def config(self) -> dict[str, Any]:
-        return {"name": self.name, "vocab_size": self.vocab_size, "seq_len": self.seq_len,
-                "eval_seed": self.eval_seed}
+        cfg = {"name": self.name, "vocab_size": self.vocab_size, "seq_len": self.seq_len}
+        if self.targets != "next":  # the default is left out, so runs recorded before the option keep their config
+            cfg["targets"] = self.targets
+        return {**cfg, "eval_seed": self.eval_seed}
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         B, m, T = self._check_batch(batch_size), self.m, self.seq_len
@@ -48,5 +61,8 @@ class CopyHalfTask(Task):
         x[:, m] = self.sep_token
         x[:, m + 1 : 2 * m + 1] = c
         y = torch.full((B, T), IGNORE_INDEX, dtype=torch.long)
-        y[:, m : 2 * m] = c
+        if self.targets == "next":
+            y[:, m : 2 * m] = c
+        else:
+            y[:, m + 1 : 2 * m + 1] = c
         return x, y

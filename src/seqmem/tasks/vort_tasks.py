@@ -17,7 +17,7 @@ the label, later mentions carry the name (a write without a label) and are queri
 
 ``sample(batch, generator)`` draws training examples; ``eval_data(n, seed)`` is a fixed-seed stream (use distinct
 seeds for validation and test).  These two are not LM tasks: they feed :class:`seqmem.repro.vort.RetrievalModel`
-(the hand-structured retrieval model of ``seqmem repro vort``).
+(the structured retrieval model of ``seqmem repro vort``, with an initialisation of ours).
 
 ``vort_zipf`` (:class:`VortZipfTask`, registered) is Table 1's task as a token sequence for a *learned* language model
 (``seqmem train`` / ``seqmem sweep``): the same anchor/query placement as :class:`ZipfLagRetrieval`, each of the
@@ -27,8 +27,18 @@ paper's ``n`` positions written as two tokens (so ``seq_len = 2n``)::
     filler   FILL   FILL
 
 A query's key appears exactly once before it (at its anchor, ``d`` positions = ``2d`` tokens earlier, ``d`` the
-Zipf lag); the model must copy the token that followed it (an induction/recall step).  Its metrics add the accuracy
-per lag bin (``acc_short`` ≤ 100, ``acc_medium`` ≤ 1000, ``acc_long`` > 1000 positions by default, the paper's bins).
+Zipf lag); the model must copy the token that followed it (an induction/recall step).
+
+``layout = "dense"`` is the paper's layout (§6 "Task design": an anchor at every position, and at every position
+t ≥ 1 a query for the anchor at lag d_t ~ Zipf(β) truncated to [1, t]), written as four tokens per position
+(``seq_len = 4n``; ``n_keys ≥ n_positions``, keys distinct within a sequence; ``n_queries`` is unused)::
+
+    position t   KEY_t  LABEL_t  QUERY  KEY_{t−d_t}   -> target LABEL_{t−d_t} at the last token
+
+Every position then writes one association and queries an older one, so a memory holds n items, not n_queries.
+
+Its metrics (either layout) add the accuracy per lag bin (``acc_short`` ≤ 100, ``acc_medium`` ≤ 1000, ``acc_long``
+> 1000 positions by default, the paper's bins).
 """
 
 from __future__ import annotations
@@ -178,6 +188,7 @@ class VortZipfTask(Task):
 
     name = "vort_zipf"
     QUERY = 0
+    LAYOUTS = ("sparse", "dense")
 
     def __init__(
         self,
@@ -188,9 +199,16 @@ class VortZipfTask(Task):
         n_labels: int = 16,
         n_filler: int = 64,
         lag_edges: tuple[float, float] = (100, 1000),
+        layout: str = "sparse",
         eval_seed: int = DEFAULT_EVAL_SEED,
     ) -> None:
         super().__init__(eval_seed)
+        if layout not in self.LAYOUTS:
+            raise ValueError(f"layout must be one of {self.LAYOUTS}, got {layout!r}")
+        if layout == "dense" and isinstance(n_keys, int) and isinstance(n_positions, int) and n_keys < n_positions:
+            raise ValueError(f"layout 'dense' needs n_keys >= n_positions (a key per position), got {n_keys} < "
+                             f"{n_positions}")
+        self.layout = layout
         for k, v, lo in (("n_positions", n_positions, 4), ("n_queries", n_queries, 1), ("n_keys", n_keys, 1),
                          ("n_labels", n_labels, 2), ("n_filler", n_filler, 1)):
             check_int(k, v, lo)
@@ -202,8 +220,10 @@ class VortZipfTask(Task):
             raise ValueError(f"lag_edges must be a (short, medium) pair of numbers, got {lag_edges!r}") from None
         if not 0 < e0 < e1:
             raise ValueError(f"lag_edges must satisfy 0 < short < medium, got {lag_edges!r}")
-        self.gen = ZipfLagRetrieval(seq_len=n_positions, beta=beta, n_queries=n_queries, n_keys=n_keys,
-                                    n_labels=n_labels, n_filler=n_filler)
+        self.gen = ZipfLagRetrieval(seq_len=n_positions, beta=beta, n_queries=min(n_queries, n_positions // 2),
+                                    n_keys=max(n_keys, n_queries), n_labels=n_labels, n_filler=n_filler) \
+            if layout == "dense" else ZipfLagRetrieval(seq_len=n_positions, beta=beta, n_queries=n_queries,
+                                                       n_keys=n_keys, n_labels=n_labels, n_filler=n_filler)
         self.n_positions, self.beta, self.n_queries = n_positions, float(beta), n_queries
         self.n_keys, self.n_labels, self.n_filler = n_keys, n_labels, n_filler
         self.lag_edges = (e0, e1)
@@ -211,18 +231,22 @@ class VortZipfTask(Task):
         self.key_offset = 1 + n_labels
         self.filler_offset = self.key_offset + n_keys
         self.vocab_size = self.filler_offset + n_filler
-        self.seq_len = 2 * n_positions
+        self.seq_len = (4 if layout == "dense" else 2) * n_positions
         self._bins: dict[bytes, Tensor] = {}
 
     def config(self) -> dict[str, Any]:
         return {"name": self.name, "n_positions": self.n_positions, "beta": self.beta, "n_queries": self.n_queries,
                 "n_keys": self.n_keys, "n_labels": self.n_labels, "n_filler": self.n_filler,
-                "lag_edges": list(self.lag_edges), "eval_seed": self.eval_seed}
+                "lag_edges": list(self.lag_edges),
+                **({"layout": self.layout} if self.layout != "sparse" else {}),  # runs recorded before: unchanged
+                "eval_seed": self.eval_seed}
 
     def sample_with_lags(self, batch_size: int, generator: torch.Generator | None = None
                          ) -> tuple[Tensor, Tensor, Tensor]:
-        """``(input_ids, targets, lags)``, all ``(B, 2n)``; ``lags`` (in positions) is −1 where not scored."""
+        """``(input_ids, targets, lags)``, all ``(B, seq_len)``; ``lags`` (in positions) is −1 where not scored."""
         B = self._check_batch(batch_size)
+        if self.layout == "dense":
+            return self._dense(B, generator)
         d = self.gen.sample(B, generator)
         n = self.n_positions
         anchor = d["mem_label"] >= 0
@@ -243,6 +267,31 @@ class VortZipfTask(Task):
         lags = torch.full((B, n, 2), -1, dtype=torch.long)
         lags[..., 1][query] = d["lag"][query]
         return x, y.reshape(B, 2 * n), lags.reshape(B, 2 * n)
+
+    def _dense(self, B: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
+        """The paper's layout: an anchor at every position, a query at every position t ≥ 1 (class docstring)."""
+        n, g = self.n_positions, generator
+        keys = torch.stack([torch.randperm(self.n_keys, generator=g)[:n] for _ in range(B)])
+        labels = torch.randint(0, self.n_labels, (B, n), generator=g)
+        pd = self.gen._pd  # d^{-β} for d = 1 .. n−1
+        t = torch.arange(1, n)
+        # truncated Zipf on [1, t] by inverse CDF: u · cdf(t) against the cumulative weights
+        cdf = torch.cumsum(pd, 0)
+        u = torch.rand(B, n - 1, generator=g, dtype=torch.float64) * cdf[t - 1]
+        lag = torch.searchsorted(cdf, u.contiguous(), right=False) + 1
+        lag = torch.minimum(lag, t.expand(B, -1))
+        src = t - lag  # anchor position of each query
+        x = torch.zeros(B, n, 4, dtype=torch.long)
+        x[..., 0] = self.key_offset + keys
+        x[..., 1] = self.label_range[0] + labels
+        x[..., 2] = self.QUERY
+        x[:, 1:, 3] = self.key_offset + torch.gather(keys, 1, src)
+        x[:, 0, 3] = self.QUERY  # position 0 has nothing older to ask for
+        y = torch.full((B, n, 4), IGNORE_INDEX, dtype=torch.long)
+        y[:, 1:, 3] = self.label_range[0] + torch.gather(labels, 1, src)
+        lags = torch.full((B, n, 4), -1, dtype=torch.long)
+        lags[:, 1:, 3] = lag
+        return x.reshape(B, 4 * n), y.reshape(B, 4 * n), lags.reshape(B, 4 * n)
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         x, y, _ = self.sample_with_lags(batch_size, generator)
