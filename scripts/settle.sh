@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The settling experiments of the verdict rule (docs/results/README.md, "Settling experiments"), cheapest first,
+# one worker, each a resumable `seqmem sweep` (re-run to continue: finished runs are skipped, partial ones resume
+# from their checkpoints).  Every report is recorded in its paper's headline.json (`--headline`).
+#
+#   bash scripts/settle.sh [SPEC ...]        (default: all seven, in the order below)
+#
+# Environment: JOBS (workers, default 1), SEQMEM (default: .venv/bin/python -m seqmem).  Before committing runs
+# from a session that ends mid-run, stage the unfinished runs' checkpoints (scripts/stage_partial_runs.py) and
+# rewrite the reports (scripts/refresh_reports.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SEQMEM=${SEQMEM:-.venv/bin/python -m seqmem}
+JOBS=${JOBS:-1}
+export OMP_NUM_THREADS=1
+
+sweep() {  # sweep SPEC PAPER DIR [extra args...]
+    local spec=$1 paper=$2 dir=$3
+    shift 3
+    echo "== $spec -> docs/results/$paper/$dir ($(date -u +%H:%M) UTC)"
+    $SEQMEM sweep "$spec" --out "docs/results/$paper/$dir/runs" --report-dir "docs/results/$paper/$dir" \
+        --jobs "$JOBS" --headline "docs/results/$paper/headline.json" "$@"
+}
+
+run() {
+    case $1 in
+        echo_mqar_paper_lr) sweep echo_mqar_paper_lr echo mqar_paper_lr --reuse docs/results/echo/mqar_small/runs ;;
+        vla_settle) sweep vla_settle vla settle --reuse docs/results/vla/capacity/runs ;;
+        vla_copy_identity) sweep vla_copy_identity vla copy_identity --reuse docs/results/vla/copy/runs ;;
+        elastic_paper_lr) sweep elastic_paper_lr elastic paper_lr --reuse docs/results/elastic/sampling_small/runs ;;
+        elastic_settle) sweep elastic_settle elastic settle ;;
+        vort_settle) sweep vort_settle vort settle --reuse docs/results/vort/zipf_tiny/runs --compile ;;
+        vort_settle_dense) sweep vort_settle_dense vort settle_dense --compile ;;
+        *) echo "unknown settling spec: $1" >&2; exit 2 ;;
+    esac
+}
+
+# CPU-hours left by `--dry-run` on 2026-11-27 (one thread, shared 2-core machine at load ≈ 10: pessimistic),
+# after --reuse: ≈ 0.7, 0.9, 2.5, 3.0, 21, 23, 101
+ALL=(echo_mqar_paper_lr vla_settle vla_copy_identity elastic_paper_lr elastic_settle vort_settle vort_settle_dense)
+for spec in "${@:-${ALL[@]}}"; do
+    run "$spec"
+done
