@@ -3,7 +3,7 @@
 # one worker, each a resumable `seqmem sweep` (re-run to continue: finished runs are skipped, partial ones resume
 # from their checkpoints).  Every report is recorded in its paper's headline.json (`--headline`).
 #
-#   bash scripts/settle.sh [SPEC ...]        (default: all seven, in the order below)
+#   bash scripts/settle.sh [SPEC ...]        (default: all eight, in the order below)
 #
 # Environment: JOBS (workers, default 1), SEQMEM (default: .venv/bin/python -m seqmem).  Before committing runs
 # from a session that ends mid-run, stage the unfinished runs' checkpoints (scripts/stage_partial_runs.py) and
@@ -25,6 +25,7 @@ sweep() {  # sweep SPEC PAPER DIR [extra args...]
 run() {
     case $1 in
         echo_mqar_paper_lr) sweep echo_mqar_paper_lr echo mqar_paper_lr --reuse docs/results/echo/mqar_small/runs ;;
+        lattice_matched) sweep lattice_matched lattice matched --reuse docs/results/lattice/context_small/runs ;;
         vla_settle) sweep vla_settle vla settle --reuse docs/results/vla/capacity/runs ;;
         vla_copy_identity) sweep vla_copy_identity vla copy_identity --reuse docs/results/vla/copy/runs ;;
         elastic_paper_lr) sweep elastic_paper_lr elastic paper_lr --reuse docs/results/elastic/sampling_small/runs ;;
@@ -36,8 +37,8 @@ run() {
 }
 
 # CPU-hours left by `--dry-run` on 2026-11-27 (one thread, shared 2-core machine at load ≈ 10: pessimistic),
-# after --reuse: ≈ 0.7, 0.9, 2.5, 3.0, 21, 23, 101
-ALL=(echo_mqar_paper_lr vla_settle vla_copy_identity elastic_paper_lr elastic_settle vort_settle vort_settle_dense)
+# after --reuse: ≈ 0.3, 0.7, 0.9, 2.5, 3.0, 21, 23, 101
+ALL=(lattice_matched echo_mqar_paper_lr vla_settle vla_copy_identity elastic_paper_lr elastic_settle vort_settle vort_settle_dense)
 for spec in "${@:-${ALL[@]}}"; do
     run "$spec"
 done

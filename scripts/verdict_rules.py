@@ -201,9 +201,10 @@ def lattice() -> dict[str, Any]:
     def t(x: str, note: str = "") -> dict[str, Any]:
         return cell(d, s, x, lrs[x], m, label=f"{x}{note}, lr {lrs[x]:g} (chosen on validation)", calibrated=cal)
 
-    pending = ("lattice_matched — not yet a spec: it needs the gated-delta and SSD update rules inside Lattice's "
-               "block (and Lattice's rule in theirs), a mixer option the library does not have; then T = 256, "
-               "3 seeds")
+    pending = ("lattice_matched (src/seqmem/experiments/lattice_matched.toml): the gated-delta rule inside "
+               "Lattice's block (the lattice mixer's delta objective, eq. 20, with the forget gate, eq. 16) vs "
+               "Lattice-DEC, T = 256, 3 seeds; Mamba-2's SSD rule in Lattice's block and Lattice's rule in the "
+               "native blocks need a block option the library does not have")
     native = {x: t(x, " (native block)") for x in ("lattice", "gated_deltanet", "mamba2")}
     matched_not_run = {"status": "not run", "why": "the paper gives every sub-quadratic model Mamba's block (App. "
                        "A); our Gated DeltaNet and Mamba-2 keep their native blocks (conv on q, k, v; gated "

@@ -183,8 +183,8 @@ def test_a_reports_lr_is_one_trained(report):
             assert any(abs(float(key) - t) <= 1e-12 * max(1.0, t) for t in have), (row["mixer"], key, have)
 
 
-SETTLE_SPECS = ("vort_settle", "vort_settle_dense", "elastic_paper_lr", "elastic_settle", "echo_mqar_paper_lr",
-                "vla_settle", "vla_copy_identity")
+SETTLE_SPECS = ("lattice_matched", "vort_settle", "vort_settle_dense", "elastic_paper_lr", "elastic_settle",
+                "echo_mqar_paper_lr", "vla_settle", "vla_copy_identity")
 
 
 @pytest.mark.parametrize("name", SETTLE_SPECS)
