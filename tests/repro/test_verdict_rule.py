@@ -215,3 +215,17 @@ def test_settling_specs_load_and_build_their_tasks(name):
         break
     else:
         pytest.fail(f"{name} is named by no rule's pending experiment")
+
+
+@pytest.mark.parametrize("paper", PAPERS)
+def test_a_readme_edge_lr_is_one_trained(paper):
+    """An lr a paper's README prints as a chosen lr at the grid's edge ("2e-2 (edge)") is one its runs trained at
+    (the runner rounds extended lrs to one significant digit: 8e-3 x 2 trains at 2e-2, not 1.6e-2)."""
+    import re
+
+    root = ROOT / "docs" / "results" / paper
+    text = (root / "README.md").read_text()
+    trained = {float(json.loads(p.read_text())["lr"]) for p in root.glob("*/runs/*/*/model/*/*/result.json")}
+    for m in re.finditer(r"(\d+(?:\.\d+)?e-\d+) \((?:edge|extension)\)", text):
+        lr = float(m.group(1))
+        assert any(abs(lr - t) <= 1e-9 * lr for t in trained), f"{paper} README prints {m.group(0)}: never trained"
