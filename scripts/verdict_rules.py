@@ -47,6 +47,12 @@ def cell(report_dir: str, setting_dir: str, mixer: str, lr: float, metric: str, 
     runs = sorted(((p, r) for p, r in recs if abs(r["lr"] - lr) <= 1e-12 * max(1.0, lr)), key=lambda x: x[1]["seed"])
     if not runs:
         raise SystemExit(f"{report_dir}/{setting_dir}/{mixer}: no finished run at lr {lr} (tried {tried})")
+    if not fixed_lr:  # a tuned cell is at the lr its sweep's report chose
+        report = ROOT / RES / report_dir / "report.json"
+        rows = json.loads(report.read_text())["rows"] if report.is_file() else []
+        row = next((x for x in rows if x["mixer"] == mixer and x["setting"] == runs[0][1]["setting"]), None)
+        if row is not None and row.get("best_lr") is not None and abs(row["best_lr"] - lr) > 1e-12:
+            raise SystemExit(f"{report_dir} {mixer}: tuned cell at lr {lr}, the report chose {row['best_lr']}")
     per_seed = {str(r["seed"]): round(record_value(r, metric), 6) for _, r in runs}
     st = cell_stats(per_seed)
     return {
