@@ -3,7 +3,7 @@
 # one worker, each a resumable `seqmem sweep` (re-run to continue: finished runs are skipped, partial ones resume
 # from their checkpoints).  Every report is recorded in its paper's headline.json (`--headline`).
 #
-#   bash scripts/settle.sh [SPEC ...]        (default: all eight, in the order below)
+#   bash scripts/settle.sh [SPEC ...]        (default: all ten, in the order below)
 #
 # Environment: JOBS (workers, default 1), SEQMEM (default: .venv/bin/python -m seqmem).  Before committing runs
 # from a session that ends mid-run, stage the unfinished runs' checkpoints (scripts/stage_partial_runs.py) and
@@ -29,6 +29,12 @@ run() {
         vla_settle) sweep vla_settle vla settle --reuse docs/results/vla/capacity/runs ;;
         vla_copy_identity) sweep vla_copy_identity vla copy_identity --reuse docs/results/vla/copy/runs ;;
         elastic_paper_lr) sweep elastic_paper_lr elastic paper_lr --reuse docs/results/elastic/sampling_small/runs ;;
+        echo_niah_chunk64_k2 | echo_niah_chunk64_k1)  # Echo Table 2 at the paper's chunk 64, K = 2 / 1 (a repro
+            # command: the transfer suite is not a sweep); the App. G action mask is not implemented
+            local k=${1: -1}
+            echo "== $1 -> docs/results/echo/transfer_chunk64_k$k ($(date -u +%H:%M) UTC)"
+            $SEQMEM repro echo --scale paper --seeds 3 --no-mqar --models ssm_ska --ska-chunk 64 --ska-power "$k" \
+                --out "docs/results/echo/transfer_chunk64_k$k" ;;
         elastic_settle) sweep elastic_settle elastic settle ;;
         vort_settle) sweep vort_settle vort settle --reuse docs/results/vort/zipf_tiny/runs --compile ;;
         vort_settle_dense) sweep vort_settle_dense vort settle_dense --compile ;;
@@ -37,8 +43,9 @@ run() {
 }
 
 # CPU-hours left by `--dry-run` on 2026-11-27 (one thread, shared 2-core machine at load ≈ 10: pessimistic),
-# after --reuse: ≈ 0.3, 0.7, 0.9, 2.5, 3.0, 21, 23, 101
-ALL=(lattice_matched echo_mqar_paper_lr vla_settle vla_copy_identity elastic_paper_lr elastic_settle vort_settle vort_settle_dense)
+# after --reuse: ≈ 0.3, 0.7, 0.9, 2.5, 3.0, ≈ 1 + 1 (Echo: 3 seeds x 15-20 CPU-min), 21, 23, 101
+ALL=(lattice_matched echo_mqar_paper_lr vla_settle vla_copy_identity elastic_paper_lr echo_niah_chunk64_k2
+     echo_niah_chunk64_k1 elastic_settle vort_settle vort_settle_dense)
 for spec in "${@:-${ALL[@]}}"; do
     run "$spec"
 done

@@ -330,9 +330,9 @@ def echo() -> dict[str, Any]:
                 "tuned": {"status": "not run", "why": "the transfer suite trains every model at the paper's lr "
                           "only"},
             },
-            "pending": ("Table 2 with the paper's chunk 64, K ∈ {1, 2} and the App. G action mask — not yet "
-                        "runnable: `seqmem repro echo` fixes SKA's chunk at 16 and the ska mixer has no action "
-                        "mask (docs/results/README.md)"),
+            "pending": ("echo_niah_chunk64_k2 / echo_niah_chunk64_k1 (scripts/settle.sh: `seqmem repro echo "
+                        "--scale paper --seeds 3 --ska-chunk 64 --ska-power K`); the App. G action mask is not "
+                        "implemented (docs/results/README.md)"),
             "also_reported": {"ours, chunk 16, no action mask, lr 3e-4, 3 seeds (transfer_seeds.json)": niah},
         }),
         finish({

@@ -165,3 +165,28 @@ def test_a_cut_off_transfer_training_resumes_from_its_checkpoint(tmp_path, monke
     assert echo.run(args) == 0
     assert (tmp_path / "o" / "seeds" / "seed-0" / "ssm.json").exists()
     assert not (tmp_path / "o" / "seeds" / "seed-0" / "ssm" / "checkpoints").exists()
+
+
+def test_transfer_suite_ska_chunk_and_power_options(tmp_path, monkeypatch):
+    """--ska-chunk / --ska-power reach the SKA layers, the record's configuration key and the command; the
+    defaults (chunk 16, K = 2) leave the key as before, so earlier records are kept."""
+    from seqmem.repro.echo import runner
+
+    cfg = echo.submillion_config("ssm_ska", chunk_size=64, power=1)
+    assert cfg.mixer_options[-1] == {"rank": 24, "chunk_size": 64, "power": 1}
+    assert "power" not in echo.submillion_config("ssm_ska").mixer_options[-1]
+    seen = []
+
+    def fake_fit(cfg, task, tcfg, seed, out_dir=None):
+        seen.append(cfg.mixer_options[-1])
+        raise RuntimeError("stop after the config")
+
+    monkeypatch.setattr(runner, "fit_lm", fake_fit)
+    args = SimpleNamespace(scale="smoke", out=tmp_path, seed=0, models="ssm_ska", seeds=1, no_mqar=True,
+                           ska_chunk=64, ska_power=1)
+    with pytest.raises(RuntimeError, match="stop"):
+        echo.run(args)
+    assert seen == [{"rank": 8, "chunk_size": 64, "power": 1}]
+    for bad in (dict(ska_chunk=0), dict(ska_power=-1)):
+        with pytest.raises(ValueError, match="--ska"):
+            echo.run(SimpleNamespace(**{**vars(args), **bad}))

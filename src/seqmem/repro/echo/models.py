@@ -19,11 +19,14 @@ def submillion_config(
     d_state: int = 16,
     chunk_size: int = 16,
     vocab_size: int = 128,
+    power: int = 2,
 ) -> LMConfig:
-    """§4.1 models: 2 Mamba-2 layers + 2 layers of Mamba-2 / attention (RoPE) / SKA."""
+    """§4.1 models: 2 Mamba-2 layers + 2 layers of Mamba-2 / attention (RoPE) / SKA (chunk ``chunk_size``, Koopman
+    power K = ``power``, eq. 13)."""
     last = {"ssm": "mamba2", "ssm_attn": "attention", "ssm_ska": "ska"}[model]
     mix = ["mamba2", "mamba2", last, last]
-    opt = {"mamba2": {"d_state": d_state}, "attention": {}, "ska": {"rank": rank, "chunk_size": chunk_size}}
+    ska = {"rank": rank, "chunk_size": chunk_size, **({"power": power} if power != 2 else {})}
+    opt = {"mamba2": {"d_state": d_state}, "attention": {}, "ska": ska}
     # SwiGLU hidden = 8·ceil(ratio·d·2/3 / 8): ratio 4.5 gives d_ff = 384 at d = 128 (§4.1)
     return LMConfig(
         vocab_size=vocab_size,

@@ -35,6 +35,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "scale has one, runs for the first seed only)",
     )
     parser.add_argument(
+        "--ska-chunk", type=int, default=16,
+        help="SKA's chunk length S in the transfer suite (default 16; the paper's App. G: 64). A needle inside the "
+             "query's own chunk is invisible to the chunk-causal operator",
+    )
+    parser.add_argument(
+        "--ska-power", type=int, default=2,
+        help="SKA's Koopman power K (eq. 13; default 2, the paper's; 1 moves the query one step along the lag-one "
+             "map)",
+    )
+    parser.add_argument(
         "--no-mqar", action="store_true",
         help="skip the §4.2 MQAR grid (the echo_calibrate* / echo_mqar* sweep specs run it with lr selection and "
              "seeds); Tables 2-3 only",
@@ -45,7 +55,13 @@ def run(args) -> int:
     scale = getattr(args, "scale", "small")
     if scale not in SCALES:
         raise ValueError(f"--scale must be one of {list(SCALES)}, got {scale!r}")
-    sc = SCALES[scale]
+    sc = dict(SCALES[scale])
+    chunk, power = getattr(args, "ska_chunk", None), getattr(args, "ska_power", None)
+    chunk, power = 16 if chunk is None else int(chunk), 2 if power is None else int(power)
+    if chunk < 1 or power < 0:
+        raise ValueError(f"--ska-chunk must be >= 1 and --ska-power >= 0, got {chunk}, {power}")
+    # only non-default values enter the configuration, so records written before these options keep their key
+    sc.update({k: v for k, v, d in (("ska_chunk", chunk, 16), ("ska_power", power, 2)) if v != d})
     out = Path(getattr(args, "out", None) or "docs/results/echo")
     out.mkdir(parents=True, exist_ok=True)
     seed = int(getattr(args, "seed", 0) or 0)
@@ -53,9 +69,11 @@ def run(args) -> int:
     for m in models:
         if m not in MODELS:
             raise ValueError(f"unknown model {m!r}; choose from {MODELS}")
-    command = f"seqmem repro echo --scale {scale}"
+    command = f"seqmem repro echo --scale {scale}" + (f" --ska-chunk {chunk}" if chunk != 16 else "") \
+        + (f" --ska-power {power}" if power != 2 else "")
     scale_note = (
-        f"{scale}: d={sc['d']}, 4 layers, {sc['heads']} heads, r={sc['rank']}, SKA chunk 16, "
+        f"{scale}: d={sc['d']}, 4 layers, {sc['heads']} heads, r={sc['rank']}, SKA chunk {chunk}, "
+        + (f"K = {power}, " if power != 2 else "") +
         f"{sc['steps']} steps x batch {sc['batch']} at T=64, lr {sc['lr']}, {sc['eval_n']} eval examples "
         "per cell (paper: d=128, 4 heads, r=24, 6000 steps, lr 3e-4)"
     )
@@ -105,7 +123,8 @@ def run(args) -> int:
 def _train_and_score(name: str, sc: dict, grids: dict, seed: int, run_dir: Path | None = None) -> dict[str, Any]:
     """Train one sub-million model on the mixture with ``seed`` and score it on NIAH and every transfer grid
     (``run_dir``: checkpoints every twelfth of the steps there, and resume from them)."""
-    cfg = submillion_config(name, d=sc["d"], heads=sc["heads"], rank=sc["rank"], d_state=sc["d_state"])
+    cfg = submillion_config(name, d=sc["d"], heads=sc["heads"], rank=sc["rank"], d_state=sc["d_state"],
+                            chunk_size=sc.get("ska_chunk", 16), power=sc.get("ska_power", 2))
     tcfg = train_cfg(sc, seed=seed)
     if run_dir is not None:
         tcfg = dataclasses.replace(tcfg, checkpoint_every=max(1, tcfg.steps // 12))
