@@ -23,6 +23,7 @@ from seqmem.sweep import (
     run_sweep,
     write_report,
 )
+from seqmem.sweep.runner import seal
 from seqmem.sweep.spec import PACKAGED_SPECS
 
 TINY = tomllib.loads((PACKAGED_SPECS / "tiny.toml").read_text())
@@ -211,6 +212,14 @@ def test_cli_sweep_exit_codes(tmp_path, capsys):
     assert main(["sweep", "tiny", "--jobs", "0"]) == 2
 
 
+def _sealed(run_spec: dict, r: dict) -> dict:
+    """A result as the runner writes it: the run's lr, seed and steps, and sealed (its own hash)."""
+    from seqmem.sweep.runner import seal
+
+    t = run_spec["train"]
+    return seal({"lr": t["lr"], "seed": t["seed"], "steps": t["steps"], **r})
+
+
 def _fake_results(spec, out: Path, valid: dict, report: dict, status: dict | None = None) -> None:
     """Write result.json files: valid[(lr, seed)] / report[(lr, seed)] accuracies."""
     from seqmem.io import atomic_write_text
@@ -223,7 +232,7 @@ def _fake_results(spec, out: Path, valid: dict, report: dict, status: dict | Non
             r["valid"] = {"accuracy": valid[(p.lr, p.seed)], "loss": 1.0}
             r["report"] = {"accuracy": report[(p.lr, p.seed)], "loss": 1.0}
         atomic_write_text(d / "run.json", json.dumps(p.run_spec))
-        atomic_write_text(d / "result.json", json.dumps(r))
+        atomic_write_text(d / "result.json", json.dumps(_sealed(p.run_spec, r)))
 
 
 _TIED_SUMMARY = """
@@ -412,7 +421,7 @@ def test_lr_grid_is_extended_while_the_best_lr_is_at_an_edge(tmp_path):
         r = {"status": "finished", "state": 1, "params": 1, "seconds": 1.0, "valid": {"accuracy": acc, "loss": 1.0},
              "report": {"accuracy": acc, "loss": 1.0}}
         atomic_write_text(tmp_path / p.rel_dir / "run.json", json.dumps(p.run_spec))
-        atomic_write_text(tmp_path / p.rel_dir / "result.json", json.dumps(r))
+        atomic_write_text(tmp_path / p.rel_dir / "result.json", json.dumps(_sealed(p.run_spec, r)))
 
     fake(lo, 0, 0.5)
     fake(hi, 0, 0.6)  # best at the top edge -> try 3e-2
@@ -484,9 +493,11 @@ def test_the_eta_credits_what_runs_in_flight_have_trained(tmp_path):
 
     spec = load_spec(tiny(train__steps=10, mixers=["attention"]))  # 2 lrs x 2 seeds
     a, b, c, d = spec.points()
-    atomic_write_text(tmp_path / a.rel_dir / "result.json", "{}")  # finished here
+    done = {"status": "finished", "valid": {"accuracy": 0.5}, "report": {"accuracy": 0.5}}
+    atomic_write_text(tmp_path / a.rel_dir / "result.json", json.dumps(_sealed(a.run_spec, done)))  # finished here
     (tmp_path / b.rel_dir / "checkpoints" / "ckpt-00000004").mkdir(parents=True)  # in flight, 0.4 done
-    atomic_write_text(tmp_path / c.rel_dir / "result.json", "{}")  # resumed from 0.5, finished here
+    # resumed from 0.5, finished here
+    atomic_write_text(tmp_path / c.rel_dir / "result.json", json.dumps(_sealed(c.run_spec, done)))
     cost = {a.group: 100.0}
     assert runner.work_done(tmp_path, {a, b, c, d}, {c: 0.5}, cost) == pytest.approx(100 + 40 + 50)
     assert runner.work_done(tmp_path, {b}, {b: 0.4}, cost) == 0.0  # no step trained here yet
@@ -506,6 +517,7 @@ def test_progress_counts_the_runs_an_lr_extension_adds(tmp_path, monkeypatch):
         lr = run_spec["train"]["lr"]
         r = {"status": "finished", "state": 1, "params": 1, "seconds": 1.0,
              "valid": {"accuracy": lr, "loss": 1.0}, "report": {"accuracy": lr, "loss": 1.0}}
+        r = _sealed(run_spec, r)
         atomic_write_text(Path(run_dir) / "run.json", json.dumps(run_spec))
         atomic_write_text(Path(run_dir) / "result.json", json.dumps(r))
         return r
@@ -541,6 +553,7 @@ def test_tune_group_gives_the_other_seeds_to_its_best_row_only(tmp_path, monkeyp
         acc = score[run_spec["sweep"]["mixer"]] + run_spec["train"]["lr"] + run_spec["train"]["seed"] / 100
         r = {"status": "finished", "state": 1, "params": 1, "seconds": 1.0,
              "valid": {"accuracy": acc, "loss": 1.0}, "report": {"accuracy": acc, "loss": 1.0}}
+        r = _sealed(run_spec, r)
         atomic_write_text(Path(run_dir) / "run.json", json.dumps(run_spec))
         atomic_write_text(Path(run_dir) / "result.json", json.dumps(r))
         return r
@@ -607,7 +620,8 @@ def test_reuse_copies_only_identical_finished_runs(tmp_path):
         assert json.loads((b / p.rel_dir / "run.json").read_text()) == p.run_spec  # this sweep's name
         if p in done_a:
             assert r["reused_from"] == str(a / p.rel_dir)
-            assert r == {**json.loads((a / p.rel_dir / "result.json").read_text()), "reused_from": str(a / p.rel_dir)}
+            src = json.loads((a / p.rel_dir / "result.json").read_text())
+            assert r == seal({**src, "reused_from": str(a / p.rel_dir)})  # sealed again with its new key
             assert not (b / p.rel_dir / "checkpoints").exists()
         else:
             assert "reused_from" not in r
@@ -791,7 +805,7 @@ def test_runs_record_cpu_time_and_the_report_sums_it(tmp_path):
     assert "CPU time)" in (out / "report.md").read_text()
     r = json.loads(results[0].read_text())
     r["seconds"], _ = 7200.0, r.pop("cpu_seconds")
-    results[0].write_text(json.dumps(r))
+    results[0].write_text(json.dumps(seal(r)))  # as an older runner wrote it
     payload = write_report(spec, out)
     assert payload["cpu_hours"] >= 2.0
     assert "1 run(s) recorded without it by their wall clock" in (out / "report.md").read_text()
@@ -842,7 +856,7 @@ def test_a_resumed_run_records_the_cpu_time_of_its_earlier_parts(tmp_path, monke
     assert "1 resumed run(s) from checkpoints that predate CPU-time records" in md
     assert "last part only" not in md
     del rp["cpu_seconds_before_resume"]  # a result written before the record: its CPU time is the last part's
-    (out / p.rel_dir / "result.json").write_text(json.dumps(rp))
+    (out / p.rel_dir / "result.json").write_text(json.dumps(seal(rp)))
     write_report(spec, out)
     assert "1 resumed run(s) recorded with the CPU time of their last part only" in (out / "report.md").read_text()
 
@@ -895,7 +909,7 @@ def test_runs_record_their_device_and_a_gpu_run_shows_in_the_report(tmp_path, ca
     assert "devices" not in payload and "Trained on" not in (out / "report.md").read_text()
     r = json.loads(results[0].read_text())
     r["device"] = "cuda (NVIDIA H200)"
-    results[0].write_text(json.dumps(r))
+    results[0].write_text(json.dumps(seal(r)))
     payload = write_report(spec, out)
     assert payload["devices"] == {"cpu": 1, "cuda (NVIDIA H200)": 1}
     assert list(payload["devices"]) == ["cpu", "cuda (NVIDIA H200)"]  # sorted, whichever run dir comes first

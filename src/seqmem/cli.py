@@ -20,6 +20,7 @@ from seqmem.cliargs import (  # noqa: E402  (re-exported: the names older code i
     _Parser,
     check_device,
     check_out_dir,
+    out_file,
     out_path,
     parse_options,
     positive_float,
@@ -29,6 +30,7 @@ from seqmem.clihelp import add_deprecated_alias, finish_parser
 from seqmem.io import MissingExtra
 
 _positive_int, _positive_float, _out_path, _check_out_dir = positive_int, positive_float, out_path, check_out_dir
+_out_file = out_file
 __all__ = ["UsageError", "build_run", "main", "make_parser", "parse_options"]
 
 
@@ -160,10 +162,22 @@ def config_defaults(path: str | Path) -> dict[str, Any]:
     model.pop("vocab_size", None)  # always the task's
     out["config_model_extra"] = model
     fields = set(TrainConfig.__dataclass_fields__)
+    if not isinstance(spec.get("train") or {}, dict):
+        raise UsageError(f"--config {path}: 'train' must be an object of training fields")
     train = dict(spec.get("train") or {})
     unknown = sorted(set(train) - fields)
     if unknown:
         raise UsageError(f"--config {path}: unknown training field(s) {unknown}")
+    try:  # the types and ranges of every field, before argparse takes them as defaults unchecked
+        TrainConfig(**{"lr": 1e-3, **train})
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"--config {path}: train: {e}") from None
+    for key, dest in _MODEL_FLAGS.items():
+        v = out.get(dest)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int if key != "mlp_ratio" else (int, float))
+                              or not v > 0):
+            raise UsageError(f"--config {path}: model {key} must be a positive "
+                             f"{'number' if key == 'mlp_ratio' else 'integer'}, got {v!r}")
     out.update(train)
     return out
 
@@ -443,6 +457,10 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     from seqmem.train.checkpoint import read_run_spec
 
     read_run_spec(Path(args.run))  # a missing or corrupt run.json: one line naming it
+    ckpts = (Path(args.run) / "checkpoints").resolve()
+    target = Path(args.out).resolve()
+    if target == ckpts or ckpts in target.parents:  # save_pretrained would overwrite a checkpoint's weights
+        raise UsageError(f"--out {args.out} is inside the run's checkpoints ({ckpts}): export elsewhere")
     model = from_run(str(args.run))
     out = _check_out_dir(args.out)
     # the run's tokenizer (byte-level, trained BPE or Hugging Face) with EOS/pad, and eos_token_id in config.json
@@ -646,7 +664,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-option", action="append", metavar="KEY=VALUE",
                    help="evaluate on the run's task with this option changed, value as JSON (repeatable, e.g. "
                         "beta=2.0 or seq_len=1024: another distribution or length; the vocabulary must not change)")
-    p.add_argument("--json", type=Path, help="also write the record to this JSON file")
+    p.add_argument("--json", type=_out_file, help="also write the record to this JSON file")
     p.add_argument("--no-check-finite", action="store_true",
                    help="skip the NaN/Inf checks of every layer's input and output (on by default)")
     p.set_defaults(func=cmd_eval)
@@ -706,6 +724,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ValueError, FileNotFoundError, FloatingPointError, MissingExtra) as e:
         print(f"seqmem: error: {e}".splitlines()[0], file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk, a read-only directory: one line naming the file, not a traceback
+        print(f"seqmem: error: {e}".splitlines()[0], file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("seqmem: interrupted", file=sys.stderr)
         return 130

@@ -74,13 +74,25 @@ def out_path(s: str) -> Path:
     return Path(s)
 
 
-def check_out_dir(path: Path) -> Path:
+def out_file(s: str) -> Path:
+    """A file to write (``--json``, ``--markdown``): a non-empty path."""
+    if not s.strip():
+        raise argparse.ArgumentTypeError("expected a file name, got an empty path")
+    return Path(s)
+
+
+def check_out_dir(path: Path | str) -> Path:
+    """``path`` as an output directory: created if missing and checked writable by a fresh temporary file (never a
+    fixed name, which a planted symbolic link could point elsewhere); an empty path is refused (it would mean the
+    current directory)."""
+    from seqmem.io import probe_writable
+
+    if not str(path).strip():
+        raise UsageError("an empty output path: give a directory (use . for this directory)")
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".seqmem-write-test"
-        probe.write_text("")
-        probe.unlink()
+        probe_writable(path)
     except OSError as e:
         raise UsageError(f"cannot write to output directory {path}: {e.strerror or e}") from None
     return path

@@ -248,6 +248,12 @@ def _build(root: Path, files: list[str], fractions) -> tuple[dict[str, bytes], d
     return blobs, assign, skipped
 
 
+def _file_sha256(path: Path) -> str:
+    from seqmem.io import file_sha256
+
+    return file_sha256(path)
+
+
 def _load_cached(d: Path) -> tuple[dict[str, np.ndarray], dict] | None:
     meta_path = d / "meta.json"
     if not meta_path.is_file():
@@ -258,6 +264,9 @@ def _load_cached(d: Path) -> tuple[dict[str, np.ndarray], dict] | None:
         for s in SPLITS:
             p = d / f"{s}.bin"
             if p.stat().st_size != meta["bytes"][s]:
+                return None
+            # the content, not just the size: a cache edited in place (or from an older format) is rebuilt
+            if not isinstance(meta.get("sha256"), dict) or _file_sha256(p) != meta["sha256"].get(s):
                 return None
             splits[s] = np.memmap(p, dtype=np.uint8, mode="r") if meta["bytes"][s] else np.zeros(0, np.uint8)
         return splits, meta
@@ -301,7 +310,8 @@ def load_corpus(
     splits = {s: np.frombuffer(blobs[s], dtype=np.uint8) for s in SPLITS}
     if cdir is not None:
         meta = {"name": name, "root": str(root), "fractions": list(fractions), "documents": assign,
-                "skipped": skipped, "bytes": {s: len(blobs[s]) for s in SPLITS}, "version": _FORMAT_VERSION}
+                "skipped": skipped, "bytes": {s: len(blobs[s]) for s in SPLITS}, "version": _FORMAT_VERSION,
+                "sha256": {s: hashlib.sha256(blobs[s]).hexdigest() for s in SPLITS}}
         try:
             _write_atomic_dir(cdir, blobs, meta)
             hit = _load_cached(cdir)

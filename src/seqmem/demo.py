@@ -147,7 +147,9 @@ def add_parser(sub) -> None:
                     "Resumable: finished runs under OUT/runs are reused (--fresh retrains).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--out", type=Path, default=Path("runs/demo"), help="output directory")
+    from seqmem.cliargs import out_path
+
+    p.add_argument("--out", type=out_path, default=Path("runs/demo"), help="output directory")
     p.add_argument("--mixers", default=None, help="comma-separated subset (default: all registered)")
     p.add_argument("--steps", type=int, default=d.steps, help="training steps per mixer")
     p.add_argument("--num-pairs", type=int, default=d.num_pairs, help="MQAR key-value pairs")

@@ -6,12 +6,14 @@ Nothing here imports the rest of seqmem, so training, sweeps, reproductions and 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import importlib
 import math
 import os
 import pkgutil
 import platform
+import stat
 import sys
 import tempfile
 import time
@@ -81,18 +83,122 @@ def read_jsonl(path: Path | str) -> list[dict[str, Any]]:
     return rows
 
 
-def atomic_write_text(path: Path | str, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and rename, so a crash never leaves half a file."""
-    atomic_write_bytes(path, text.encode())
+class UnsafePathError(ValueError):
+    """A path that would write or read outside its directory (through a symbolic link, or a ``..`` in a name);
+    the message is one line naming the path."""
 
 
-def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+@functools.cache
+def _umask() -> int:
+    """The process's umask (read from ``/proc`` where it can be, which changes nothing; else set and restored)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    m = os.umask(0o022)
+    os.umask(m)
+    return m
+
+
+def file_mode() -> int:
+    """The mode a new file gets by the umask (0644 under umask 022): what ``open()`` would have given it."""
+    return 0o666 & ~_umask()
+
+
+def dir_mode() -> int:
+    """The mode a new directory gets by the umask (0755 under umask 022)."""
+    return 0o777 & ~_umask()
+
+
+def make_private_dir_public(path: Path | str) -> None:
+    """Give a directory made by ``tempfile.mkdtemp`` (mode 0700) the mode the umask gives a new directory."""
+    os.chmod(path, dir_mode())
+
+
+def check_within(root: Path | str, path: Path | str, what: str = "") -> Path:
+    """``path`` if it lies under directory ``root`` once symbolic links are resolved (``path`` itself may be
+    missing), else :class:`UnsafePathError` naming both: a derived path (a run directory, a report, a tokenizer)
+    never leads outside the directory it was derived from."""
+    root_r = Path(root).resolve()
+    p = Path(path)
+    if any(part in ("..",) for part in p.parts):
+        raise UnsafePathError(f"{what or p}: '..' in a derived path ({p})")
+    target = p.parent.resolve() / p.name if p.name else p.resolve()
+    if target != root_r and root_r not in target.parents:
+        raise UnsafePathError(f"{what or p}: resolves to {target}, outside {root_r} (a symbolic link?); refusing "
+                              "to write or read there")
+    return p
+
+
+def safe_join(root: Path | str, rel: Path | str) -> Path:
+    """``root / rel`` for a relative ``rel`` whose parts are plain names (no ``.``, ``..``, empty or absolute
+    parts), else :class:`UnsafePathError`."""
+    r = Path(rel)
+    if r.is_absolute() or any(part in ("", ".", "..") for part in r.parts) or not r.parts:
+        raise UnsafePathError(f"{rel}: not a plain relative path under {root}")
+    return Path(root) / r
+
+
+def read_bytes_nofollow(path: Path | str) -> bytes:
+    """The bytes of the regular file ``path``, refusing a symbolic link in its last part (``O_NOFOLLOW``) or
+    anything but a regular file (:class:`UnsafePathError`); other errors are ``OSError`` as ``open`` raises them."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafePathError(f"{path} is a symbolic link; refusing to read through it") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise UnsafePathError(f"{path} is not a regular file")
+        return f.read()
+
+
+def append_text(path: Path | str, text: str) -> None:
+    """Append ``text`` to the file ``path`` (created with the umask's mode if missing), never through a symbolic
+    link (:class:`UnsafePathError`)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafePathError(f"{path} is a symbolic link; refusing to write through it") from None
+        raise
+    with os.fdopen(fd, "a") as f:
+        f.write(text)
+
+
+def probe_writable(directory: Path | str) -> None:
+    """Raise ``OSError`` unless a file can be created in ``directory``: a fresh temporary name opened with
+    ``O_CREAT | O_EXCL`` (which never follows a symbolic link planted under any fixed name), then removed."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".seqmem-write-test-")
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def atomic_write_text(path: Path | str, text: str, root: Path | str | None = None) -> None:
+    """Write ``text`` to ``path`` via a temporary file and rename, so a crash never leaves half a file.
+
+    The temporary name is created exclusively (``O_EXCL``: a symbolic link planted there is never followed) and the
+    rename replaces a link at ``path`` rather than writing through it; the file gets the umask's mode (0644 under
+    022).  With ``root``: ``path`` must lie under that directory once links are resolved (:func:`check_within`)."""
+    atomic_write_bytes(path, text.encode(), root=root)
+
+
+def atomic_write_bytes(path: Path | str, data: bytes, root: Path | str | None = None) -> None:
     """Binary twin of :func:`atomic_write_text`."""
     path = Path(path)
+    if root is not None:
+        check_within(root, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), file_mode())
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
@@ -117,6 +223,17 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def file_sha256(path: Path | str) -> str:
+    """SHA-256 hex digest of a file's bytes."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def save_figure(fig: Any, path: Path | str, dpi: int = 120) -> None:
@@ -189,7 +306,7 @@ def run_lock(run_dir: Path | str) -> Iterator[bool]:
         return
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

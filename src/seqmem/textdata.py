@@ -220,12 +220,16 @@ class TextTokenizer:
 
     def save(self, directory: str | os.PathLike) -> None:
         """Write the tokenizer where ``load_tokenizer(directory)`` (or ``AutoTokenizer``) reads it back."""
+        from seqmem.io import atomic_write_text, check_within
+
         d = Path(directory)
+        check_within(d.parent, d / "tokenizer.json")  # the directory itself is no link to elsewhere
         d.mkdir(parents=True, exist_ok=True)
+        # written beside and renamed over: a link planted under the file's name is replaced, never written through
         if self.kind == "byte":
-            (d / "byte_tokenizer.json").write_text(json.dumps({"type": "byte", "vocab_size": 256}))
+            atomic_write_text(d / "byte_tokenizer.json", json.dumps({"type": "byte", "vocab_size": 256}), root=d)
         elif self.kind == "tokenizers":
-            self.obj.save(str(d / "tokenizer.json"))
+            atomic_write_text(d / "tokenizer.json", self.obj.to_str(pretty=True), root=d)
         else:
             self.obj.save_pretrained(str(d))
 

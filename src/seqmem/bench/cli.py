@@ -126,7 +126,7 @@ def _setup(args: argparse.Namespace):
     if args.plot is not None:
         check_writable_dir(args.plot)
     if args.markdown is not None:
-        check_writable_file(args.markdown)
+        check_writable_file(args.markdown, "--markdown")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     return device, dtype, mixers, machine_info()
@@ -141,7 +141,9 @@ def _command(args: argparse.Namespace) -> str:
     return command_line(f"seqmem bench {args.bench}", args)
 
 
-def _emit(args: argparse.Namespace, text: str, payload: dict[str, Any]) -> None:
+def _emit(args: argparse.Namespace, text: str, payload: dict[str, Any]) -> int:
+    """Print ``text``, write the Markdown and JSON files asked for; the exit code: 1 when a cell of the benchmark
+    failed with an error (its record's ``status`` is ``"error"``; the table says why), else 0."""
     print(text)
     if args.markdown is not None:
         from seqmem.repro.common import atomic_write_text
@@ -149,6 +151,14 @@ def _emit(args: argparse.Namespace, text: str, payload: dict[str, Any]) -> None:
         atomic_write_text(args.markdown, text)
     if args.json is not None:
         write_json(args.json, payload)
+    failed = [r for key in ("records", "rows", "results") for r in payload.get(key) or []
+              if isinstance(r, dict) and r.get("status") == "error"]
+    if failed:
+        first = failed[0]
+        _log(f"seqmem bench {args.bench}: error: {len(failed)} cell(s) failed, e.g. {first.get('mixer', '?')} "
+             f"T={first.get('seq_len', '?')}: {first.get('note') or first.get('error') or 'error'}".splitlines()[0])
+        return 1
+    return 0
 
 
 def _header(args: argparse.Namespace, machine: dict[str, Any], title: str, settings: str | None = None) -> str:
@@ -197,8 +207,7 @@ def cmd_speed(args: argparse.Namespace) -> int:
         from seqmem.bench.plots import plot_speed
 
         payload["plots"] = [str(p) for p in plot_speed(out["records"], args.plot)]
-    _emit(args, text, payload)
-    return 0
+    return _emit(args, text, payload)
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
@@ -232,8 +241,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
         payload["plots"] = [str(p) for impl in impls_of(args.impl)
                             for p in plot_decode(out["records"], args.plot,
                                                  prefix="decode" if impl == "fast" else f"decode_{impl}", impl=impl)]
-    _emit(args, text, payload)
-    return 0
+    return _emit(args, text, payload)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -253,8 +261,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                          f"{r['op_calls']:,} op calls\n\n")
                 text += md_table(r["top"], ["op", "calls", "self_ms", "self_%"]) + "\n"
     payload = {"bench": "profile", "command": _command(args), "machine": machine, "results": results}
-    _emit(args, text, payload)
-    return 0
+    return _emit(args, text, payload)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -266,9 +273,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not 0.0 < args.scored <= 1.0:
         _log(f"error: --scored must be a fraction in (0, 1], got {args.scored}")
         return 2
-    for f in (args.json, args.markdown):
+    for f, flag in ((args.json, "--json"), (args.markdown, "--markdown")):
         if f is not None:
-            check_writable_file(f)
+            check_writable_file(f, flag)
     torch.set_num_threads(args.threads)
     rows = []
     for i, m in enumerate(mixers, 1):
@@ -291,6 +298,6 @@ def cmd_train(args: argparse.Namespace) -> int:
                    f"{args.layers} layers, d_model {args.d_model}, {args.heads} heads, vocab {args.vocab_size}, "
                    f"T = {args.seq_len}, batch {args.batch_size}; {args.scored:g} of the positions scored{head}; "
                    f"median of {args.repeats} steps.") + markdown(rows)
-    _emit(args, text, {"machine": machine, "config": {k: v for k, v in vars(args).items()
-                                                      if k not in ("func",) and not callable(v)}, "rows": rows})
-    return 0
+    return _emit(args, text, {"machine": machine, "config": {k: v for k, v in vars(args).items()
+                                                             if k not in ("func",) and not callable(v)},
+                              "rows": rows})

@@ -72,10 +72,14 @@ def add_repeat_options(p: Any, repeats: int, warmup: int, repeats_help: str, war
 
 def add_output_options(p: Any, tables: str, plot: bool = False) -> None:
     """``--json``, ``--plot`` (with ``plot``) and ``--markdown`` (which writes ``tables``, e.g. "the table")."""
-    p.add_argument("--json", type=Path, default=None, help="write the records to this JSON file (default: not written)")
+    from seqmem.cliargs import out_file, out_path
+
+    p.add_argument("--json", type=out_file, default=None,
+                   help="write the records to this JSON file (default: not written)")
     if plot:
-        p.add_argument("--plot", type=Path, default=None, help="write PNG plots to this directory (default: no plots)")
-    p.add_argument("--markdown", type=Path, default=None,
+        p.add_argument("--plot", type=out_path, default=None,
+                       help="write PNG plots to this directory (default: no plots)")
+    p.add_argument("--markdown", type=out_file, default=None,
                    help=f"write {tables} to this Markdown file (default: printed only)")
 
 
@@ -258,10 +262,11 @@ def check_writable_dir(path: Path) -> Path:
     return check_out_dir(path)
 
 
-def check_writable_file(path: Path) -> Path:
+def check_writable_file(path: Path, flag: str = "--json") -> Path:
+    """``path`` as a file to write: not a directory, in a writable directory; errors name ``flag``."""
     path = Path(path)
     if path.exists() and path.is_dir():
-        raise ValueError(f"--json: {path} is a directory, expected a file name")
+        raise ValueError(f"{flag}: {path} is a directory, expected a file name")
     check_writable_dir(path.parent if str(path.parent) else Path("."))
     return path
 

@@ -521,9 +521,9 @@ def run(args: argparse.Namespace) -> int:
     precs = ["float64"] + [s for s in dict.fromkeys(precs) if s != "float64"]
     if args.tail > args.length:
         raise ValueError(f"--tail ({args.tail}) must not exceed --length ({args.length})")
-    for f in (args.json, args.markdown):
+    for f, flag in ((args.json, "--json"), (args.markdown, "--markdown")):
         if f is not None:
-            check_writable_file(f)
+            check_writable_file(f, flag)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     machine = machine_info()

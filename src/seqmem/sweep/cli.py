@@ -27,7 +27,9 @@ def add_parser(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("spec", help="spec file (.toml or .json) or packaged spec name")
-    p.add_argument("--out", type=Path, default=None, help="sweep directory (default: runs/sweeps/<spec name>)")
+    from seqmem.cliargs import out_path
+
+    p.add_argument("--out", type=out_path, default=None, help="sweep directory (default: runs/sweeps/<spec name>)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (at most the number of cores)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--compile", action="store_true",
@@ -38,7 +40,7 @@ def add_parser(sub) -> None:
                    help="where the runs train: cpu, cuda, cuda:N or mps (recorded in each result.json; the data "
                         "stream is the same on every device, and a run started on one resumes on another)")
     p.add_argument("--report", action="store_true", help="only aggregate the finished runs (no training)")
-    p.add_argument("--report-dir", type=Path, default=None, help="where to write the report (default: --out)")
+    p.add_argument("--report-dir", type=out_path, default=None, help="where to write the report (default: --out)")
     p.add_argument("--dry-run", action="store_true", help="list the runs left and the estimated CPU time")
     p.add_argument("--no-probe", action="store_true", help="skip the step-time probe (no ETA)")
     p.add_argument("--limit", type=int, default=None, help="run at most this many runs now (the rest next time)")
@@ -95,8 +97,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         spec = load_spec(args.spec)
     except SpecError as e:
         raise UsageError(str(e)) from None
+    from seqmem.sweep.report import report_owner
+    from seqmem.sweep.runner import invalid_results
+
     out = Path(args.out) if args.out is not None else Path("runs/sweeps") / spec.name
+    report_at = Path(args.report_dir) if args.report_dir else out
+    owner = report_owner(report_at)
+    if owner is not None and owner != spec.name:  # checked before any training, not after it
+        raise UsageError(f"{report_at / 'report.json'} is the report of sweep {owner!r}, not {spec.name!r}: give "
+                         "this sweep its own --out (or --report-dir)")
     command = _run_command(args, out)
+    res = None
     if not args.report:
         out = _check_out_dir(out)
         import signal
@@ -117,8 +128,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"seqmem sweep: {res['errors']} run(s) failed (error.json in their directories)", file=sys.stderr)
     elif not out.is_dir():
         raise UsageError(f"{out} does not exist: nothing to report (run the sweep first)")
+    else:
+        for why in invalid_results(out, spec.points()):
+            print(f"seqmem sweep: warning: {why}: not reported (re-run the sweep to train it again)",
+                  file=sys.stderr)
     report_dir = _check_out_dir(args.report_dir) if args.report_dir else out
-    payload = write_report(spec, out, report_dir, command=command)
+    try:
+        payload = write_report(spec, out, report_dir, command=command)
+    except OSError as e:  # a full disk, a read-only directory: one line naming the file
+        raise UsageError(f"cannot write the report to {report_dir}: {e}") from None
     done = sum(r["runs_done"] for r in payload["rows"])
     total = sum(r["runs_total"] for r in payload["rows"])
     print(f"report: {report_dir / 'report.md'} ({done}/{total} runs finished)")
@@ -128,4 +146,4 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise UsageError(str(e)) from None
         print(f"headline: {args.headline} (ours[{spec.name!r}])")
-    return 0
+    return 1 if res is not None and res["errors"] else 0  # a failed run is no success

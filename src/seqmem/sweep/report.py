@@ -246,7 +246,7 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
             elif r["length_note"]:
                 note.append(r["length_note"])
             if r.get("note"):
-                note.append(r["note"])
+                note.append(md_cell(r["note"]))
             if r.get("tune"):
                 note.append(f"tune group '{r['tune']}': " + (
                     "chosen on validation" if r.get("tune_chosen") else
@@ -332,6 +332,23 @@ def plot(spec: SweepSpec, rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def md_cell(text: str) -> str:
+    """``text`` (the spec's words) as one Markdown table cell that says just that: line breaks as spaces, ``|``
+    escaped (it would end the cell), ``&``, ``<`` and ``>`` as entities (no HTML of the spec's making)."""
+    text = " ".join(str(text).splitlines())
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+
+
+def report_owner(report_dir: Path) -> str | None:
+    """The name of the spec whose report ``report_dir`` holds (its ``report.json``), or None (no report there)."""
+    try:
+        data = json.loads((Path(report_dir) / "report.json").read_text())
+        name = data["spec"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return name if isinstance(name, str) else None
+
+
 def _run_results(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
     """The ``result.json`` of every run of the grid and of those an lr extension added (outside the grid), each
     read once."""
@@ -388,6 +405,10 @@ def write_report(spec: SweepSpec, out: Path, report_dir: Path | None = None, com
     """Write ``report.md``, ``report.json`` and ``<select>_vs_state.png`` to ``report_dir`` (default ``out``)."""
     out = Path(out)
     report_dir = Path(report_dir or out)
+    owner = report_owner(report_dir)
+    if owner is not None and owner != spec.name:  # another sweep's report: never replaced by this one
+        raise ValueError(f"{report_dir / 'report.json'} is the report of sweep {owner!r}, not {spec.name!r}: give "
+                         "this sweep its own --out (or --report-dir)")
     payload, times = _report(spec, out, command)
     rows = payload["rows"]
     md, js = markdown(spec, rows, command, *times), json.dumps(payload, indent=2, default=str)

@@ -19,12 +19,21 @@ import math
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from seqmem.io import atomic_write_text, is_locked, run_lock, time_calls
+from seqmem.io import (
+    UnsafePathError,
+    atomic_write_bytes,
+    atomic_write_text,
+    check_within,
+    file_sha256,
+    is_locked,
+    read_bytes_nofollow,
+    run_lock,
+    time_calls,
+)
 from seqmem.sweep.spec import Point, SpecError, SweepSpec
 
 RESULT = "result.json"
@@ -45,12 +54,12 @@ def check_conflicts(points: list[Point], out: Path) -> None:
     bad = []
     for p in points:
         f = out / p.rel_dir / "run.json"
-        if f.exists():
+        if f.exists() or f.is_symlink():
             try:
-                old = json.loads(f.read_text())
-            except ValueError:
-                bad.append(f"{f} (unreadable)")
-                continue
+                old = json.loads(read_bytes_nofollow(f).decode("utf-8"))
+            except (OSError, ValueError, RecursionError) as e:  # UnsafePathError (a link) is a ValueError
+                raise SweepConflict(f"{f} is unreadable ({str(e).splitlines()[0]}): restore it, or delete that run "
+                                    "directory to train the run again") from None
             if old != p.run_spec:
                 keys = sorted(k for k in set(old) | set(p.run_spec) if old.get(k) != p.run_spec.get(k))
                 bad.append(f"{f} (differs in {', '.join(keys)})")
@@ -94,8 +103,8 @@ def _finished_runs(src: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
         if res is None or not (d / "metrics.jsonl").is_file():
             continue
         try:
-            key = run_identity(json.loads(f.read_text()))
-        except (OSError, ValueError):
+            key = run_identity(json.loads(read_bytes_nofollow(f)))
+        except (OSError, ValueError):  # unreadable, not JSON, or a symbolic link (UnsafePathError)
             continue
         found.setdefault(key, (d, res))
     return found
@@ -131,21 +140,31 @@ def reuse_finished(points: list[Point], out: Path, sources: list[Path], dry_run:
         if hit is None:
             continue
         d, res = hit
+        try:  # never through a symbolic link: a link to a file outside would become a copy of it here
+            metrics = read_bytes_nofollow(d / "metrics.jsonl")
+        except (OSError, UnsafePathError) as e:
+            if log is not None:
+                log(f"not reused: {d}: {e}")
+            continue
         n += 1
         if not dry_run:
             sw = p.run_spec.get("sweep", {})
             labels = {k: sw[k] for k in ("setting", "mixer", "family") if k in sw and k in res}
+            check_within(out, dst / RESULT)
             dst.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(dst / "run.json", json.dumps(p.run_spec, indent=2))
-            atomic_write_text(dst / "metrics.jsonl", (d / "metrics.jsonl").read_text())
-            atomic_write_text(dst / RESULT, json.dumps({**res, **labels, "reused_from": str(d)}, indent=2))
+            atomic_write_text(dst / "run.json", json.dumps(p.run_spec, indent=2), root=out)
+            atomic_write_bytes(dst / "metrics.jsonl", metrics, root=out)
+            new = {k: v for k, v in res.items() if k != SEAL}
+            new.update(labels, reused_from=str(d))
+            atomic_write_text(dst / RESULT, json.dumps(seal(new) if SEAL in res else new, indent=2), root=out)
     if n and log is not None:
         log(f"{'would reuse' if dry_run else 'reused'} {n} finished run(s) from {', '.join(map(str, sources))}")
     return n
 
 
 def is_finished(run_dir: Path) -> bool:
-    return (run_dir / RESULT).is_file()
+    """Whether the run in ``run_dir`` has a valid result (:func:`read_result`)."""
+    return read_result(run_dir) is not None
 
 
 def trained_fraction(run_dir: Path, steps: int) -> float:
@@ -194,11 +213,164 @@ def work_done(out: Path, mine: set[Point] | list[Point], started: dict[Point, fl
     return total
 
 
-def read_result(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((run_dir / RESULT).read_text())
-    except (OSError, ValueError):
+#: result.json's hash of its own content (every other key, canonical JSON): an edit that does not recompute it
+#: is found out
+SEAL = "sha256"
+#: result.json's hashes of what produced it: the run's metrics.jsonl and its final checkpoint's model.safetensors
+METRICS_HASH, WEIGHTS_HASH = "metrics_sha256", "weights_sha256"
+
+
+def _canonical(result: dict[str, Any]) -> bytes:
+    return json.dumps({k: v for k, v in result.items() if k != SEAL}, sort_keys=True, separators=(",", ":"),
+                      default=str).encode()
+
+
+def seal(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with :data:`SEAL`, the SHA-256 of the rest of it."""
+    import hashlib
+
+    return {**{k: v for k, v in result.items() if k != SEAL}, SEAL: hashlib.sha256(_canonical(result)).hexdigest()}
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _metrics_problem(name: str, m: Any) -> str | None:
+    """Why a result's metrics table ``m`` (``valid`` / ``report``) is not plausible, or None: finite numbers,
+    accuracies (keys with ``acc``) in [0, 1], losses non-negative."""
+    if not isinstance(m, dict) or not m:
+        return f"'{name}' is not a table of metrics"
+    for k, v in m.items():
+        if not _num(v):
+            return f"'{name}.{k}' is {v!r}, not a finite number"
+        if "acc" in k and not 0.0 <= v <= 1.0:
+            return f"'{name}.{k}' is {v!r}, outside [0, 1]"
+        if "loss" in k and v < 0:
+            return f"'{name}.{k}' is {v!r}, negative"
+    return None
+
+
+def result_problem(run_dir: Path, r: Any) -> str | None:
+    """Why ``r`` (the parsed ``result.json`` of ``run_dir``) cannot be trusted as the run's result, or None.
+
+    Checked: a JSON object with ``status`` finished or diverged; ``lr``, ``seed``, ``steps`` of the right types;
+    a finished run's ``valid`` and ``report`` metrics finite and in range.  A sealed result (:data:`SEAL`, written
+    since results were bound to what produced them) must match its own hash, the hash of ``metrics.jsonl`` and,
+    where the final checkpoint is there, that checkpoint's weights.  An unsealed result (written before) must be
+    consistent with its ``metrics.jsonl``: the log ends at the result's step count with the final evaluation the
+    result reports (on the ``eval`` split)."""
+    if not isinstance(r, dict):
+        return f"not a JSON object (a {type(r).__name__})"
+    status = r.get("status")
+    if status not in ("finished", "diverged"):
+        return f"'status' is {status!r}, not finished or diverged"
+    if not (_num(r.get("lr")) and r["lr"] > 0):
+        return f"'lr' is {r.get('lr')!r}, not a positive number"
+    for k in ("seed", "steps"):
+        v = r.get(k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if k == "seed" else 1):
+            return f"'{k}' is {v!r}, not a {'non-negative' if k == 'seed' else 'positive'} integer"
+    if status == "finished":
+        for part in ("valid", "report"):
+            if (why := _metrics_problem(part, r.get(part))) is not None:
+                return why
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if SEAL in r:
+        import hashlib
+
+        if r[SEAL] != hashlib.sha256(_canonical(r)).hexdigest():
+            return "edited after it was written (its sha256 does not match its content)"
+        if METRICS_HASH in r:
+            try:
+                if file_sha256(metrics) != r[METRICS_HASH]:
+                    return "metrics.jsonl is not the log this result was written with (its hash differs)"
+            except OSError:
+                return "metrics.jsonl is missing"
+        w = r.get(WEIGHTS_HASH)
+        if w is not None:
+            man = Path(run_dir) / "checkpoints" / f"ckpt-{r['steps']:08d}" / "manifest.json"
+            if man.is_file():  # finished runs are usually kept without checkpoints (committed, packed)
+                try:
+                    got = json.loads(man.read_text())["files"]["model.safetensors"]
+                except (OSError, ValueError, KeyError, TypeError):
+                    return f"the final checkpoint's manifest {man} is unreadable"
+                if got != w:
+                    return "the final checkpoint's weights are not those this result was written with"
         return None
+    try:  # unsealed: written before results were sealed; must agree with the log
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return "unsealed and no metrics.jsonl beside it"
+    except (OSError, ValueError):
+        return "unsealed and its metrics.jsonl is unreadable"
+    if status == "diverged":
+        return None
+    if not rows or not isinstance(rows[-1], dict):
+        return "unsealed and its metrics.jsonl is empty (no training was logged)"
+    last = rows[-1]
+    if last.get("step") != r["steps"]:
+        return f"unsealed and its metrics.jsonl ends at step {last.get('step')!r}, not {r['steps']}"
+    final = {k[5:]: v for k, v in last.items() if k.startswith("eval_")}
+    if final and r.get("report_split", "eval") == "eval":
+        for k, v in r["report"].items():
+            if k in final and not (_num(final[k]) and math.isclose(v, final[k], rel_tol=1e-6, abs_tol=1e-9)):
+                return f"unsealed and 'report.{k}' = {v!r} is not the final evaluation in metrics.jsonl ({final[k]!r})"
+    return None
+
+
+_checked: dict[str, tuple[tuple, Any, str | None]] = {}
+
+
+def _stat_key(p: Path) -> tuple:
+    try:
+        st = p.stat()
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        return ()
+
+
+def check_result(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(result, None)`` for a valid ``result.json`` in ``run_dir``; ``(None, why)`` for one that is there but
+    cannot be trusted (:func:`result_problem`; ``why`` names the file); ``(None, None)`` for none.  The verdict is
+    cached by the file's bytes and the log's and checkpoints' sizes and times, so the planner's many calls do not
+    hash the log again."""
+    run_dir = Path(run_dir)
+    f = run_dir / RESULT
+    try:
+        data = read_bytes_nofollow(f)
+    except FileNotFoundError:
+        return None, None
+    except UnsafePathError:
+        return None, f"{f}: a symbolic link, not a file"
+    except OSError as e:
+        return None, f"{f}: unreadable ({e.strerror or e})"
+    key = (data, _stat_key(run_dir / "metrics.jsonl"), _stat_key(run_dir / "checkpoints"))
+    hit = _checked.get(str(f))
+    if hit is not None and hit[0] == key:
+        return hit[1], hit[2]
+    try:
+        r = json.loads(data.decode("utf-8"))
+        problem = result_problem(run_dir, r)
+    except UnicodeDecodeError:
+        r, problem = None, "not UTF-8 text"
+    except (ValueError, RecursionError) as e:
+        r, problem = None, f"not valid JSON (truncated or empty?): {str(e).splitlines()[0]}"
+    res, why = (r, None) if problem is None else (None, f"{f}: {problem}")
+    if len(_checked) > 100_000:
+        _checked.clear()
+    _checked[str(f)] = (key, res, why)
+    return (json.loads(json.dumps(res)) if res is not None else None), why
+
+
+def read_result(run_dir: Path) -> dict[str, Any] | None:
+    """The run's result when it is there and valid (:func:`check_result`), else None (unfinished)."""
+    return check_result(run_dir)[0]
+
+
+def invalid_results(out: Path, points: list[Point]) -> list[str]:
+    """One line per point under ``out`` whose ``result.json`` is there but invalid (:func:`check_result`)."""
+    return [why for p in points if (why := check_result(Path(out) / p.rel_dir)[1]) is not None]
 
 
 def run_point(run_spec: dict[str, Any], run_dir: str, threads: int = 1, compile: bool = False,
@@ -211,6 +383,9 @@ def run_point(run_spec: dict[str, Any], run_dir: str, threads: int = 1, compile:
     with run_lock(Path(run_dir)) as held:
         if not held:
             return {"status": "busy", "error": "another process is training this run"}
+        done = read_result(Path(run_dir))  # finished by another process between the caller's check and the lock
+        if done is not None:
+            return done
         return _train_point(run_spec, run_dir, threads, compile, device)
 
 
@@ -276,7 +451,13 @@ def _train_point(run_spec: dict[str, Any], run_dir: str, threads: int, compile: 
     result["cpu_seconds"] = time.process_time() - c0 + (before or 0.0)
     if resume:
         result["cpu_seconds_before_resume"] = before
-    atomic_write_text(d / RESULT, json.dumps(result, indent=2))
+    # bound to what produced it: the log, the final weights (their manifest hash), and its own content
+    if (d / "metrics.jsonl").is_file():
+        result[METRICS_HASH] = file_sha256(d / "metrics.jsonl")
+    final = d / "checkpoints" / f"ckpt-{cfg.steps:08d}" / "manifest.json"
+    if result["status"] == "finished" and final.is_file():
+        result[WEIGHTS_HASH] = json.loads(final.read_text())["files"]["model.safetensors"]
+    atomic_write_text(d / RESULT, json.dumps(seal(result), indent=2))
     err = d / "error.json"
     if err.exists():
         err.unlink()
@@ -308,6 +489,77 @@ def _run_point_safe(run_spec: dict[str, Any], run_dir: str, threads: int, compil
         except OSError:
             pass
         return {"status": "error", "error": msg}
+
+
+def _worker_main(conn: Any, parent: int, args: tuple) -> None:
+    """A worker process: one run, its result sent back through ``conn``."""
+    _exit_with_parent(parent)
+    try:
+        conn.send(_run_point_safe(*args))
+    finally:
+        conn.close()
+
+
+class _Workers:
+    """One process per run (spawned, so nothing of the parent's torch state is shared): a worker that dies — killed,
+    out of memory — costs its own run only, reported as an error (and retried next time), while the others go on.
+    (A process pool breaks as a whole when one worker dies, and every run in flight with it.)"""
+
+    def __init__(self, parent: int) -> None:
+        import multiprocessing as mp
+
+        self.ctx = mp.get_context("spawn")
+        self.parent = parent
+        self.running: dict[Any, tuple[Point, Any, Any, str]] = {}  # sentinel -> (point, process, pipe, run dir)
+
+    def start(self, p: Point, args: tuple) -> None:
+        recv, send = self.ctx.Pipe(duplex=False)
+        proc = self.ctx.Process(target=_worker_main, args=(send, self.parent, args), daemon=True)
+        proc.start()
+        send.close()
+        self.running[proc.sentinel] = (p, proc, recv, args[1])
+
+    def wait(self) -> list[tuple[Point, dict[str, Any]]]:
+        """Block until at least one run ends; its point and result (a dead worker's: an error naming its exit)."""
+        from multiprocessing.connection import wait as wait_any
+
+        conns = {v[2]: k for k, v in self.running.items()}
+        ready = wait_any(list(conns) + list(self.running))
+        done = []
+        for obj in ready:
+            key = conns.get(obj, obj)
+            if key not in self.running:
+                continue
+            p, proc, recv, run_dir = self.running.pop(key)
+            try:
+                r = recv.recv() if recv.poll() else None
+            except (EOFError, OSError):
+                r = None
+            proc.join()
+            recv.close()
+            if r is None:
+                code = proc.exitcode
+                import signal
+
+                how = (f"killed by signal {signal.Signals(-code).name}" if code is not None and code < 0
+                       and -code in signal.Signals._value2member_map_ else f"exit code {code}")
+                msg = f"the worker training this run died ({how}); re-run the sweep to resume it"
+                try:
+                    atomic_write_text(Path(run_dir) / "error.json", json.dumps({"error": msg}))
+                except OSError:
+                    pass
+                r = {"status": "error", "error": msg}
+            done.append((p, r))
+        return done
+
+    def terminate(self) -> None:
+        for _, proc, _recv, _ in self.running.values():
+            if proc.is_alive():
+                proc.terminate()
+        for _, proc, recv, _ in self.running.values():
+            proc.join(5)
+            recv.close()
+        self.running.clear()
 
 
 def step_seconds(run_spec: dict[str, Any]) -> float:
@@ -415,6 +667,18 @@ def selection_lrs(spec: SweepSpec, pts: list[Point], out: Path) -> dict[float, f
     return {lr: (math.nan if any(math.isnan(v) for v in vs) else sum(vs) / len(vs)) for lr, vs in by_lr.items()}
 
 
+def extended_lr(best: float, factor: float) -> float:
+    """``best × factor`` rounded to one significant digit (1e-3 / 3 → 3e-4), or to as few more as keep it beyond
+    ``best`` (1e-2 × 1.4 → 0.01 would not extend at all: 0.014).  The value rounded is the one trained, named and
+    reported."""
+    x = best * factor
+    for digits in range(1, 18):
+        v = float(f"{x:.{digits}g}")
+        if (v > best) if factor > 1 else (v < best):
+            return v
+    return x
+
+
 def row_plan(spec: SweepSpec, pts: list[Point], out: Path, tuned: bool = False
              ) -> tuple[list[Point], list[Point], bool]:
     """``(stage1, stage2, decided)`` of one row under ``first_seed`` selection.
@@ -440,9 +704,9 @@ def row_plan(spec: SweepSpec, pts: list[Point], out: Path, tuned: bool = False
         if spec.lr_extend and len(tried) > 1 and not math.isnan(vals[best]):
             new = None
             if best == tried[-1] and up < spec.lr_extend:
-                new, up = float(f"{best * spec.lr_extend_factor:.1g}"), up + 1
+                new, up = extended_lr(best, spec.lr_extend_factor), up + 1
             elif best == tried[0] and down < spec.lr_extend:
-                new, down = float(f"{best / spec.lr_extend_factor:.1g}"), down + 1
+                new, down = extended_lr(best, 1 / spec.lr_extend_factor), down + 1
             if new is not None and new not in vals:
                 stage1 = stage1 + [spec.point_at(stage1[0], new, spec.seeds[0])]
                 continue
@@ -571,6 +835,11 @@ def run_sweep(
     out = Path(out)
     points = spec.points()
     check_conflicts(points, out)
+    bad = invalid_results(out, points)
+    for why in bad[:5]:
+        log(f"  {why}: not counted as finished; the run {'would be' if dry_run else 'is'} trained again")
+    if len(bad) > 5:
+        log(f"  ... and {len(bad) - 5} more invalid result.json file(s)")
     if reuse:
         reuse_finished(points, out, list(reuse), dry_run=dry_run, log=log)
     groups = group_points(points)
@@ -677,6 +946,7 @@ def run_sweep(
         if budget is not None:
             budget -= 1
         attempted.add(cand[0])
+        check_within(out, out / cand[0].rel_dir / RESULT)  # no run directory that is a link to elsewhere
         return cand[0]
 
     env_before = os.environ.get("OMP_NUM_THREADS")
@@ -693,30 +963,22 @@ def run_sweep(
             finally:
                 torch.set_num_threads(prev)
         else:
-            import multiprocessing as mp
-
-            ex = ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_exit_with_parent,
-                                     initargs=(os.getpid(),))
-            in_flight: dict[Any, Point] = {}
+            ex = _Workers(os.getpid())
             while True:
-                while len(in_flight) < jobs and (p := next_point()) is not None:
-                    fut = ex.submit(_run_point_safe, p.run_spec, str(out / p.rel_dir), threads, compile, device)
-                    in_flight[fut] = p
-                if not in_flight:
+                while len(ex.running) < jobs and (p := next_point()) is not None:
+                    ex.start(p, (p.run_spec, str(out / p.rel_dir), threads, compile, device))
+                if not ex.running:
                     break
-                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-                for f in done:
-                    report(in_flight.pop(f), f.result())
+                for p, r in ex.wait():
+                    report(p, r)
     except BaseException:  # Ctrl-C, SIGTERM (below) or an error: stop the workers too
         if ex is not None:
-            for proc in list(getattr(ex, "_processes", {}).values()):
-                proc.terminate()
-            ex.shutdown(wait=False, cancel_futures=True)
+            ex.terminate()
             ex = None
         raise
     finally:
         if ex is not None:
-            ex.shutdown()
+            ex.terminate()
         if env_before is None:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:

@@ -123,10 +123,26 @@ def _init_default(cls: type, opt: str) -> Any:
 
 
 def slug(value: Any) -> str:
-    """A file-name-safe rendering of ``value`` (``"4 pairs, T=64"`` → ``4-pairs-T-64``; ``0.001`` → ``0.001``)."""
-    s = f"{value:g}" if isinstance(value, float) else str(value)
-    s = re.sub(r"[^A-Za-z0-9.+_-]+", "-", s).strip("-")
+    """A file-name-safe rendering of ``value`` (``"4 pairs, T=64"`` → ``4-pairs-T-64``; ``0.001`` → ``0.001``).
+
+    Never ``.``, ``..`` or a hidden name (leading dots are dropped; nothing left: ``x``), never a separator.  A
+    float is written with ``:g`` (six significant digits) when that reads back as the same number — the names of
+    every existing run directory — and otherwise in full (``repr``: ``0.0010000001``), so two different values
+    never share a name and a name always gives the value that was trained."""
+    if isinstance(value, float):
+        short = f"{value:g}"
+        s = short if float(short) == value else repr(value)
+    else:
+        s = str(value)
+    s = re.sub(r"[^A-Za-z0-9.+_-]+", "-", s).strip("-").lstrip(".-")
     return s or "x"
+
+
+#: the most grid points a spec may expand to (each is a run directory); a larger grid is refused at validation,
+#: before anything expands it (a 10⁶-point grid took minutes to list)
+MAX_GRID = 10_000
+#: seeds are 63-bit (torch's generators take no more)
+MAX_SEED = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -290,7 +306,12 @@ def load_spec(spec: str | Path | dict[str, Any]) -> SweepSpec:
     if isinstance(spec, dict):
         return parse_spec(spec, "<dict>")
     path = resolve_spec_path(spec)
-    text = path.read_text()
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read it ({e.strerror or e})") from None
     try:
         if path.suffix == ".json":
             raw = json.loads(text)
@@ -300,6 +321,8 @@ def load_spec(spec: str | Path | dict[str, Any]) -> SweepSpec:
             raw = tomllib.loads(text)
     except ValueError as e:  # tomllib.TOMLDecodeError and json.JSONDecodeError are ValueErrors
         raise SpecError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {e}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: nested too deeply to be a sweep spec") from None
     return parse_spec(raw, str(path))
 
 
@@ -325,8 +348,8 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
     unknown = set(raw) - _TOP_KEYS
     _need(not unknown, w, f"unknown key(s) {sorted(unknown)}; valid: {sorted(_TOP_KEYS)}")
     name = raw.get("name")
-    _need(isinstance(name, str) and bool(re.fullmatch(r"[A-Za-z0-9._-]+", name or "")), w,
-          "'name' must be a non-empty string of letters, digits, '.', '_' or '-'")
+    _need(isinstance(name, str) and bool(re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", name or "")), w,
+          "'name' must be a non-empty string of letters, digits, '.', '_' or '-' that does not start with '.'")
     description = raw.get("description", "")
     _need(isinstance(description, str), w, "'description' must be a string")
 
@@ -382,11 +405,18 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
     _need(_is_num(lr_extend_factor) and lr_extend_factor > 1, w, "[train] lr_extend_factor must be a number > 1")
     _need(isinstance(lrs, list) and lrs and all(_is_num(x) and x > 0 for x in lrs), w,
           "[train] lrs must be a non-empty list of positive numbers")
-    _need(len(set(lrs)) == len(lrs), w, "[train] lrs must be distinct")
+    _need(len(set(map(float, lrs))) == len(lrs), w, f"[train] lrs must be distinct, got {lrs}")
     _need(isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                                      for s in seeds), w,
           "[train] seeds must be a non-empty list of non-negative integers")
     _need(len(set(seeds)) == len(seeds), w, "[train] seeds must be distinct")
+    _need(max(seeds) <= MAX_SEED, w, f"[train] seeds must be at most 2**63 - 1, got {max(seeds)}")
+    for k in ("steps", "batch_size", "checkpoint_every", "log_every"):
+        if k in train:
+            v = train[k]
+            _need(isinstance(v, int) and not isinstance(v, bool) and v >= (0 if k == "checkpoint_every" else 1),
+                  w, f"[train] {k} must be a {'non-negative' if k == 'checkpoint_every' else 'positive'} integer, "
+                  f"got {v!r}")
     _need(isinstance(valid_examples, int) and not isinstance(valid_examples, bool) and valid_examples > 0, w,
           "[train] valid_examples must be a positive integer")
     for k in ("lr", "seed"):
@@ -444,6 +474,7 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
         if mlrs is not None:
             _need(isinstance(mlrs, list) and mlrs and all(_is_num(x) and x > 0 for x in mlrs), where,
                   "'lrs' must be a non-empty list of positive numbers")
+            _need(len(set(map(float, mlrs))) == len(mlrs), where, f"'lrs' must be distinct, got {mlrs}")
         family = m.get("family", names[0])
         _need(isinstance(family, str), where, "'family' must be a string")
         tune = m.get("tune")
@@ -502,6 +533,15 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
                      paper=paper, paper_source=paper_source, paper_scale=paper_scale,
                      extra_metrics=list(extra_metrics),
                      lr_extend=lr_extend, lr_extend_factor=float(lr_extend_factor))
+    n_grid = len(settings) * math.prod(len(model[a]) for a in axes) * len(spec.seeds) * sum(
+        len(r.lrs or spec.lrs) for r in rows)
+    _need(n_grid <= MAX_GRID, w, f"the grid has {n_grid:,} points (runs), more than {MAX_GRID:,}: split the spec "
+          "into several, or list fewer values")
+    dirs: dict[Path, Point] = {}
+    for p in spec.points():  # every point its own directory: values that differ never share one
+        other = dirs.setdefault(p.rel_dir, p)
+        _need(other is p, w, f"two grid points share the run directory {p.rel_dir} (values that name the same "
+              "directory, e.g. 64 and 64.0): list each value once")
     # every mixer must build at every setting and model size (catches bad option values before any training)
     _check_builds(spec)
     return spec

@@ -17,6 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from seqmem.io import dir_mode
+
 CKPT_PREFIX = "ckpt-"
 #: the files every checkpoint holds, each with its SHA-256 in ``manifest.json``
 CKPT_FILES = ("model.safetensors", "trainer.pt")
@@ -56,8 +58,12 @@ def save_checkpoint(directory: Path, step: int, model: nn.Module, trainer_state:
     final = directory / f"{CKPT_PREFIX}{step:08d}"
     tmp = Path(tempfile.mkdtemp(dir=directory, prefix=".tmp-ckpt-"))
     try:
-        save_file(_weights(model), str(tmp / "model.safetensors"))
-        torch.save(trainer_state, tmp / "trainer.pt")
+        os.chmod(tmp, dir_mode())  # mkdtemp's 0700 would outlive the rename: the umask's mode, as mkdir gives
+        try:
+            save_file(_weights(model), str(tmp / "model.safetensors"))
+            torch.save(trainer_state, tmp / "trainer.pt")
+        except RuntimeError as e:  # torch and safetensors report a full disk as "unexpected pos ..."
+            raise OSError(f"cannot write checkpoint {final} ({str(e).splitlines()[0]}): is the disk full?") from None
         manifest = {"step": step, "files": {f: _sha256(tmp / f) for f in CKPT_FILES}}
         (tmp / "manifest.json").write_text(json.dumps(manifest))
         for f in tmp.iterdir():
@@ -113,8 +119,21 @@ def read_run_spec(run_dir: Path) -> dict[str, Any]:
         raise ValueError(f"{Path(run_dir)} is not a training run directory (no run.json)") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path} is corrupt (not JSON: {e}); restore it or start a new run") from None
+    except RecursionError:
+        raise ValueError(f"{path} is corrupt (nested too deeply)") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a directory, not a run specification") from None
+    except NotADirectoryError:
+        raise ValueError(f"{Path(run_dir)} is not a training run directory (give the directory, not a file)") from None
     if not isinstance(spec, dict) or not all(isinstance(spec.get(k), dict) for k in ("task", "model")):
         raise ValueError(f"{path} is corrupt (not a run specification with 'task' and 'model' objects)")
+    if not isinstance(spec["task"].get("name"), str):
+        raise ValueError(f"{path} is corrupt (its task has no 'name')")
+    if not isinstance(spec.get("train", {}), dict) or not isinstance(spec["task"].get("options", {}), dict):
+        raise ValueError(f"{path} is corrupt ('train' and the task's 'options' must be objects)")
+    from seqmem.train.run import check_data_paths
+
+    check_data_paths(spec, str(path), [Path.cwd(), Path(run_dir)])
     return spec
 
 

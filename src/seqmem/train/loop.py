@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqmem.io import read_jsonl
+from seqmem.io import append_text, read_jsonl
 from seqmem.mixers.base import NonFiniteError, check_fields, check_option
 from seqmem.models.lm import check_ids
 from seqmem.train.checkpoint import (
@@ -44,6 +44,7 @@ from seqmem.train.checkpoint import (
     remove_orphans,
     save_checkpoint,
     unique_state,
+    verify_checkpoint,
 )
 
 
@@ -361,6 +362,10 @@ def train(
                 _write_jsonl(metrics_path, result.history)
         else:
             if list_checkpoints(ckpt_dir):
+                if all(not verify_checkpoint(c) for c in list_checkpoints(ckpt_dir)):
+                    raise ValueError(f"{ckpt_dir} holds only corrupt or incomplete checkpoints (their checksums do "
+                                     f"not match): nothing to resume; delete {ckpt_dir} to train the run from the "
+                                     "start")
                 raise ValueError(f"{out_dir} already holds checkpoints of a training run: resume=True continues "
                                  "it; to start a new run, use another directory or remove the old run first")
             if main and metrics_path.exists():
@@ -474,8 +479,7 @@ def train(
         if record is not None:
             result.history.append(record)
             if metrics_path is not None:
-                with open(metrics_path, "a") as f:
-                    f.write(json.dumps(record) + "\n")
+                append_text(metrics_path, json.dumps(record) + "\n")  # never through a planted link
             for lg in loggers or []:
                 lg.log(record, step)
             if bar is not None:
