@@ -5,7 +5,10 @@ Per run directory: ``run.json`` (what ``seqmem train`` writes; a changed spec fo
 and reported metrics, state size, parameters, seconds).  Re-running the same sweep skips finished runs and resumes
 partial ones from their newest good checkpoint, so a campaign can be stopped and continued on any machine.
 A run that diverges (NaN loss at its learning rate) is a result too (``status: "diverged"``); any other error is
-written to ``error.json`` and retried on the next invocation.
+written to ``error.json`` and retried on the next invocation.  A ``result.json`` is sealed: it records the hashes
+of the run's ``metrics.jsonl``, of its final weights and of its own content, and a result that is edited,
+truncated, out of range or not the one its log ends with counts as unfinished (named in one line, trained again;
+:func:`check_result`).
 
 A run being trained holds a lock on its directory (``flock`` on ``.lock``, released when the process ends, even by a
 crash), so several sweeps of one spec into one ``--out`` — two terminals, or a second worker started later — share
