@@ -152,8 +152,8 @@ def test_a_run_directory_that_is_a_link_elsewhere_is_refused(tmp_path):
 
 # ----------------------------------------------------------------------------- 3. a tampered run.json
 def test_a_tampered_run_json_cannot_make_eval_read_outside(tmp_path, capsys, monkeypatch):
-    run = tmp_path / "run"
-    run.mkdir()
+    run = tmp_path / "runs" / "run"
+    run.mkdir(parents=True)
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.txt").write_text("secret " * 100)
@@ -166,6 +166,8 @@ def test_a_tampered_run_json_cannot_make_eval_read_outside(tmp_path, capsys, mon
     _one_line_error(["eval", "--run", str(run)], capsys, "outside")
     assert not (tmp_path / "cache").exists()  # nothing was read into the token cache
     _one_line_error(["export-hf", "--run", str(run), "--out", str(tmp_path / "hf")], capsys, "outside")
+    monkeypatch.setenv("SEQMEM_DATA_ROOTS", str(outside))  # named explicitly: read (then: no checkpoint to eval)
+    _one_line_error(["eval", "--run", str(run)], capsys, "no valid checkpoint")
 
 
 def test_run_json_shapes_and_run_files_are_one_line_errors(tmp_path, capsys):

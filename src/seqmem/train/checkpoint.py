@@ -133,7 +133,8 @@ def read_run_spec(run_dir: Path) -> dict[str, Any]:
         raise ValueError(f"{path} is corrupt ('train' and the task's 'options' must be objects)")
     from seqmem.train.run import check_data_paths
 
-    check_data_paths(spec, str(path), [Path.cwd(), Path(run_dir)])
+    # the directory that holds the run (runs and their data side by side) and the current one
+    check_data_paths(spec, str(path), [Path.cwd(), Path(run_dir).resolve().parent])
     return spec
 
 

@@ -57,7 +57,8 @@ def check_model_size(model: dict[str, Any], vocab_size: int = 0) -> None:
 
 def check_data_paths(spec: dict[str, Any], source: str, roots: list[Any]) -> None:
     """A run specification read from a file (``run.json``) may name local data — a corpus, a dataset, a tokenizer
-    — only under ``roots`` (the current directory and the run's) or a directory listed in ``$SEQMEM_DATA_ROOTS``
+    — only under ``roots`` (the current directory and the one holding the run) or a directory listed in
+    ``$SEQMEM_DATA_ROOTS``
     (``os.pathsep``-separated): a tampered file must not make a command read anything else (``/etc``).  Names that
     are not local paths (``code``, a Hub dataset) pass.  One ``ValueError`` line naming the file and the option."""
     import os
