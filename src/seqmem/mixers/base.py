@@ -13,6 +13,22 @@ Every mixer has two implementations selected by ``impl``:
 Both share parameter names, so ``load_state_dict`` moves weights between them.  The properties promised by the
 contract (causality, streaming under any split, token-by-token decoding, reference == fast, ``state_size``) are
 tested for every registered mixer by ``tests/test_contract.py``.
+
+**Packed sequences (variable length).**  ``y, states = mixer(x, state, cu_seqlens=cu)`` runs ``N`` sequences
+packed along time in one row, flash-linear-attention's convention: ``x`` is ``(1, T, d_model)`` and ``cu`` a 1-D
+integer tensor ``[0, l1, l1 + l2, ..., T]`` (every length >= 1); sequence ``i`` is ``x[:, cu[i]:cu[i + 1]]``, and
+the state restarts at every boundary, so ``y`` equals each sequence run alone, concatenated (outputs and
+gradients; ``tests/test_varlen.py`` checks it for every registered mixer).  A batch larger than 1 is refused, as
+in flash-linear-attention: pack every row into one.
+
+* ``state`` (optional) holds each sequence's initial state: one state of batch ``N`` (row ``i`` for sequence
+  ``i``), or a list of ``N`` batch-1 states.
+* The returned state is each sequence's state after its own last token: one state of batch ``N`` when the ``N``
+  states can share a batch (same shapes, equal position counters: the fixed-size states of the recurrent mixers),
+  else a list of ``N`` batch-1 states (KV caches of different lengths, states at different positions); either
+  form continues the sequences in a later call with ``cu_seqlens``.  ``output_final_state=False`` returns
+  ``None`` instead and takes the cheaper one-call path (see :meth:`Mixer._forward_varlen`).
+* A mixer that cannot run packed sequences says why in ``varlen_unsupported`` and refuses ``cu_seqlens``.
 """
 
 from __future__ import annotations
@@ -94,6 +110,82 @@ def state_to(state: State | None, device: torch.device | str | None = None, dtyp
             v = v.to(dtype)
         out[k] = v
     return out
+
+
+def check_cu_seqlens(cu_seqlens: Any, total: int, owner: str = "cu_seqlens") -> list[int]:
+    """``cu_seqlens`` (a 1-D integer tensor or a list of ints: ``[0, l1, l1 + l2, ..., total]``, every length
+    >= 1) as a list of ints; a ValueError naming ``owner`` otherwise."""
+    if isinstance(cu_seqlens, Tensor):
+        if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{owner}: cu_seqlens must be a 1-D integer tensor, got {cu_seqlens.dtype} of shape "
+                             f"{tuple(cu_seqlens.shape)}")
+        bounds = [int(v) for v in cu_seqlens.tolist()]
+    elif isinstance(cu_seqlens, (list, tuple)) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in cu_seqlens):
+        bounds = list(cu_seqlens)
+    else:
+        raise ValueError(f"{owner}: cu_seqlens must be a 1-D integer tensor, got {type(cu_seqlens).__name__}")
+    if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != total:
+        raise ValueError(f"{owner}: cu_seqlens must run from 0 to the {total} packed tokens "
+                         f"([0, l1, l1 + l2, ..., {total}]), got {bounds[:4]}{' ...' if len(bounds) > 4 else ''}"
+                         f"{bounds[-1:] if len(bounds) > 4 else ''}")
+    if any(b <= a for a, b in zip(bounds, bounds[1:])):
+        i = next(i for i, (a, b) in enumerate(zip(bounds, bounds[1:])) if b <= a)
+        raise ValueError(f"{owner}: cu_seqlens must increase strictly (every sequence holds at least one token), "
+                         f"got {bounds[i]} then {bounds[i + 1]} at index {i}")
+    return bounds
+
+
+def _batch_of(state: State) -> int:
+    return next(iter(state.values())).shape[0] if state else 0
+
+
+def _index_rows(state: State, rows: list[int]) -> State:
+    idx = None
+    out = {}
+    for k, v in state.items():
+        if idx is None or idx.device != v.device:
+            idx = torch.as_tensor(rows, dtype=torch.long, device=v.device)
+        out[k] = v.index_select(0, idx)
+    return out
+
+
+def _stack_key(state: State) -> tuple:
+    """What two batch-1 states must share to go into one batch: keys, shapes, dtypes and every integer tensor's
+    values (position counters: a mixer may assume the rows of a batch are at the same position)."""
+    return tuple(sorted(
+        (k, tuple(v.shape), v.dtype, None if v.is_floating_point() else tuple(v.flatten().tolist()))
+        for k, v in state.items()))
+
+
+def group_stackable(rows: list[State]) -> list[list[int]]:
+    """The indices of ``rows`` (batch-1 states) in groups whose states can share one batch (:func:`stack_states`),
+    in order of first appearance."""
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(_stack_key(r), []).append(i)
+    return list(groups.values())
+
+
+def stack_states(rows: list[State]) -> State | list[State]:
+    """One batched state from per-sequence (batch-1) states when they can share a batch — same keys, shapes and
+    dtypes, and equal integer tensors (position counters) — else the list itself.
+
+    The fixed-size states of recurrent mixers stack; KV caches of different lengths, or states at different
+    positions, stay a list (one state per sequence), which a call with ``cu_seqlens`` takes back as ``state``."""
+    if len(rows) == 1:
+        return rows[0]
+    if len(group_stackable(rows)) != 1:
+        return list(rows)
+    return {k: torch.cat([r[k] for r in rows], 0) for k in rows[0]}
+
+
+def split_states(state: State | list[State], n: int) -> list[State]:
+    """``n`` batch-1 states from a batched state of batch ``n`` (or a list of them, returned as is)."""
+    if isinstance(state, list):
+        return state
+    return [{k: v[j : j + 1] for k, v in state.items()} for j in range(n)]
+
 
 
 def check_positive_int(name: str, value: Any) -> int:
@@ -300,12 +392,44 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
         return None
 
     # -- contract ---------------------------------------------------------------------------------------------
-    def forward(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+    def forward(
+        self, x: Tensor, state: State | list[State] | None = None, *, cu_seqlens: Tensor | None = None,
+        output_final_state: bool = True,
+    ) -> tuple[Tensor, State | list[State] | None]:
+        """``y, state = mixer(x, state)``; with ``cu_seqlens``, packed sequences (see the module docstring).
+
+        ``output_final_state=False`` returns ``(y, None)``: with ``cu_seqlens`` this takes the one-call padded path
+        (the cheaper one for training, see :meth:`_forward_varlen`)."""
         self._check_input(x)
-        if state is not None:
+        if not isinstance(output_final_state, bool):
+            raise ValueError(f"{type(self).__name__}: output_final_state must be True or False, "
+                             f"got {output_final_state!r}")
+        bounds = None
+        if cu_seqlens is not None:
+            bounds = self._check_varlen(x, cu_seqlens)
+            if state is not None:
+                state = self._check_varlen_state(state, x, len(bounds) - 1)
+        elif state is not None:
+            if isinstance(state, list):
+                raise ValueError(f"{type(self).__name__}: a list of per-sequence states needs cu_seqlens "
+                                 "(one state per packed sequence)")
             self._check_state(state, x)
-        if not _CHECK_FINITE:
-            return self._dispatch(x, state)
+        if _CHECK_FINITE:
+            self._check_finite_inputs(x, state)
+        if bounds is None:
+            y, new_state = self._dispatch(x, state)
+        else:
+            y, new_state = self._forward_varlen(x, state, bounds, output_final_state)
+        if _CHECK_FINITE:
+            bad = _nonfinite_count(y)
+            if bad:
+                raise NonFiniteError(
+                    f"{type(self).__name__}: output contains {bad} NaN/Inf value(s) although the input is finite "
+                    f"(dtype {y.dtype}); run in float32 or lower the learning rate"
+                )
+        return y, (new_state if output_final_state else None)
+
+    def _check_finite_inputs(self, x: Tensor, state: State | list[State] | None) -> None:
         name = type(self).__name__
         bad = _nonfinite_count(x)
         if bad:
@@ -314,17 +438,119 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
                 "clean the input, or, if this "
                 "happens while training, the model diverged: lower the learning rate or train in float32"
             )
-        for k, v in (state or {}).items():
-            if _nonfinite_count(v):
-                raise NonFiniteError(f"{name}: state[{k!r}] contains NaN/Inf; restart the sequence (state=None)")
-        y, new_state = self._dispatch(x, state)
-        bad = _nonfinite_count(y)
-        if bad:
-            raise NonFiniteError(
-                f"{name}: output contains {bad} NaN/Inf value(s) although the input is finite "
-                f"(dtype {y.dtype}); run in float32 or lower the learning rate"
-            )
-        return y, new_state
+        for st in state if isinstance(state, list) else [state or {}]:
+            for k, v in st.items():
+                if _nonfinite_count(v):
+                    raise NonFiniteError(f"{name}: state[{k!r}] contains NaN/Inf; restart the sequence (state=None)")
+
+    # -- variable length: packed sequences ------------------------------------------------------------------
+    #: Why this mixer cannot take ``cu_seqlens`` (``None``: it can).  A call with ``cu_seqlens`` then raises a
+    #: ValueError with this reason instead of computing something else.
+    varlen_unsupported: ClassVar[str | None] = None
+
+    def _check_varlen(self, x: Tensor, cu_seqlens: Any) -> list[int]:
+        """``cu_seqlens`` as a list of ints ``[0, l1, l1 + l2, ..., T]``, after checking it against ``x``."""
+        name = type(self).__name__
+        if self.varlen_unsupported is not None:
+            raise ValueError(f"{name} cannot take cu_seqlens (packed sequences): {self.varlen_unsupported}")
+        bounds = check_cu_seqlens(cu_seqlens, x.shape[1], name)
+        if x.shape[0] != 1:
+            raise ValueError(f"{name}: cu_seqlens needs x of batch 1 (the sequences packed along time, as in "
+                             f"flash-linear-attention), got batch {x.shape[0]}")
+        return bounds
+
+    def _check_varlen_state(self, state: Any, x: Tensor, n: int) -> State | list[State]:
+        """The initial states of ``n`` packed sequences: one batched state of batch ``n``, or a list of ``n``
+        batch-1 states (as a call with ``cu_seqlens`` returns them when they cannot be stacked)."""
+        name = type(self).__name__
+        if isinstance(state, list):
+            if len(state) != n:
+                raise ValueError(f"{name}: {len(state)} per-sequence states for {n} sequences in cu_seqlens")
+            for s in state:
+                if not isinstance(s, dict):
+                    raise ValueError(f"{name}: state must be a state dict or a list of state dicts, one per "
+                                     "sequence")
+                self._check_state(s, x)
+            return state
+        if isinstance(state, dict) and state and all(isinstance(v, Tensor) for v in state.values()):
+            b = next(iter(state.values())).shape[0] if next(iter(state.values())).dim() else None
+            if b != n:
+                raise ValueError(f"{name}: with cu_seqlens the state holds one row per sequence: batch {n} for the "
+                                 f"{n} sequences in cu_seqlens, got batch {b}")
+        self._check_state(state, x.expand(n, *x.shape[1:]))
+        return state
+
+    def _forward_varlen(
+        self, x: Tensor, state: State | list[State] | None, bounds: list[int], output_final_state: bool
+    ) -> tuple[Tensor, State | list[State] | None]:
+        """Packed sequences ``x[:, bounds[i]:bounds[i + 1]]``, each from its own initial state (``state`` row ``i``,
+        or a fresh start): the generic form, exact for every causal mixer.  A mixer that runs packed sequences
+        natively overrides this (same arguments, same results).
+
+        Without ``output_final_state``: one call on the sequences right-padded into a batch of ``N`` rows.  Each
+        sequence starts at position 0 of its row (so block and chunk boundaries fall where they fall when it runs
+        alone), and the pads come after its last token, which by causality they cannot change; the padded
+        outputs are dropped.  The states after the pads are not those after each sequence's end, so none is
+        returned.
+
+        With ``output_final_state``: the sequences, longest first, are run in segments that end at each distinct
+        length, carrying the state (the streaming contract: a sequence cut into pieces gives what it gives whole);
+        after the segment that ends at its length a sequence drops out and its state is its final state.  Every
+        token is processed once and no pad is processed; the cost is one call per distinct length."""
+        lens = [b - a for a, b in zip(bounds, bounds[1:])]
+        if isinstance(state, list):
+            groups = group_stackable(state)
+            if len(groups) > 1:  # rows whose states cannot share a batch (e.g. KV caches of different lengths)
+                return self._varlen_groups(x, state, bounds, groups, output_final_state)
+            state = stack_states(state)
+        d = x.shape[-1]
+        n, flat = len(lens), x[0]
+        if not output_final_state:
+            L = max(lens)
+            dest = torch.cat([torch.arange(i * L, i * L + t, device=x.device) for i, t in enumerate(lens)])
+            xp = flat.new_zeros((n * L, d)).index_copy(0, dest, flat).view(n, L, d)
+            yp, _ = self._dispatch(xp, state)
+            return yp.reshape(n * L, d).index_select(0, dest)[None], None
+        order = sorted(range(n), key=lambda i: -lens[i])  # longest first: the rows still running are a prefix
+        cur = None if state is None else _index_rows(state, order)
+        finals: list[State | None] = [None] * n
+        idx_parts, y_parts, done = [], [], 0
+        for end in sorted(set(lens)):
+            active = [i for i in order if lens[i] >= end]
+            k = len(active)
+            if cur is not None and _batch_of(cur) != k:
+                cur = {key: v[:k] for key, v in cur.items()}
+            idx = torch.tensor([[bounds[i] + p for p in range(done, end)] for i in active], device=x.device)
+            ys, cur = self._dispatch(flat.index_select(0, idx.flatten()).view(k, end - done, d), cur)
+            idx_parts.append(idx.flatten())
+            y_parts.append(ys.reshape(-1, d))
+            for j, i in enumerate(active):
+                if lens[i] == end:
+                    finals[i] = {key: v[j : j + 1] for key, v in cur.items()}
+            done = end
+        perm = torch.cat(idx_parts)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel(), device=perm.device)
+        return torch.cat(y_parts).index_select(0, inv)[None], stack_states(finals)  # type: ignore[arg-type]
+
+    def _varlen_groups(
+        self, x: Tensor, state: list[State], bounds: list[int], groups: list[list[int]], output_final_state: bool
+    ) -> tuple[Tensor, State | list[State] | None]:
+        """:meth:`_forward_varlen` once per group of sequences whose initial states stack."""
+        pieces: list[Tensor | None] = [None] * len(state)
+        finals: list[State | None] = [None] * len(state)
+        for g in groups:
+            xg = torch.cat([x[:, bounds[i] : bounds[i + 1]] for i in g], 1)
+            bg = [0]
+            for i in g:
+                bg.append(bg[-1] + bounds[i + 1] - bounds[i])
+            yg, sg = self._forward_varlen(xg, stack_states([state[i] for i in g]), bg, output_final_state)
+            for j, i in enumerate(g):
+                pieces[i] = yg[:, bg[j] : bg[j + 1]]
+                if sg is not None:
+                    finals[i] = split_states(sg, len(g))[j]
+        y = torch.cat(pieces, 1)  # type: ignore[arg-type]
+        return y, (stack_states(finals) if output_final_state else None)  # type: ignore[arg-type]
 
     def _dispatch(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
         """``_forward``, with a one-token call in ``impl="fast"`` sent to :attr:`single_token_impl`."""
