@@ -195,3 +195,171 @@ def test_bad_cu_seqlens_and_states_raise():
     with pytest.raises(ValueError, match="cannot take cu_seqlens.*this test's reason"):
         r(x, cu_seqlens=cu(LENS))
     r(x)  # without cu_seqlens it runs
+
+
+# -- the language model: attention_mask (left / right padding), position_ids (packing), cu_seqlens ----------------
+def _lm(name, n_layers=1, seed=0):
+    from seqmem.models import LanguageModel, LMConfig
+
+    opts = dict(get_entry(name).cls.contract_configs[0]) if isinstance(name, str) else {}
+    d = opts.pop("d_model", D)
+    torch.manual_seed(seed)
+    cfg = LMConfig(vocab_size=32, d_model=d, n_layers=n_layers, n_heads=H, mixer=name, mixer_options=opts,
+                   mlp_ratio=2.0, init_std=0.3)
+    return LanguageModel(cfg).double().eval()
+
+
+def _prompts(lens, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 32, (n,), generator=g) for n in lens]
+
+
+def _pad(prompts, left: bool, pad_id: int = 7):
+    T = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), T), pad_id)
+    mask = torch.zeros(len(prompts), T, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        sl = slice(T - len(p), T) if left else slice(0, len(p))
+        ids[i, sl], mask[i, sl] = p, 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("name", list_mixers())
+@pytest.mark.parametrize("left", [True, False], ids=["left", "right"])
+def test_lm_padded_equals_unpadded(name, left):
+    """Every registered mixer in a language model: a padded batch gives each row's unpadded logits and state, in one
+    call of every block (float64)."""
+    m = _lm(name)
+    prompts = _prompts([3, 9, 6, 9])
+    ids, mask = _pad(prompts, left)
+    logits, state = m(ids, attention_mask=mask)
+    logits2, none = m(ids, attention_mask=mask, output_final_state=False)
+    assert none is None
+    T = ids.shape[1]
+    for i, p in enumerate(prompts):
+        want, want_state = m(p[None])
+        sl = slice(T - len(p), T) if left else slice(0, len(p))
+        assert_rel_close(logits[i, sl], want[0], TOL, f"{name}: row {i}")
+        assert_rel_close(logits2[i, sl], want[0], TOL, f"{name}: row {i}, no final state")
+        assert bool((logits[i][mask[i] == 0] == 0).all())
+        for layer, (st, ws) in enumerate(zip(state, want_state)):
+            assert_states_equal(rows(st, len(prompts))[i], ws, f"{name}: layer {layer} state of row {i}")
+
+
+def test_lm_position_ids_and_cu_seqlens_packing():
+    """Sequences packed in a row (position_ids restarting at 0, or cu_seqlens): each one's logits are its own."""
+    m = _lm(["gated_deltanet", "attention"], n_layers=2)
+    docs = _prompts([5, 8, 3])
+    row = torch.cat(docs)[None]
+    pos = torch.cat([torch.arange(len(d)) for d in docs])[None]
+    c = cu([len(d) for d in docs])
+    alone = [m(d[None]) for d in docs]
+    for kw in ({"position_ids": pos}, {"cu_seqlens": c}):
+        logits, state = m(row, **kw)
+        assert_rel_close(logits, torch.cat([a[0] for a in alone], 1), TOL, f"packed via {list(kw)}")
+        if "cu_seqlens" in kw:  # one state per sequence
+            for layer in range(2):
+                for i, (_, ws) in enumerate(alone):
+                    assert_states_equal(rows(state[layer], 3)[i], ws[layer], f"layer {layer} sequence {i}")
+        else:  # the row's state is its last sequence's
+            for layer in range(2):
+                assert_states_equal(rows(state[layer], 1)[0], alone[-1][1][layer], f"layer {layer}")
+    # two rows, each packed, with right padding in one
+    ids = torch.stack([row[0], torch.cat([docs[2], docs[0], torch.zeros(8, dtype=torch.long)])])
+    mask = torch.tensor([[1] * 16, [1] * 8 + [0] * 8])
+    pid = torch.stack([pos[0], torch.cat([torch.arange(3), torch.arange(5), torch.zeros(8, dtype=torch.long)])])
+    logits, _ = m(ids, attention_mask=mask, position_ids=pid)
+    assert_rel_close(logits[1, :8], torch.cat([alone[2][0], alone[0][0]], 1)[0], TOL, "row 1")
+    assert_rel_close(logits[0], torch.cat([a[0] for a in alone], 1)[0], TOL, "row 0")
+    # scoring positions combine with packing
+    positions = torch.zeros(ids.shape, dtype=torch.bool)
+    positions[0, 6], positions[1, 2] = True, True
+    scored, _ = m(ids, positions=positions, attention_mask=mask, position_ids=pid)
+    assert_rel_close(scored, logits[positions], TOL, "positions")
+
+
+def test_lm_padding_errors():
+    m = _lm("deltanet")
+    ids = torch.randint(0, 32, (2, 6))
+    with pytest.raises(ValueError, match="pads between real tokens"):
+        m(ids, attention_mask=torch.tensor([[1, 1, 0, 1, 1, 1], [1] * 6]))
+    for bad in (2, -1):
+        with pytest.raises(ValueError, match="only 0"):
+            m(ids, attention_mask=torch.tensor([[bad, 1, 1, 1, 1, 1], [1] * 6]))
+    with pytest.raises(ValueError, match="no 1"):
+        m(ids, attention_mask=torch.tensor([[0] * 6, [1] * 6]))
+    with pytest.raises(ValueError, match="count up by one"):
+        m(ids, position_ids=torch.tensor([[0, 1, 2, 4, 5, 6], list(range(6))]))
+    with pytest.raises(ValueError, match="batch 1"):
+        m(ids, cu_seqlens=torch.tensor([0, 3, 6]))
+    with pytest.raises(ValueError, match="not both"):
+        m(ids[:1], cu_seqlens=torch.tensor([0, 3, 6]), position_ids=torch.arange(6)[None])
+    with pytest.raises(ValueError, match="pads cannot be combined"):
+        m(ids[:1], cu_seqlens=torch.tensor([0, 3, 6]), attention_mask=torch.tensor([[1, 1, 1, 1, 1, 0]]))
+    _, st = m(ids)
+    with pytest.raises(ValueError, match="cannot continue a cache"):
+        m(ids, st, position_ids=torch.tensor([[3, 4, 5, 0, 1, 2], list(range(6, 12))]))
+    with pytest.raises(ValueError, match="restart at 0"):
+        m(ids, st, position_ids=torch.tensor([list(range(6)), list(range(6, 12))]))
+    m(ids, st, position_ids=torch.tensor([list(range(6, 12)), list(range(6, 12))]))  # a continuation is fine
+    m(ids, position_ids=torch.arange(6)[None])  # (1, time) broadcasts over the batch
+
+
+# -- the Hugging Face model ---------------------------------------------------------------------------------------
+def _hf(mixer=("gated_deltanet", "attention")):
+    transformers = pytest.importorskip("transformers")
+    from seqmem.hf import SeqmemConfig
+
+    torch.manual_seed(0)
+    cfg = SeqmemConfig(vocab_size=40, d_model=16, n_layers=len(mixer), n_heads=2, mixer=list(mixer),
+                       mlp_ratio=2.0, init_std=0.3)
+    return transformers.AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def _cache(out):
+    """The cache of a model output (``cache`` in transformers 5.x, ``past_key_values`` before)."""
+    return getattr(out, "cache", None) if "cache" in type(out).__dataclass_fields__ else out.past_key_values
+
+
+def test_hf_packed_document_logits_equal_document_alone():
+    """transformers' DataCollatorWithFlattening packs documents into one row with restarting position_ids: the
+    second document's logits equal its logits alone (no state leaks across the boundary), and the loss counts
+    no target across it."""
+    transformers = pytest.importorskip("transformers")
+    m = _hf()
+    docs = [[3, 9, 4, 1, 5, 22, 8], [5, 6, 7, 30, 2]]
+    batch = transformers.DataCollatorWithFlattening()([{"input_ids": d} for d in docs])
+    out = m(**batch)
+    alone = [m(torch.tensor([d])) for d in docs]
+    torch.testing.assert_close(out.logits[0, len(docs[0]):], alone[1].logits[0])
+    torch.testing.assert_close(out.logits[0, : len(docs[0])], alone[0].logits[0])
+    losses = [m(torch.tensor([d]), labels=torch.tensor([d])).loss for d in docs]
+    want = sum(loss * (len(d) - 1) for loss, d in zip(losses, docs)) / sum(len(d) - 1 for d in docs)
+    torch.testing.assert_close(out.loss, want)
+    # the same row with explicit cu_seqlens; labels without the collator's separators: the boundary is ignored
+    ids = batch["input_ids"]
+    out2 = m(ids, cu_seqlens=torch.tensor([0, 7, 12]), labels=ids, use_cache=True)
+    torch.testing.assert_close(out2.logits, out.logits)
+    torch.testing.assert_close(out2.loss, want)
+    assert _cache(out2).batch_size == 2  # one row per packed sequence
+
+
+def test_hf_padded_batch_runs_every_block_once():
+    """Rows of four different lengths: one call of every block (and, without a cache, of every mixer)."""
+    m = _hf()
+    ids, mask = _pad(_prompts([3, 9, 6, 5]), left=False)
+    blocks, mixers = [], []
+    for blk in m.model.blocks:
+        blk.register_forward_pre_hook(lambda *a: blocks.append(1))
+        orig = blk.mixer._forward
+        blk.mixer._forward = lambda x, s, orig=orig: (mixers.append(1), orig(x, s))[1]
+    m.train()
+    out = m(ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+    out.loss.backward()
+    assert len(blocks) == 2 and len(mixers) == 2
+    assert _cache(out) is None  # training: no cache by default
+    blocks.clear()
+    m.eval()
+    left_ids, left_mask = _pad(_prompts([3, 9, 6, 5]), left=True)
+    m(left_ids, attention_mask=left_mask, use_cache=True)
+    assert len(blocks) == 2

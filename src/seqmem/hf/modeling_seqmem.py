@@ -4,19 +4,25 @@ left padding and an ``attention_mask``), ``save_pretrained`` / ``from_pretrained
 checkpointing, ``output_hidden_states``, ``resize_token_embeddings`` and a :class:`SeqmemCache` that carries every
 layer's mixer state, so decoding costs one recurrent step per token.
 
-**Padding.** A position whose ``attention_mask`` is 0 never reaches any mixer: each row of a padded batch is run on
-its own real tokens only (rows with the same number of real tokens together), so its state, logits and hidden
-states are those of the unpadded sequence; outputs at masked positions are zeros.  Afterwards, layer by layer, the
-per-row states are stacked back into one batched state when their shapes agree and their integer tensors (position
-counters) are equal — every fixed-size recurrent state without a position counter — so decoding stays batched; any
-other layer (an attention KV cache, a state with a per-row position) keeps one state per row while the rows'
-lengths differ and runs those rows one at a time.  Exact by construction (up to float rounding
-between batch sizes), for every mixer, with no change to the mixers.
+**Padding and packing.** ``attention_mask`` (0 = pad; left or right padding), ``position_ids`` (several sequences
+in a row, restarting at 0, as ``transformers``' ``DataCollatorWithFlattening`` makes them) and ``cu_seqlens`` (a
+batch-1 row of packed sequences) are mapped onto the mixers' packed sequences (``cu_seqlens``, see
+:mod:`seqmem.mixers.base` and :func:`seqmem.models.lm.make_packing`): the real tokens of the batch are packed into one
+row and every block runs once per batch, each sequence as if it were alone — no pad enters a state, no sequence
+sees another.  Logits and hidden states at pads are zeros.  A mask with holes, values other than 0/1 in the mask,
+or position ids that neither count up by one nor restart at 0 are refused.  The cache holds each row's state after
+its last real token (after ``cu_seqlens``: one row per sequence); layer by layer the per-row states are one batched
+state when their shapes agree and their integer tensors (position counters) are equal — every fixed-size recurrent
+state without a position counter — so decoding stays batched; any other layer (an attention KV cache, a state with
+a per-row position) keeps one state per row while the rows' lengths differ and runs those rows one at a time.
+With ``use_cache`` left unset, a forward in training mode with gradients keeps no cache (so padded or packed
+batches take the mixers' one-call path).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
@@ -28,7 +34,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from seqmem.hf.configuration_seqmem import SeqmemConfig
 from seqmem.mixers.base import State
-from seqmem.models.lm import LanguageModel, check_ids, run_blocks
+from seqmem.models.lm import LanguageModel, Packing, check_ids, make_packing, run_blocks
 
 __all__ = ["SeqmemCache", "SeqmemForCausalLM", "SeqmemModel", "from_run", "save_exported"]
 
@@ -75,12 +81,6 @@ def _stack_rows(rows: list[State]) -> LayerState:
     if len(rows) == 1:
         return first
     return {k: torch.cat([r[k] for r in rows], 0) for k in first}
-
-
-def _split_rows(st: LayerState, n: int) -> list[State]:
-    if isinstance(st, list):
-        return st
-    return [{k: v[j : j + 1] for k, v in st.items()} for j in range(n)]
 
 
 def _select_rows(st: LayerState, idx: list[int], copy: bool = False) -> LayerState:
@@ -210,60 +210,37 @@ class SeqmemPreTrainedModel(PreTrainedModel):
     def _parts(self) -> tuple[nn.Embedding, nn.ModuleList, nn.Module]:
         raise NotImplementedError
 
-    def _run_block(self, blk: nn.Module, x: Tensor, st: LayerState | None) -> tuple[Tensor, LayerState]:
-        if isinstance(st, list):  # rows whose states differ in shape: one at a time
-            pairs = [self._run_block(blk, x[i : i + 1], s) for i, s in enumerate(st)]
+    def _run_block(self, blk: nn.Module, x: Tensor, st: LayerState | None, **kw: Any) -> tuple[Tensor, LayerState]:
+        if isinstance(st, list) and kw.get("cu_seqlens") is None:  # rows whose states differ in shape: one at a time
+            pairs = [self._run_block(blk, x[i : i + 1], s, **kw) for i, s in enumerate(st)]
             return torch.cat([p[0] for p in pairs], 0), _stack_rows([p[1] for p in pairs])
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-            return self._gradient_checkpointing_func(blk.__call__, x, st)
-        return blk(x, st)
+            return self._gradient_checkpointing_func(functools.partial(blk.__call__, **kw) if kw else blk.__call__,
+                                                     x, st)
+        return blk(x, st, **kw)
 
     def _run(
-        self, ids: Tensor, states: list[LayerState] | None, want_hidden: bool
-    ) -> tuple[Tensor, list[LayerState], list[Tensor] | None]:
-        """The backbone on token ids (batch, time) or on input embeddings (batch, time, d_model)."""
+        self, ids: Tensor, states: list[LayerState] | None, want_hidden: bool, packing: Packing | None = None,
+        want_state: bool = True,
+    ) -> tuple[Tensor, list[LayerState] | None, list[Tensor] | None]:
+        """Embeddings → blocks → final norm, on token ids (batch, time) or on input embeddings (batch, time,
+        d_model); with ``packing``, on the packed real tokens (every block once), the outputs unpacked (zeros at
+        pads) and the states one per row."""
         embed, blocks, norm = self._parts()
         x = ids if ids.is_floating_point() else embed(ids.long())
+        kw: dict[str, Any] = {}
+        if packing is not None:
+            x = packing.pack(x)
+            kw = {"cu_seqlens": packing.cu_seqlens, "output_final_state": want_state}
         hidden = [x] if want_hidden else None
-        x, new_states = run_blocks(blocks, x, states, self._run_block, hidden)
+        x, new_states = run_blocks(blocks, x, states, self._run_block, hidden, **kw)
         h = norm(x)
         if hidden is not None:
             hidden[-1] = h  # the last block's output is reported after the final norm
-        return h, new_states, hidden
-
-    def _run_masked(
-        self, ids: Tensor, keep: Tensor, states: list[LayerState] | None, want_hidden: bool
-    ) -> tuple[Tensor, list[LayerState], list[Tensor] | None]:
-        """:meth:`_run` on each row's kept positions only (rows with equal counts batched); zeros elsewhere."""
-        B, T = ids.shape[:2]
-        counts = keep.sum(1).tolist()
-        if min(counts) == 0:
-            raise ValueError(f"attention_mask row {counts.index(0)} has no 1 among the {T} new positions: "
-                             "every row needs at least one real token")
-        groups: dict[int, list[int]] = {}
-        for i, n in enumerate(counts):
-            groups.setdefault(int(n), []).append(i)
-        positions = [keep[i].nonzero().flatten() for i in range(B)]
-        h_out: Tensor | None = None
-        hid_out: list[Tensor] | None = None
-        row_states: list[list[State | None]] = []
-        for rows in groups.values():
-            gids = torch.stack([ids[i, positions[i]] for i in rows])
-            gst = None if states is None else [_select_rows(st, rows) for st in states]
-            h, new, hid = self._run(gids, gst, want_hidden)
-            if h_out is None:
-                h_out = h.new_zeros((B, T, h.shape[-1]))
-                hid_out = [t.new_zeros((B, T, t.shape[-1])) for t in hid] if hid is not None else None
-                row_states = [[None] * B for _ in new]
-            for j, i in enumerate(rows):
-                h_out[i, positions[i]] = h[j]
-                if hid_out is not None:
-                    for a, b in zip(hid_out, hid):
-                        a[i, positions[i]] = b[j]
-            for layer, st in enumerate(new):
-                for j, r in enumerate(_split_rows(st, len(rows))):
-                    row_states[layer][rows[j]] = r
-        return h_out, [_stack_rows(rs) for rs in row_states], hid_out
+        if packing is None:
+            return h, new_states, hidden
+        hidden = None if hidden is None else [packing.unpack(t) for t in hidden]
+        return packing.unpack(h), [packing.row_states(s) for s in new_states] if want_state else None, hidden
 
     def _backbone(
         self,
@@ -274,7 +251,9 @@ class SeqmemPreTrainedModel(PreTrainedModel):
         output_hidden_states: bool | None,
         inputs_embeds: Tensor | None,
         past_key_values: Cache | None,
-    ) -> tuple[Tensor, SeqmemCache | None, tuple[Tensor, ...] | None]:
+        position_ids: Tensor | None = None,
+        cu_seqlens: Tensor | None = None,
+    ) -> tuple[Tensor, SeqmemCache | None, tuple[Tensor, ...] | None, Packing | None]:
         if past_key_values is not None:
             if cache is not None and cache is not past_key_values:
                 raise ValueError("give cache or past_key_values, not both")
@@ -293,29 +272,24 @@ class SeqmemPreTrainedModel(PreTrainedModel):
         else:
             check_ids(input_ids, embed.num_embeddings)
         B, T = input_ids.shape[:2]
-        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache is None:  # a cache serves decoding: not kept by default while training
+            use_cache = bool(self.config.use_cache) and not (self.training and torch.is_grad_enabled())
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
             use_cache = False  # as in transformers' own models: states are not kept while checkpointing
         want_hidden = bool(self.config.output_hidden_states if output_hidden_states is None else output_hidden_states)
         states, seen = None, 0
         if isinstance(cache, SeqmemCache) and cache.states is not None:
             states, seen = cache.states, cache.seq_len
+            if cu_seqlens is not None:
+                raise ValueError("cu_seqlens starts new sequences: it cannot continue a cache (the cache after a "
+                                 "packed call holds one row per sequence: continue with input_ids of that many rows)")
             if cache.batch_size != B:
                 raise ValueError(f"the cache holds {cache.batch_size} rows but input_ids has {B}")
         elif cache is not None and not isinstance(cache, SeqmemCache) and cache.get_seq_length() != 0:
             raise ValueError(f"the cache must be a SeqmemCache, got {type(cache).__name__}")
-        keep = None
-        if attention_mask is not None:
-            if attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] < T:
-                raise ValueError(f"attention_mask must be (batch, >= time) = ({B}, >= {T}) zeros and ones, got shape "
-                                 f"{tuple(attention_mask.shape)}")
-            keep = attention_mask[:, -T:].to(input_ids.device) != 0  # the columns of the new tokens
-            if bool(keep.all()):
-                keep = None
-        if keep is None:
-            h, new_states, hidden = self._run(input_ids, states, want_hidden)
-        else:
-            h, new_states, hidden = self._run_masked(input_ids, keep, states, want_hidden)
+        packing = make_packing((B, T), input_ids.device, attention_mask, position_ids, cu_seqlens,
+                               continuing=states is not None)
+        h, new_states, hidden = self._run(input_ids, states, want_hidden, packing, want_state=bool(use_cache))
         out_cache = None
         if use_cache:
             if isinstance(cache, SeqmemCache):
@@ -323,7 +297,7 @@ class SeqmemPreTrainedModel(PreTrainedModel):
                 out_cache.states, out_cache.seq_len = new_states, seen + T
             else:
                 out_cache = SeqmemCache(new_states, seen + T)
-        return h, out_cache, tuple(hidden) if hidden is not None else None
+        return h, out_cache, tuple(hidden) if hidden is not None else None, packing
 
 
 class SeqmemModel(SeqmemPreTrainedModel):
@@ -357,12 +331,14 @@ class SeqmemModel(SeqmemPreTrainedModel):
         inputs_embeds: Tensor | None = None,
         past_key_values: Cache | None = None,
         output_attentions: bool | None = None,
+        position_ids: Tensor | None = None,
+        cu_seqlens: Tensor | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast | tuple:
         """The backbone's hidden states; arguments as :meth:`SeqmemForCausalLM.forward` (without the loss's)."""
         _check_extra(self, kwargs, output_attentions)
-        h, out_cache, hidden = self._backbone(input_ids, attention_mask, cache, use_cache, output_hidden_states,
-                                              inputs_embeds, past_key_values)
+        h, out_cache, hidden, _ = self._backbone(input_ids, attention_mask, cache, use_cache, output_hidden_states,
+                                                 inputs_embeds, past_key_values, position_ids, cu_seqlens)
         out = BaseModelOutputWithPast(last_hidden_state=h, hidden_states=hidden, **{_CACHE_FIELD: out_cache})
         return out if return_dict is not False else out.to_tuple()
 
@@ -424,22 +400,27 @@ class SeqmemForCausalLM(SeqmemPreTrainedModel, GenerationMixin):
         past_key_values: Cache | None = None,
         output_attentions: bool | None = None,
         num_items_in_batch: int | Tensor | None = None,
+        position_ids: Tensor | None = None,
+        cu_seqlens: Tensor | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast | tuple:
         """Logits for ``input_ids`` (or ``inputs_embeds``, batch × time × d_model, instead) continuing the state in
         ``cache`` (a :class:`SeqmemCache`; older ``transformers`` call it ``past_key_values``, also accepted).
 
         ``attention_mask`` (batch, past + new): positions with 0 are skipped by every layer (see the module
-        docstring); their logits are zeros.  ``labels`` (same shape as ``input_ids``; -100 = ignored, so set it at
-        padded positions) are shifted inside, as in every ``transformers`` causal LM; the loss is the mean over the
-        scored tokens, or their sum divided by ``num_items_in_batch`` when given (what ``transformers.Trainer``
-        passes under gradient accumulation: the scored tokens of the whole accumulated batch, so the accumulated
-        gradient is that of the batch's token mean).  Unknown keyword arguments raise ``TypeError``;
-        ``output_attentions=True`` raises ``ValueError`` (there are no attention weights to return).
+        docstring); their logits are zeros.  ``position_ids`` / ``cu_seqlens``: packed sequences (the module
+        docstring).  ``labels`` (same shape as ``input_ids``; -100 = ignored, so set it at padded positions) are
+        shifted inside, as in every ``transformers`` causal LM; with padding or packing, a target whose predicting
+        position is a pad or another sequence's last token is ignored too (no sequence sees another).  The loss is
+        the mean over the scored tokens, or their sum divided by ``num_items_in_batch`` when given (what
+        ``transformers.Trainer`` passes under gradient accumulation: the scored tokens of the whole accumulated
+        batch, so the accumulated gradient is that of the batch's token mean).  Unknown keyword arguments raise
+        ``TypeError``; ``output_attentions=True`` raises ``ValueError`` (there are no attention weights to return).
         """
         _check_extra(self, kwargs, output_attentions)
-        h, out_cache, hidden = self._backbone(input_ids, attention_mask, cache, use_cache, output_hidden_states,
-                                              inputs_embeds, past_key_values)
+        h, out_cache, hidden, packing = self._backbone(input_ids, attention_mask, cache, use_cache,
+                                                       output_hidden_states, inputs_embeds, past_key_values,
+                                                       position_ids, cu_seqlens)
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             h = h[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, Tensor):
@@ -452,8 +433,11 @@ class SeqmemForCausalLM(SeqmemPreTrainedModel, GenerationMixin):
                 raise ValueError(f"labels {tuple(labels.shape)} must be (batch, time) = {tuple(shape)}")
             if logits.shape[1] != shape[1]:
                 raise ValueError("labels need logits for every position (logits_to_keep=0)")
+            targets = labels[:, 1:].to(logits.device)
+            if packing is not None:  # no target across a pad or a sequence boundary
+                targets = targets.masked_fill(~packing.continues().to(targets.device), -100)
             flat_logits = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
-            flat_labels = labels[:, 1:].reshape(-1).to(logits.device)
+            flat_labels = targets.reshape(-1)
             if num_items_in_batch is None:
                 loss = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100)
             else:

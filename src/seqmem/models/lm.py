@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmem.mixers._norm import RMSNorm
-from seqmem.mixers.base import State, check_fields, check_positive_int
+from seqmem.mixers.base import State, check_cu_seqlens, check_fields, check_positive_int, split_states, stack_states
 from seqmem.registry import build_mixer
 
 
@@ -93,11 +93,18 @@ class Block(nn.Module):
         else:
             self.norm2 = self.mlp = None
 
-    def forward(self, x: Tensor, state: State | None, keep: Tensor | None = None) -> tuple[Tensor, State]:
+    def forward(
+        self, x: Tensor, state: State | list[State] | None, keep: Tensor | None = None, *,
+        cu_seqlens: Tensor | None = None, output_final_state: bool = True,
+    ) -> tuple[Tensor, State | list[State] | None]:
         """``keep`` (batch, time) bool, optional: after the mixer (which sees every position) only those positions go
         on, flattened to (N, d_model) in row-major order; the MLP is per position, so they equal the full output's
-        ``[keep]`` rows."""
-        y, state = self.mixer(self.norm1(x), state)
+        ``[keep]`` rows.  ``cu_seqlens`` / ``output_final_state``: packed sequences, passed to the mixer (see
+        :mod:`seqmem.mixers.base`)."""
+        if cu_seqlens is None and output_final_state:
+            y, state = self.mixer(self.norm1(x), state)
+        else:
+            y, state = self.mixer(self.norm1(x), state, cu_seqlens=cu_seqlens, output_final_state=output_final_state)
         x = x + y
         if keep is not None:
             x = x[keep]
@@ -108,16 +115,16 @@ class Block(nn.Module):
 
 def run_blocks(
     blocks: Iterable[nn.Module], x: Tensor, state: list[Any] | None,
-    run_block: Callable[[nn.Module, Tensor, Any], tuple[Tensor, Any]] | None = None,
-    outputs: list[Tensor] | None = None,
+    run_block: Callable[..., tuple[Tensor, Any]] | None = None,
+    outputs: list[Tensor] | None = None, **block_kwargs: Any,
 ) -> tuple[Tensor, list[Any]]:
     """``x`` through ``blocks`` in order, block ``i`` with ``state[i]`` (``state`` None: fresh states); returns the
-    last output and the new per-layer states.  ``run_block(blk, x, st)`` replaces ``blk(x, st)``; ``outputs``, if
-    given, receives every block's output."""
+    last output and the new per-layer states.  ``run_block(blk, x, st, **block_kwargs)`` replaces
+    ``blk(x, st, **block_kwargs)``; ``outputs``, if given, receives every block's output."""
     new_state = []
     for i, blk in enumerate(blocks):
         st = None if state is None else state[i]
-        x, st = blk(x, st) if run_block is None else run_block(blk, x, st)
+        x, st = blk(x, st, **block_kwargs) if run_block is None else run_block(blk, x, st, **block_kwargs)
         new_state.append(st)
         if outputs is not None:
             outputs.append(x)
@@ -141,6 +148,143 @@ def check_ids(input_ids: Tensor, vocab_size: int) -> None:
     lo, hi = int(input_ids.min()), int(input_ids.max())
     if lo < 0 or hi >= vocab_size:
         raise ValueError(f"token ids must lie in [0, {vocab_size}), got range [{lo}, {hi}]")
+
+
+@dataclass
+class Packing:
+    """Where the real tokens of a ``(batch, time)`` grid go when packed into one row of sequences (the mixers'
+    ``cu_seqlens``, see :mod:`seqmem.mixers.base`); built by :func:`make_packing`.
+
+    ``index``: the flat positions ``b·time + t`` of the packed tokens, row by row; ``cu_seqlens``: the sequence
+    boundaries along them; ``seq_rows``: the row of each sequence.  ``per_sequence``: the states returned are one per
+    sequence (an explicit ``cu_seqlens``), else one per row (the state after the row's last sequence, which a later
+    call continues)."""
+
+    shape: tuple[int, int]
+    index: Tensor
+    cu_seqlens: Tensor
+    seq_rows: list[int]
+    per_sequence: bool = False
+
+    def pack(self, x: Tensor) -> Tensor:
+        """``(batch, time, ...)`` → ``(1, n, ...)``: the real tokens, sequence after sequence."""
+        return x.reshape(self.shape[0] * self.shape[1], *x.shape[2:]).index_select(0, self.index)[None]
+
+    def unpack(self, y: Tensor) -> Tensor:
+        """``(1, n, ...)`` → ``(batch, time, ...)`` with zeros at the positions that were not packed."""
+        flat = y.new_zeros((self.shape[0] * self.shape[1], *y.shape[2:])).index_copy(0, self.index, y[0])
+        return flat.view(*self.shape, *y.shape[2:])
+
+    def continues(self) -> Tensor:
+        """(batch, time - 1) bool: whether position ``t + 1`` continues the sequence of position ``t`` (False where
+        either is a pad or a new sequence starts): the next-token targets a loss may count."""
+        B, T = self.shape
+        seq = torch.searchsorted(self.cu_seqlens, torch.arange(self.index.numel(), device=self.index.device),
+                                 right=True) - 1
+        sid = torch.full((B * T,), -1, dtype=torch.long, device=self.index.device).index_copy(0, self.index, seq)
+        sid = sid.view(B, T)
+        return (sid[:, 1:] == sid[:, :-1]) & (sid[:, :-1] >= 0)
+
+    def row_states(self, st: State | list[State] | None) -> State | list[State] | None:
+        """Per-sequence states → per-row states (each row's last sequence): one batched state where they stack."""
+        if st is None or self.per_sequence or self.seq_rows == list(range(self.shape[0])):
+            return st
+        per = split_states(st, len(self.seq_rows))
+        last = {row: i for i, row in enumerate(self.seq_rows)}
+        return stack_states([per[last[r]] for r in range(self.shape[0])])
+
+
+def _after(keep: Tensor) -> Tensor:
+    """``keep`` shifted one column right (False in the first): whether the previous position is kept."""
+    return torch.cat([torch.zeros_like(keep[:, :1]), keep[:, :-1]], 1)
+
+
+def make_packing(
+    shape: tuple[int, int], device: torch.device, attention_mask: Tensor | None = None,
+    position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None, continuing: bool = False,
+) -> Packing | None:
+    """The :class:`Packing` of a batch of ``shape`` (batch, time) from the usual ways of marking its sequences, or
+    ``None`` when every row is one whole sequence (nothing to pack).
+
+    * ``attention_mask`` (batch, >= time; its last ``time`` columns are the new tokens): 1 for a real token, 0 for a
+      pad.  Left padding, right padding or both; the real tokens of a row must be one run (a mask with holes is
+      refused), and every row needs at least one.  Values other than 0 and 1 are refused.
+    * ``position_ids`` (batch or 1, time): as from ``transformers``' ``DataCollatorWithFlattening``: a new sequence
+      starts wherever it is 0, and counts up by one inside a sequence (anything else is refused).
+    * ``cu_seqlens``: the sequences of a batch-1 row, given directly (see :mod:`seqmem.mixers.base`); the states
+      are then one per sequence.
+
+    ``continuing``: the call continues a state (a cache), one sequence per row: a row that holds several
+    sequences, or whose first token restarts at position 0, is refused."""
+    B, T = shape
+    if attention_mask is not None:
+        if not isinstance(attention_mask, Tensor) or attention_mask.dim() != 2 or attention_mask.shape[0] != B \
+                or attention_mask.shape[1] < T:
+            raise ValueError(f"attention_mask must be (batch, >= time) = ({B}, >= {T}) zeros and ones, got "
+                             f"{tuple(getattr(attention_mask, 'shape', ()))}")
+        bad = attention_mask[(attention_mask != 0) & (attention_mask != 1)]
+        if bad.numel():
+            raise ValueError(f"attention_mask must hold only 0 (a pad) and 1 (a real token), got "
+                             f"{sorted(set(bad.unique().tolist()))[:5]}")
+    if cu_seqlens is not None:
+        if position_ids is not None:
+            raise ValueError("give position_ids or cu_seqlens, not both")
+        if B != 1:
+            raise ValueError(f"cu_seqlens packs the sequences into one row: input_ids must have batch 1, got {B}")
+        if attention_mask is not None and not bool((attention_mask[:, -T:] != 0).all()):
+            raise ValueError("attention_mask with pads cannot be combined with cu_seqlens: pack the real tokens only")
+        bounds = check_cu_seqlens(cu_seqlens, T)
+        return Packing(shape, torch.arange(T, device=device), torch.tensor(bounds, device=device),
+                       [0] * (len(bounds) - 1), per_sequence=True)
+    keep = None
+    if attention_mask is not None:
+        keep = attention_mask[:, -T:].to(device) != 0  # the columns of the new tokens
+        counts = keep.sum(1)
+        if bool((counts == 0).any()):
+            raise ValueError(f"attention_mask row {int((counts == 0).nonzero()[0])} has no 1 among the {T} new "
+                             "positions: every row needs at least one real token")
+        runs = (keep & ~_after(keep)).sum(1)
+        if bool((runs > 1).any()):
+            row = int((runs > 1).nonzero()[0])
+            raise ValueError(f"attention_mask row {row} has pads between real tokens ({keep[row].int().tolist()}); "
+                             "only left or right padding is supported (the real tokens of a row in one run)")
+    kept = keep if keep is not None else torch.ones(B, T, dtype=torch.bool, device=device)
+    after_kept = kept & _after(kept)  # a kept token right after a kept token
+    restart = None
+    if position_ids is not None:
+        if not isinstance(position_ids, Tensor) or position_ids.dim() != 2 or position_ids.shape[1] != T \
+                or position_ids.shape[0] not in (1, B) or position_ids.is_floating_point():
+            raise ValueError(f"position_ids must be integer positions shaped (batch, time) = ({B}, {T}) (or (1, {T})), "
+                             f"got {getattr(position_ids, 'dtype', type(position_ids).__name__)} "
+                             f"{tuple(getattr(position_ids, 'shape', ()))}")
+        pid = position_ids.to(device).expand(B, T)
+        zero = (pid == 0) & kept
+        steps = pid[:, 1:] - pid[:, :-1] == 1
+        bad = after_kept[:, 1:] & ~zero[:, 1:] & ~steps
+        if bool(bad.any()):
+            r, t = (int(v) for v in bad.nonzero()[0])
+            raise ValueError(f"position_ids must count up by one inside a sequence and restart at 0 for a new one; "
+                             f"row {r} goes from {int(pid[r, t])} to {int(pid[r, t + 1])}")
+        restart = zero & after_kept  # a sequence starting after another inside the row
+        if continuing:
+            if bool(restart.any()):
+                raise ValueError("position_ids pack several sequences into a row, which cannot continue a cache: "
+                                 "continue one sequence per row")
+            first = kept & ~after_kept
+            if bool((zero & first).any()):
+                r = int((zero & first).nonzero()[0, 0])
+                raise ValueError(f"position_ids of row {r} restart at 0 although a state (cache) continues it: "
+                                 "drop the cache to start new sequences")
+        if not bool(restart.any()):
+            restart = None
+    if keep is None and restart is None:
+        return None
+    index = kept.flatten().nonzero().flatten()
+    starts = (kept & ~after_kept) if restart is None else (kept & ~after_kept) | restart
+    where = starts.flatten().index_select(0, index).nonzero().flatten()
+    bounds = where.tolist() + [index.numel()]
+    seq_rows = (index.index_select(0, where) // T).tolist()
+    return Packing(shape, index, torch.tensor(bounds, device=device), seq_rows)
 
 
 class LanguageModel(nn.Module):
@@ -171,30 +315,49 @@ class LanguageModel(nn.Module):
         return sum(blk.mixer.state_size(seq_len) for blk in self.blocks)
 
     def forward(
-        self, input_ids: Tensor, state: list[State] | None = None, positions: Tensor | None = None,
-    ) -> tuple[Tensor, list[State]]:
+        self, input_ids: Tensor, state: list[State] | None = None, positions: Tensor | None = None, *,
+        attention_mask: Tensor | None = None, position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None,
+        output_final_state: bool = True,
+    ) -> tuple[Tensor, list[State] | None]:
         """``logits (batch, time, vocab), state``.
 
         ``positions`` (batch, time) bool, optional: the logits of those positions only, ``(N, vocab)`` in row-major
         order — equal to the full call's ``logits[positions]`` — with the last block's MLP, the final norm and the
         head evaluated there alone (every layer's mixer still reads every position, and the state is the same).
-        A task scored at a few positions (recall, copying) trains at a fraction of the head's cost."""
+        A task scored at a few positions (recall, copying) trains at a fraction of the head's cost.
+
+        Padding and packing (:func:`make_packing`): ``attention_mask`` (0 = pad, left or right), ``position_ids``
+        (several sequences in a row, restarting at 0) or ``cu_seqlens`` (a batch-1 row of packed sequences) run
+        every row's sequences as if each were alone, in one call of every block: no pad enters a state and no
+        sequence sees another.  Logits at pads are zeros; the state is each row's, after its last real token (with
+        ``cu_seqlens``: each sequence's).  ``output_final_state=False`` returns ``None`` as the state (cheaper with
+        padding or packing: see :meth:`seqmem.mixers.base.Mixer._forward_varlen`)."""
         check_ids(input_ids, self.cfg.vocab_size)
         if state is not None and (not isinstance(state, list) or len(state) != len(self.blocks)):
             raise ValueError(f"state must be the list of {len(self.blocks)} per-layer states returned by the model")
-        x = self.embed(input_ids.long())
-        if positions is None:
-            x, new_state = run_blocks(self.blocks, x, state)
-            return self.head(self.norm(x)), new_state
-        if not isinstance(positions, Tensor) or positions.dtype != torch.bool or positions.shape != input_ids.shape:
+        if positions is not None and (not isinstance(positions, Tensor) or positions.dtype != torch.bool
+                                      or positions.shape != input_ids.shape):
             raise ValueError(
                 f"positions must be a bool tensor shaped like input_ids {tuple(input_ids.shape)}, got "
                 f"{getattr(positions, 'dtype', type(positions).__name__)} {tuple(getattr(positions, 'shape', ()))}"
             )
+        x = self.embed(input_ids.long())
+        packing = make_packing(tuple(input_ids.shape), x.device, attention_mask, position_ids, cu_seqlens,
+                               continuing=state is not None)
+        if packing is not None:
+            x, new_state = run_blocks(self.blocks, packing.pack(x), state, cu_seqlens=packing.cu_seqlens,
+                                      output_final_state=output_final_state)
+            logits = packing.unpack(self.head(self.norm(x)))
+            if positions is not None:
+                logits = logits[positions.to(x.device)]
+            return logits, ([packing.row_states(s) for s in new_state] if output_final_state else None)
+        if positions is None:
+            x, new_state = run_blocks(self.blocks, x, state)
+            return self.head(self.norm(x)), (new_state if output_final_state else None)
         positions = positions.to(x.device)
         x, new_state = run_blocks(self.blocks[:-1], x, None if state is None else state[:-1])
         x, last = self.blocks[-1](x, None if state is None else state[-1], keep=positions)
-        return self.head(self.norm(x)), new_state + [last]
+        return self.head(self.norm(x)), (new_state + [last] if output_final_state else None)
 
     @torch.no_grad()
     def generate(
