@@ -411,8 +411,8 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
                 state = self._check_varlen_state(state, x, len(bounds) - 1)
         elif state is not None:
             if isinstance(state, list):
-                raise ValueError(f"{type(self).__name__}: a list of per-sequence states needs cu_seqlens "
-                                 "(one state per packed sequence)")
+                raise ValueError(f"{type(self).__name__}: state must be the dict of tensors returned by a previous "
+                                 "call (a list of per-sequence states needs cu_seqlens: one per packed sequence)")
             self._check_state(state, x)
         if _CHECK_FINITE:
             self._check_finite_inputs(x, state)
