@@ -75,30 +75,32 @@ def grads(m, xs: list[torch.Tensor], ys: list[torch.Tensor], w: list[torch.Tenso
 
 
 @pytest.mark.parametrize("name,cfg", CASES)
-@pytest.mark.parametrize("final", [True, False], ids=["final", "nofinal"])
-def test_packed_equals_separate(name, cfg, final):
+def test_packed_equals_separate(name, cfg):
+    """Both paths: with final states (segments by length) and without (one right-padded call)."""
     m = make(name, cfg)
     xs = [x.requires_grad_(True) for x in seqs(m, LENS)]
     g = torch.Generator().manual_seed(5)
     w = [torch.randn(x.shape, generator=g, dtype=x.dtype) for x in xs]
     alone = [m(x) for x in xs]
     y_ref = [a[0] for a in alone]
-    y, st = m(torch.cat(xs, 1), cu_seqlens=cu(LENS), output_final_state=final)
-    assert y.shape == (1, sum(LENS), m.d_model)
-    assert y.abs().max() > 1e-6, "output identically zero: the test would be vacuous"
-    assert_rel_close(y, torch.cat(y_ref, 1), TOL, f"{name}: packed output")
-    if final:
-        for i, (s, (_, want)) in enumerate(zip(rows(st, len(LENS)), alone)):
-            assert_states_equal(s, want, f"{name}: final state of sequence {i}")
-    else:
-        assert st is None
-    ys = list(y.split(LENS, 1))
-    got, want = grads(m, xs, ys, w), grads(m, xs, y_ref, w)
+    want = grads(m, xs, y_ref, w)
     names = [f"x{i}" for i in range(len(xs))] + [n for n, _ in m.named_parameters()]
-    for n, a, b in zip(names, got, want):
-        assert (a is None) == (b is None), f"{name}: grad of {n} missing on one side"
-        if a is not None and b.abs().max() > 0:
-            assert_rel_close(a, b, TOL * 10, f"{name}: grad wrt {n}")
+    for final in (True, False):
+        what = f"{name} (output_final_state={final})"
+        y, st = m(torch.cat(xs, 1), cu_seqlens=cu(LENS), output_final_state=final)
+        assert y.shape == (1, sum(LENS), m.d_model)
+        assert y.abs().max() > 1e-6, "output identically zero: the test would be vacuous"
+        assert_rel_close(y, torch.cat(y_ref, 1), TOL, f"{what}: packed output")
+        if final:
+            for i, (s, (_, ws)) in enumerate(zip(rows(st, len(LENS)), alone)):
+                assert_states_equal(s, ws, f"{what}: final state of sequence {i}")
+        else:
+            assert st is None
+        got = grads(m, xs, list(y.split(LENS, 1)), w)
+        for n, a, b in zip(names, got, want):
+            assert (a is None) == (b is None), f"{what}: grad of {n} missing on one side"
+            if a is not None and b.abs().max() > 0:
+                assert_rel_close(a, b, TOL * 10, f"{what}: grad wrt {n}")
 
 
 @pytest.mark.parametrize("name,cfg", CASES)
@@ -363,3 +365,22 @@ def test_hf_padded_batch_runs_every_block_once():
     left_ids, left_mask = _pad(_prompts([3, 9, 6, 5]), left=True)
     m(left_ids, attention_mask=left_mask, use_cache=True)
     assert len(blocks) == 2
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_hf_gradient_checkpointing_with_padding():
+    """Checkpointed blocks get the packing too: equal gradients with and without checkpointing."""
+    ids = torch.randint(1, 40, (3, 10), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(3, 10, dtype=torch.long)
+    mask[0, 6:], mask[2, :3] = 0, 0
+    grads = []
+    for kwargs in (None, {}, {"use_reentrant": True}):
+        m = _hf().train()
+        if kwargs is not None:
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None)
+        m(ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
+    for g in grads[1:]:
+        assert g.keys() == grads[0].keys() and len(g) > 5
+        for k in g:
+            torch.testing.assert_close(g[k], grads[0][k], rtol=1e-5, atol=1e-7)
