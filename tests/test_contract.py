@@ -182,6 +182,24 @@ def test_bad_input_raises(name, cfg):
         m(inputs(m, b=B + 1, t=3), st)  # state from another batch size
 
 
+@pytest.mark.parametrize("name,cfg", CASES)
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_tensors_are_made_on_the_input_device(name, cfg, impl):
+    """Every tensor a mixer makes in its forward and backward is made on its input's device (``device=x.device``,
+    ``x.new_*``, ``*_like``), never on the default device: on a GPU a constant made on the host and combined with
+    device tensors fails ("Expected all tensors to be on the same device").  Checked on any machine by making the
+    default device ``meta`` (no data): a tensor made without a device then lands there and the first operation
+    that mixes it with the input's tensors fails, on the CPU as it would on a GPU."""
+    m = make(name, cfg, impl=impl)
+    x = inputs(m, t=13).requires_grad_(True)
+    with torch.device("meta"):
+        y1, st = m(x[:, :7])
+        y2, st = m(x[:, 7:], st)  # continued from a state
+        y3, _ = m(x[:, 12:], st)  # one decoding step
+        (y1.sum() + y2.sum() + y3.sum()).backward()
+    assert x.grad is not None and x.grad.device == x.device and y3.device == x.device
+
+
 def test_registry_errors():
     with pytest.raises(ValueError, match="registered mixers"):
         build_mixer("no_such_mixer", 16)

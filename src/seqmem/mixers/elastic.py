@@ -375,7 +375,7 @@ class Elastic(BlockAttention):
         key = (self.sampling, self.alpha, self.eps, like.dtype, like.device)
         if key not in self._R:
             self._R = {
-                key: legs_reconstruction_matrix(self.hippo_n, self._fractions).to(like.device, like.dtype)
+                key: legs_reconstruction_matrix(self.hippo_n, self._fractions, like.dtype, like.device)
             }
         return self._R[key]
 
@@ -384,8 +384,8 @@ class Elastic(BlockAttention):
         if key not in self._bank:
             if len(self._bank) > 64:
                 self._bank.clear()
-            P, K = legs_block(self.hippo_n, self.block_len, blk)  # float64 closed forms
-            self._bank[key] = (P.to(like.device, like.dtype), K.to(like.device, like.dtype))
+            P, K = legs_block(self.hippo_n, self.block_len, blk, device=like.device)  # float64 closed forms
+            self._bank[key] = (P.to(like.dtype), K.to(like.dtype))
         return self._bank[key]
 
     def _mem_keys(self) -> set[str]:

@@ -317,9 +317,9 @@ class VORT(Mixer):
 
         return refine_alpha(a0, f, min_alpha=self.min_alpha, lr=lr, steps=steps)
 
-    def bank_orders(self) -> Tensor:
-        """α_k = δ + (1−δ) k/K, k = 1..K (the paper's bank grid; α_K = 1)."""
-        k = torch.arange(1, self.n_banks + 1, dtype=torch.float64)
+    def bank_orders(self, device: torch.device | str | None = None) -> Tensor:
+        """α_k = δ + (1−δ) k/K, k = 1..K (the paper's bank grid; α_K = 1), on ``device`` (default: the CPU)."""
+        k = torch.arange(1, self.n_banks + 1, dtype=torch.float64, device=device)
         return self.min_alpha + (1 - self.min_alpha) * k / self.n_banks
 
     def n_channels(self) -> int:
@@ -385,7 +385,7 @@ class VORT(Mixer):
         z = self.alpha_x(x)[..., 0] + self.alpha_h * ent + self.alpha_e * e
         a = self.min_alpha + (1 - self.min_alpha) * torch.sigmoid(z)
         if self.alpha_mode == "banked":
-            banks = self.bank_orders().to(x.dtype)
+            banks = self.bank_orders(x.device).to(x.dtype)
             idx = (a.detach()[..., None] - banks).abs().argmin(-1)
             a = a + (banks[idx] - a).detach()  # straight-through estimator
         return a
@@ -507,11 +507,10 @@ class VORT(Mixer):
             o = self._cached_rows_cd(q.to(cd), K.to(cd), V.to(cd), C.to(cd), kpos, qpos)
         return o.to(q.dtype)
 
-    def _rates(self, dtype) -> Tensor:
-        if self.kernel == "soe":
-            xi = soe_coefficients(
-                0.5, self.n_soe, self.horizon, self.soe_eps, construction=self.construction
-            )[1]
+    def _rates(self, dtype: torch.dtype, device: torch.device) -> Tensor:
+        if self.kernel == "soe":  # the rates ξ_s do not depend on α (but for "paper", whose nodes do; α = ½ there)
+            half = torch.tensor(0.5, dtype=torch.float64, device=device)
+            xi = soe_coefficients(half, self.n_soe, self.horizon, self.soe_eps, construction=self.construction)[1]
             return xi.to(dtype)
         return self.exp_rate.to(dtype) if self.kernel == "exp" else torch.exp(self.mix_log_rate).to(dtype)
 
@@ -523,7 +522,7 @@ class VORT(Mixer):
             D = torch.exp(torch.lgamma(lag + a) - torch.lgamma(a) - torch.lgamma(lag + 1.0)) * vis
         else:
             now = None if self.strict_causal else C[..., -1]
-            D = soe_kernel_matrix(qpos, kpos, C[..., :-1], self._rates(q.dtype), now) * vis
+            D = soe_kernel_matrix(qpos, kpos, C[..., :-1], self._rates(q.dtype, q.device), now) * vis
         kw = dict(normalizer=self.normalizer, eps0=self.eps0)
         if self.feature_map == "exact":  # exp(q·k/√d) (eq. 13)
             return kv_retention(q, K, V, D, vis, scores="exact", **kw)

@@ -52,7 +52,8 @@ def _legendre_table(nmax: int, z: np.ndarray) -> np.ndarray:
     return P
 
 
-def legs_matrices(N: int, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
+def legs_matrices(N: int, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
+                  ) -> tuple[Tensor, Tensor]:
     """HiPPO-LegS ``(A, B)`` of Eq. 19: ``A[n,k] = √(2n+1)√(2k+1)`` (n > k), ``n+1`` (n = k), 0 (n < k);
     ``B[n] = √(2n+1)``.
 
@@ -63,7 +64,7 @@ def legs_matrices(N: int, dtype: torch.dtype = torch.float64) -> tuple[Tensor, T
     N = _check_n(N)
     q = np.sqrt(2.0 * np.arange(N) + 1.0)
     A = np.tril(np.outer(q, q), -1) + np.diag(np.arange(1.0, N + 1.0))
-    return torch.tensor(A, dtype=dtype), torch.tensor(q, dtype=dtype)
+    return torch.tensor(A, dtype=dtype, device=device), torch.tensor(q, dtype=dtype, device=device)
 
 
 @functools.lru_cache(maxsize=8)
@@ -100,7 +101,8 @@ def _transition_impl(N: int, t1: float, t2: float) -> np.ndarray:
     return np.tril(P)  # exactly lower triangular (the upper part is quadrature round-off)
 
 
-def legs_transition(N: int, t1: float, t2: float, dtype: torch.dtype = torch.float64) -> Tensor:
+def legs_transition(N: int, t1: float, t2: float, dtype: torch.dtype = torch.float64,
+                    device: torch.device | str | None = None) -> Tensor:
     """``(t1/t2)^A``: maps the LegS coefficients of a history on ``[0, t1]`` to those on ``[0, t2]`` (no new
     input).
 
@@ -112,7 +114,7 @@ def legs_transition(N: int, t1: float, t2: float, dtype: torch.dtype = torch.flo
     N = _check_n(N)
     if not (0 <= t1 <= t2) or t2 <= 0:
         raise ValueError(f"legs_transition needs 0 <= t1 <= t2 and t2 > 0, got t1={t1}, t2={t2}")
-    return torch.tensor(_transition_np(N, float(t1), float(t2)), dtype=dtype)
+    return torch.tensor(_transition_np(N, float(t1), float(t2)), dtype=dtype, device=device)
 
 
 def _kernel_np(N: int, s0: int, length: int, T: int) -> np.ndarray:
@@ -136,7 +138,8 @@ def _kernel_impl(N: int, s0: int, length: int, T: int) -> np.ndarray:
     return (Q[:, 1:] - Q[:, :-1]) / (2.0 * np.sqrt(2.0 * np.arange(N) + 1.0))[:, None]
 
 
-def legs_input_kernel(N: int, s0: int, length: int, T: int, dtype: torch.dtype = torch.float64) -> Tensor:
+def legs_input_kernel(N: int, s0: int, length: int, T: int, dtype: torch.dtype = torch.float64,
+                      device: torch.device | str | None = None) -> Tensor:
     """(N, length) matrix mapping tokens ``s0 .. s0+length−1`` to their contribution to the state at time
     ``T``.
 
@@ -153,20 +156,21 @@ def legs_input_kernel(N: int, s0: int, length: int, T: int, dtype: torch.dtype =
         raise ValueError(
             f"legs_input_kernel needs s0 + length <= T and T > 0, got s0={s0}, length={length}, T={T}"
         )
-    return torch.tensor(_kernel_np(N, int(s0), int(length), int(T)), dtype=dtype)
+    return torch.tensor(_kernel_np(N, int(s0), int(length), int(T)), dtype=dtype, device=device)
 
 
-def legs_block(N: int, block_len: int, i: int, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
+def legs_block(N: int, block_len: int, i: int, dtype: torch.dtype = torch.float64,
+               device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
     """``(P_i, K̄_i)`` of Eq. 6 for 0-indexed block ``i`` of ``block_len`` tokens (one time unit per token).
 
     ``P_i = (i/(i+1))^A`` (N×N, ``P_0 = 0``), ``K̄_i`` (N×block_len) the input kernel of tokens
-    ``iL .. (i+1)L − 1`` at time ``(i+1)L``.  Computed in float64, returned in ``dtype``.
+    ``iL .. (i+1)L − 1`` at time ``(i+1)L``.  Computed in float64, returned in ``dtype`` on ``device``.
     """
     N = _check_n(N)
     check_int("block_len", block_len)
     check_int("block index", i, 0)
-    P = legs_transition(N, i * block_len, (i + 1) * block_len, dtype)
-    K = legs_input_kernel(N, i * block_len, block_len, (i + 1) * block_len, dtype)
+    P = legs_transition(N, i * block_len, (i + 1) * block_len, dtype, device)
+    K = legs_input_kernel(N, i * block_len, block_len, (i + 1) * block_len, dtype, device)
     return P, K
 
 
@@ -203,7 +207,8 @@ def sample_fractions(kind: str, num: int, alpha: float | None = None, eps: float
     return 1.0 - alpha ** (num - 1 - j)
 
 
-def legs_reconstruction_matrix(N: int, fractions, dtype: torch.dtype = torch.float64) -> Tensor:
+def legs_reconstruction_matrix(N: int, fractions, dtype: torch.dtype = torch.float64,
+                               device: torch.device | str | None = None) -> Tensor:
     """``R[j, n] = √(2n+1) P_n(2 x_j/t − 1)`` (Eq. 7), shape (len(fractions), N), for fractions ``x_j/t`` in
     [0, 1].
 
@@ -214,7 +219,7 @@ def legs_reconstruction_matrix(N: int, fractions, dtype: torch.dtype = torch.flo
     if fr.size == 0 or not np.all(np.isfinite(fr)) or fr.min() < 0 or fr.max() > 1:
         raise ValueError("sample fractions must be a non-empty array of values in [0, 1]")
     R = _legendre_table(N - 1, 2.0 * fr - 1.0) * np.sqrt(2.0 * np.arange(N) + 1.0)[:, None]
-    return torch.tensor(R.T.copy(), dtype=dtype)
+    return torch.tensor(R.T.copy(), dtype=dtype, device=device)
 
 
 def _batched(name: str, x: Tensor) -> Tensor:
@@ -362,6 +367,6 @@ def hippo_reconstruct(
             else np.asarray(points, float)
         )
         fr = x / t
-    R = legs_reconstruction_matrix(N, fr, coeffs.dtype).to(coeffs.device)
+    R = legs_reconstruction_matrix(N, fr, coeffs.dtype, coeffs.device)
     return R @ coeffs
 
