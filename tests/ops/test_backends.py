@@ -1,6 +1,8 @@
-"""Optional op backends (seqmem.backends): off by default; when enabled, used only where installed and supported,
-else the PyTorch form runs; a fake backend stands in for the GPU kernels on CPU.  The real kernels (fla, mamba_ssm)
-are checked against seqmem's reference forms only where CUDA and the package are present."""
+"""Op backends (seqmem.backends): the built-in ones (fla, mamba_ssm) on by default, used only where installed and
+supported (CUDA, half precision, head sizes their kernels take), else the PyTorch form runs; switched off by the API
+or SEQMEM_BACKENDS.  Fakes stand in for the GPU kernels on CPU (a fake backend; fla "installed" with a stand-in
+that refuses float32 as fla does, tensors reporting is_cuda).  The real kernels are checked against seqmem's
+reference forms, op by op and layer by layer, only where CUDA and the package are present."""
 
 from __future__ import annotations
 
@@ -44,12 +46,38 @@ def fake():
     backends.use_backends(None)
 
 
-def test_off_by_default(fake, monkeypatch):
+def test_built_in_backends_on_by_default_and_switches_off(fake, monkeypatch):
     calls, _ = fake
     monkeypatch.delenv("SEQMEM_BACKENDS", raising=False)
+    assert backends.enabled_backends() == ("fla", "mamba_ssm") == backends.DEFAULT
     q, k, v, beta, g = _qkv()
     gated_delta_rule(q, k, v, beta=beta, g=g)
-    assert calls == [] and backends.enabled_backends() == ()
+    assert calls == []  # a registered backend is not enabled unless named
+    for env in ("pytorch", "", "none", " pytorch "):
+        monkeypatch.setenv("SEQMEM_BACKENDS", env)
+        assert backends.enabled_backends() == (), env
+    monkeypatch.setenv("SEQMEM_BACKENDS", "fla")
+    assert backends.enabled_backends() == ("fla",)
+    with backends.backends("pytorch"):  # the API wins over the environment
+        assert backends.enabled_backends() == ()
+    assert backends.enabled_backends() == ("fla",)
+    backends.use_backends([])
+    assert backends.enabled_backends() == ()
+    backends.use_backends(None)
+    assert backends.enabled_backends() == ("fla",)
+
+
+def test_unknown_backend_names_are_errors(monkeypatch):
+    with pytest.raises(ValueError, match="unknown backend.*'flash'"):
+        backends.use_backends(["flash"])
+    with pytest.raises(ValueError, match="cannot be combined"):
+        backends.use_backends("pytorch,fla")
+    monkeypatch.setenv("SEQMEM_BACKENDS", "fla,triton_x")
+    with pytest.raises(ValueError, match="SEQMEM_BACKENDS: unknown backend"):
+        backends.enabled_backends()
+    with pytest.raises(ValueError, match="means 'no backend'"):
+        backends.register_backend("delta_rule", "pytorch", lambda *a: a)
+    assert backends.enabled_backends.__module__ == "seqmem.ops._backends"
 
 
 def test_enabled_backend_is_used_and_matches(fake):
@@ -116,6 +144,100 @@ def test_mixer_uses_backend_and_gradients_flow(fake):
     assert x.grad is not None and m.qkv.weight.grad is not None
 
 
+# ------------------------------------ what fla's kernels take, on the CPU: a stand-in that refuses as fla does
+@pytest.fixture
+def fake_fla(monkeypatch):
+    """fla "installed" with its kernels replaced by a stand-in that refuses float32 as fla's chunk kernels do
+    ("... does not support float32"), and every tensor reporting ``is_cuda``: what a CUDA machine with fla sees."""
+    calls = []
+
+    def kernel_for(op):
+        def run(q, *args):
+            if q.dtype == torch.float32:
+                raise AssertionError(f"{op}: ChunkFunction does not support float32. Please use bfloat16.")
+            calls.append((op, q.dtype, q.shape[-1]))
+            with backends.backends("pytorch"):
+                s0 = None if args[-2] is None else {"S": args[-2]}
+                o, st = getattr(_ops, op)(q, *args[:-3], scale=args[-3], initial_state=s0)
+            return o, st["S"]
+
+        return run
+
+    for op in ("linear_attention", "delta_rule", "gated_delta_rule"):
+        b = next(x for x in _backends._REGISTRY[op] if x.name == "fla")
+        monkeypatch.setattr(b, "_available", True)
+        monkeypatch.setattr(b, "fn", kernel_for(op))
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    backends.use_backends(["fla"])
+    yield calls
+    backends.use_backends(None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_fla_gets_half_precision_only(fake_fla, dtype):
+    """float32 (and float64) calls run the PyTorch form on a CUDA machine with fla: fla's chunk_delta_rule asserts
+    it does not support float32, so sending it there failed every float32 call."""
+    q, k, v, beta, g = _qkv(dtype=dtype)
+    s0 = torch.randn(2, 2, 8, 8)
+    for op, args in ((delta_rule, (q, k, v, beta)), (gated_delta_rule, (q, k, v, beta, g))):
+        op(*args, initial_state=s0)
+    _ops.linear_attention(q, k, v)
+    half = dtype == torch.bfloat16
+    assert [c[0] for c in fake_fla] == (["delta_rule", "gated_delta_rule", "linear_attention"] if half else [])
+
+
+def test_fla_gets_head_sizes_it_takes_only(fake_fla):
+    q, k, v, beta, g = _qkv(d=300, t=5, dtype=torch.bfloat16)
+    delta_rule(q, k, v, beta)  # d_k = 300 > 256: the PyTorch form
+    assert fake_fla == []
+    q, k, v, beta, g = _qkv(d=256, t=5, dtype=torch.bfloat16)
+    delta_rule(q, k, v, beta)
+    assert fake_fla == [("delta_rule", torch.bfloat16, 256)]
+
+
+def test_which_form_answers_for_a_device_not_here(fake_fla, monkeypatch):
+    monkeypatch.undo()  # real is_cuda: which_form needs no tensor on the device
+    b = next(x for x in _backends._REGISTRY["delta_rule"] if x.name == "fla")
+    monkeypatch.setattr(b, "_available", True)
+    assert backends.which_form("delta_rule", "cuda", torch.bfloat16, 128) == "fla"
+    assert backends.which_form("delta_rule", "cuda", torch.float32, 128) == "pytorch"
+    assert backends.which_form("delta_rule", "cuda", torch.bfloat16, 512) == "pytorch"
+    assert backends.which_form("delta_rule", "cpu", torch.bfloat16, 128) == "pytorch"
+    with backends.backends("pytorch"):
+        assert backends.which_form("delta_rule", "cuda", torch.bfloat16, 128) == "pytorch"
+    assert _ops.which_form is backends.which_form
+    with pytest.raises(ValueError, match="no op 'softmax'"):
+        backends.which_form("softmax", "cuda", torch.bfloat16)
+
+
+def test_linear_attention_float32_values_with_bfloat16_keys(fake_fla):
+    """The linear-attention mixer asks for float32 values (undecayed sums); fla then gets them in bfloat16 and the
+    output comes back in float32, as the op promises."""
+    q, k, v, _, _ = _qkv(dtype=torch.bfloat16)
+    b = next(x for x in _backends._REGISTRY["linear_attention"] if x.name == "fla")
+    seen = []
+    b_fn = b.fn
+    b.fn = lambda q, k, v, *a: (seen.append(v.dtype), b_fn(q, k, v.to(q.dtype), *a))[1]
+    try:
+        o, st = _ops.linear_attention(q, k, v.float())
+    finally:
+        b.fn = b_fn
+    assert seen == [torch.float32]
+
+
+def test_record_forms_reports_what_ran(fake):
+    q, k, v, beta, g = _qkv()
+    with backends.record_forms() as forms:
+        gated_delta_rule(q, k, v, beta, g)
+        with backends.backends(["fake"]):
+            gated_delta_rule(q, k, v, beta, g)
+        _ops.lattice_scan(k, k, v, 0.1)
+    assert forms["gated_delta_rule"] == {"pytorch": 1, "fake": 1}
+    assert set(forms["lattice_scan"]) <= {"cpp", "pytorch"}
+    assert backends.forms_text({}) == "pytorch"
+    assert backends.forms_text({"delta_rule": {"fla": 3}}) == "delta_rule: fla"
+
+
 def test_unknown_op_is_refused():
     with pytest.raises(ValueError, match="no op"):
         backends.register_backend("softmax", "x", lambda *a: a)
@@ -128,14 +250,18 @@ _cuda = torch.cuda.is_available()
 @pytest.mark.skipif(not (_cuda and importlib.util.find_spec("fla")), reason="needs CUDA and fla")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fla_matches_reference(dtype):
+    """bfloat16 runs fla's kernels; float32 (which they refuse) falls back to the PyTorch form: both match."""
     q, k, v, beta, g = _qkv(b=2, t=300, h=4, d=64, device="cuda", dtype=dtype)
     s0 = torch.randn(2, 4, 64, 64, device="cuda")
     tol = {torch.float32: 2e-3, torch.bfloat16: 5e-2}[dtype]
-    for op, gates in ((delta_rule, {"beta": beta}), (gated_delta_rule, {"beta": beta, "g": g})):
+    linear = tensor_state(_ops.linear_attention)
+    cases = ((delta_rule, {"beta": beta}), (gated_delta_rule, {"beta": beta, "g": g}), (linear, {}))
+    for op, gates in cases:  # the gates by keyword
         ref_o, ref_s = op(q.double(), k.double(), v.double(), **{n: x.double() for n, x in gates.items()},
                           initial_state=s0.double(), mode="recurrent")
         with backends.backends(["fla"]):
-            assert _backends.select(op.__name__, q, k, v, *gates.values(), s0) is not None
+            chosen = _backends.select(op.__name__, q, k, v, *gates.values(), s0)
+            assert (chosen is not None) == (dtype == torch.bfloat16), op.__name__
             o, s = op(q, k, v, **gates, initial_state=s0)
         scale_o, scale_s = ref_o.abs().max(), ref_s.abs().max()
         assert (o.double() - ref_o).abs().max() <= tol * scale_o, op.__name__
@@ -154,3 +280,36 @@ def test_mamba_ssd_matches_reference():
         y, s = ssd(x, dt, A, B, C)
     assert (y.double() - ref_y).abs().max() <= 2e-3 * ref_y.abs().max()
     assert (s.double() - ref_s).abs().max() <= 2e-3 * ref_s.abs().max()
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
+
+
+@pytest.mark.parametrize("name,backend", [("linear_attention", "fla"), ("deltanet", "fla"),
+                                          ("gated_deltanet", "fla"), ("mamba2", "mamba_ssm")])
+def test_layer_on_the_gpu_kernels_matches_pytorch(name, backend):
+    """A whole layer in bfloat16 on the backend's kernels (the default on CUDA) against the same layer on the
+    PyTorch forms: outputs, final state and input gradients within bfloat16 tolerance; float32 runs PyTorch."""
+    if not (_cuda and importlib.util.find_spec(backend)):
+        pytest.skip(f"needs CUDA and {backend}")
+    torch.manual_seed(0)
+    m = seqmem.build_mixer(name, 256, n_heads=2).to("cuda", torch.bfloat16)
+    x = torch.randn(2, 300, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(2, 300, 256, device="cuda")
+    outs = {}
+    for be in ("pytorch", backend):
+        x.grad = None
+        with backends.backends(be), backends.record_forms() as forms:
+            y, st = m(x)
+            (y.float() * w).sum().backward()
+        ran = {f for fs in forms.values() for f in fs}
+        assert ran == {be}, f"{name}: {forms}"
+        outs[be] = (y, st, x.grad.clone())
+    (y0, s0, g0), (y1, s1, g1) = outs["pytorch"], outs[backend]
+    assert _rel(y1, y0) <= 3e-2 and _rel(g1, g0) <= 5e-2, f"{name}: y {_rel(y1, y0):.1e}, dx {_rel(g1, g0):.1e}"
+    for k in s0:
+        assert _rel(s1[k], s0[k]) <= 3e-2, f"{name}: state[{k}] {_rel(s1[k], s0[k]):.1e}"
+    with backends.record_forms() as forms:
+        m.float()(x.detach().float())
+    assert {f for fs in forms.values() for f in fs} == {"pytorch"}, f"{name} float32: {forms}"

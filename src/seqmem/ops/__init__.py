@@ -22,5 +22,6 @@ for _m in sorted(_pkgutil.iter_modules(__path__), key=lambda m: m.name):
         globals()[_name] = getattr(_mod, _name)
         __all__.append(_name)
 
-# the deprecated alias of lattice_minibatch: importable, not in __all__
+# which form an op takes (seqmem.backends), and the deprecated alias of lattice_minibatch: importable, not in __all__
+from seqmem.ops._backends import record_forms, which_form  # noqa: E402, F401, I001
 from seqmem.ops.lattice import lattice_chunked  # noqa: E402, F401

@@ -43,12 +43,12 @@ def _run(
     op: str, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, scale: float | None,
     initial_state: Tensor | None, mode: str, chunk_size: int,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Both public ops after their state is read (``g`` None: :func:`delta_rule`): the checks, then the opt-in GPU
-    kernel (seqmem.backends) for ``mode="chunk"`` where one is selected, the recurrent reference or the chunked
-    form."""
+    """Both public ops after their state is read (``g`` None: :func:`delta_rule`): the checks, then the GPU kernel
+    (seqmem.backends) for ``mode="chunk"`` where one is selected, the recurrent reference or the chunked form."""
     *_, scale = check_qkv_op(op, q, k, v, initial_state, scale, mode, chunk_size, beta=beta, g=g)
     gates = (beta,) if g is None else (beta, g)
     if mode == "chunk" and (be := _backends.select(op, q, k, v, *gates, initial_state)) is not None:
+        _backends.note_form(op, be.name)
         o, S = be.fn(q, k, v, *gates, scale, initial_state, chunk_size)
         return o, {"S": S}
     # half inputs or autocast: computed in float32 with autocast off (under float16 autocast the triangular
@@ -57,6 +57,7 @@ def _run(
         if mode == "recurrent":
             o, S = gated_delta_rule_naive(q, k, v, beta, g, scale, initial_state)
         else:
+            _backends.note_form(op, "pytorch")
             o, S = _delta_core(q, k, v, beta, g, scale, initial_state, chunk_size)
     return o, {"S": S}
 

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from seqmem.ops import _backends
 from seqmem.ops._common import backward_without_autocast, check_state_keys, compute_dtype, full_precision, state_dict
 from seqmem.ops.lattice import _cpp as _lattice_cpp
 from seqmem.ops.lattice.naive import lattice_naive
@@ -63,6 +64,8 @@ def lattice_scan(
     Precision: float16 / bfloat16 inputs, and any inputs under ``torch.autocast``, are computed in float32 with
     autocast off, forward and backward (float64 stays float64): the returned state is float32 and ``y`` is in
     the inputs' dtype.
+    :func:`seqmem.backends.record_forms` reports which form ran (``"triton"``, ``"cpp"``, ``"pytorch"``,
+    ``"pytorch-checkpointed"``).
     """
     state = state_dict("lattice_scan", initial_state)
     check_state_keys("lattice_scan", state, ("S",))
@@ -94,13 +97,16 @@ def _scan(q, k, v, gamma, S_in, objective, normalize, forget, l1, mode, chunk_si
     if backend in ("auto", "triton"):
         out = _triton_scan(q, k, v, gamma, S_in, objective, normalize, forget, l1, chunk_size, backend)
         if out is not None:
+            _backends.note_form("lattice_scan", "triton")
             return out
     if backend in ("auto", "cpp"):
         out = _cpp_scan(q, k, v, gamma, S_in, objective, normalize, forget, l1, chunk_size, backend)
         if out is not None:
+            _backends.note_form("lattice_scan", "cpp")
             return out
     qt, kt, vt, gt, S0, mu, lam = _prepare(q, k, v, gamma, S_in, normalize, forget, l1, objective)
     fast = lam is None and ((objective in _OSR and normalize) or (objective == "delta" and not normalize))
+    _backends.note_form("lattice_scan", "pytorch" if fast else "pytorch-checkpointed")
     if fast:
         mu4 = None if mu is None else mu[:, :, None, None]
         y, S = _FastScan.apply(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from seqmem.ops import _backends
 from seqmem.ops._common import (
     check_qkv_op,
     compute_dtype,
@@ -54,12 +55,17 @@ def linear_attention(
     op = "linear_attention"
     initial_state = state_tensor(op, initial_state)
     scale = check_qkv_op(op, q, k, v, initial_state, scale, mode, chunk_size)[-1]
+    if mode == "chunk" and (be := _backends.select(op, q, k, v, initial_state)) is not None:  # a GPU kernel
+        _backends.note_form(op, be.name)  # (seqmem.backends)
+        o, S = be.fn(q, k, v, scale, initial_state, chunk_size)
+        return o, {"S": S}
     # half inputs or autocast: computed in float32 with autocast off (the state, an undecayed sum, and the
     # read-out grow with t: under float16 autocast the chunk products overflowed after ~40k tokens)
     with full_precision(q.device):
         if mode == "recurrent":
             o, S = linear_attention_naive(q, k, v, scale, initial_state)
         else:
+            _backends.note_form(op, "pytorch")
             o, S = _linear_attention_chunk(q, k, v, scale, initial_state, chunk_size)
     return o, {"S": S}
 

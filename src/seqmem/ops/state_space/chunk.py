@@ -69,11 +69,13 @@ def ssd(
         check_tensor(op, "initial_state['S']", initial_state, (b, h, p, n), "batch, heads, p, n")
     check_same_device(op, x=x, dt=dt, A=A, B=B, C=C, initial_state=initial_state)
     if mode == "chunk" and (be := _backends.select("ssd", x, dt, A, B, C, initial_state)) is not None:
-        y, S = be.fn(x, dt, A, B, C, initial_state, chunk_size)  # opt-in GPU kernel (seqmem.backends)
+        _backends.note_form(op, be.name)
+        y, S = be.fn(x, dt, A, B, C, initial_state, chunk_size)  # a GPU kernel (seqmem.backends)
         return y, {"S": S}
     if mode == "recurrent":
         y, S = ssd_naive(x, dt, A, B, C, initial_state)
         return y, {"S": S}
+    _backends.note_form(op, "pytorch")
     cd = compute_dtype(x, dt, A, B, C, initial_state)
 
     xh = x.to(cd).transpose(1, 2)  # (b, h, t, p)
