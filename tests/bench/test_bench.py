@@ -194,3 +194,89 @@ def test_measure_counts_repeats_and_state_bytes():
     assert res["status"] == "ok" and len(res["times_ms"]) == 3
     st = {"S": torch.zeros(2, 4, 8), "pos": torch.zeros(2, dtype=torch.long)}
     assert state_bytes(st) == 4 * 8 * 4 + 8
+
+
+def test_measure_judges_the_cap_after_the_warm_up():
+    """The first call pays one-off costs (on CUDA: the device's start-up, kernel loading and autotuning); the cap's
+    estimate comes from the latest call after the warm-up, so a fast call after a slow first one is measured (it
+    was refused: "one call takes 0.30 s")."""
+    import time
+
+    calls = []
+
+    def fn():
+        time.sleep(0.3 if not calls else 0.001)
+        calls.append(1)
+
+    res = measure(fn, warmup=2, repeats=3, max_seconds=0.5, device=torch.device("cpu"))
+    assert res["status"] == "ok" and len(res["times_ms"]) == 3 and max(res["times_ms"]) < 100
+    assert res["call_s"] < 0.1
+
+
+def test_device_is_warmed_up_before_anything_is_estimated(monkeypatch):
+    """speed, decode and train warm the device up before the first measurement (and the GEMM peak)."""
+    import argparse
+
+    import seqmem.bench.common as common
+    import seqmem.bench.decode as decode
+    import seqmem.bench.flops as flops
+    import seqmem.bench.speed as speed
+
+    order = []
+    real_measure = common.measure
+
+    def warm(device, dtype):
+        order.append("warm-up")
+        return 0.0
+
+    def meas(*a, **k):
+        order.append("measure")
+        return real_measure(*a, **k)
+
+    for mod in (speed, decode):
+        monkeypatch.setattr(mod, "warm_up_device", warm)
+        monkeypatch.setattr(mod, "measure", meas)
+    real_peak = flops.gemm_peak
+    monkeypatch.setattr(speed, "gemm_peak", lambda *a: (order.append("peak"), real_peak(*a))[1])
+    args = argparse.Namespace(d_model=16, heads=2, batch=1, seed=0, impl="fast", repeats=1, warmup=1,
+                              ref_repeats=None, ref_warmup=None, max_seconds=None, no_flops=True, no_floor=True,
+                              gemm_sizes_parsed=[64], backend="pytorch", piece=8, dtype="float32", device="cpu")
+    cpu = torch.device("cpu")
+    out = speed.run_speed(args, cpu, torch.float32, ["deltanet"], [16], [16], {}, lambda m: None)
+    assert order[0] == "warm-up" and "measure" in order and out["records"][0]["form"] == "delta_rule: pytorch"
+    order.clear()
+    decode.run_decode(args, cpu, torch.float32, ["deltanet"], [16], {}, lambda m: None)
+    assert order[0] == "warm-up" and "measure" in order
+    import seqmem.bench.train as train
+
+    monkeypatch.setattr(common, "warm_up_device", warm)
+    order.clear()
+    r = train.train_step_seconds("deltanet", d_model=16, n_heads=2, seq_len=8, batch=2, repeats=1, warmup=0)
+    assert order == ["warm-up"] and r["device"] == "cpu"
+
+
+def test_warm_up_and_event_timing_on_the_cpu_are_plain():
+    cpu = torch.device("cpu")
+    from seqmem.bench.common import device_name, timed_call, warm_up_device
+
+    assert warm_up_device(cpu, torch.float32) == 0.0 and device_name(cpu) is None
+    assert 0 <= timed_call(lambda: None, cpu) < 1.0
+
+
+def test_speed_backend_both_puts_the_forms_side_by_side(tmp_path, monkeypatch):
+    monkeypatch.delenv("SEQMEM_BACKENDS", raising=False)
+    js = tmp_path / "speed.json"
+    args = ["bench", "speed", "--mixers", "attention,deltanet", "--lengths", "32", "--repeats", "1", "--warmup",
+            "0", "--d-model", "16", "--heads", "2", "--impl", "fast", "--no-flops", "--no-floor", "--gemm-sizes",
+            "64", "--backend", "both", "--json", str(js)]
+    assert main(args) == 0
+    data = json.loads(js.read_text())
+    got = {(r["mixer"], r["backend"], r["form"]) for r in data["records"]}
+    # on the CPU the kernels take no call: both rows ran the PyTorch forms, and say so
+    assert got == {("attention", "pytorch", "pytorch"), ("attention[fla]", "fla,mamba_ssm", "pytorch"),
+                   ("deltanet", "pytorch", "delta_rule: pytorch"),
+                   ("deltanet[fla]", "fla,mamba_ssm", "delta_rule: pytorch")}
+    assert all(s["form"] for s in data["summary"])
+    from seqmem.backends import enabled_backends
+
+    assert enabled_backends() == ("fla", "mamba_ssm")  # the choice does not outlive the run

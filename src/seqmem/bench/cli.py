@@ -18,6 +18,7 @@ from seqmem.bench.common import (
     check_writable_dir,
     check_writable_file,
     command_line,
+    device_name,
     md_table,
     parse_lengths,
     resolve_device,
@@ -74,6 +75,10 @@ def add_parser(sub: Any) -> None:
                    help="skip timing each layer's nn.Linear projections alone (the 'floor' column)")
     s.add_argument("--gemm-sizes", default="512,1024,2048",
                    help="sizes n of the n×n GEMMs measuring the peak (the best rate counts)")
+    s.add_argument("--backend", default="default", choices=["default", "pytorch", "fla", "both"],
+                   help="the ops' forms: pytorch = seqmem's PyTorch forms; fla = the GPU kernels (fla, and mamba_ssm "
+                        "for mamba2) where installed and applicable; both = side by side (rows mixer[fla]); "
+                        "default = SEQMEM_BACKENDS, else the kernels (the 'form' column says what ran)")
     s.set_defaults(func=cmd_speed)
 
     d = bsub.add_parser("decode", help="per-token decode time and state bytes vs context length")
@@ -99,6 +104,9 @@ def add_parser(sub: Any) -> None:
                     help="compute the logits at every position, not just the scored ones (the cost without "
                          "training's sparse head)")
     tr.add_argument("--threads", type=_pos_int, default=1, help="torch.set_num_threads")
+    tr.add_argument("--device", default="cpu", help="torch device (cuda: the device is warmed up first and each step "
+                                                    "timed with CUDA events)")
+    tr.add_argument("--dtype", default="float32", choices=list(DTYPES), help="parameter dtype")
     tr.add_argument("--compile", action="store_true",
                     help="also time each mixer's step through torch.compile (as seqmem train --compile runs it): "
                          "compiled ms / step, the ratio to eager and the one-off compile time")
@@ -167,7 +175,9 @@ def _header(args: argparse.Namespace, machine: dict[str, Any], title: str, setti
     if settings is None:
         settings = (f"d_model={args.d_model}, heads={args.heads}, batch={args.batch}, dtype={args.dtype}, "
                     f"device={args.device}, --max-seconds {args.max_seconds:g}")
-    return (f"## {title}\n\nCommand: `{_command(args)}`\n\nMachine: {machine['cpu']}, {machine['cores']} cores, "
+    card = device_name(torch.device(getattr(args, "device", "cpu")))
+    gpu = f"GPU {card}, " if card else ""
+    return (f"## {title}\n\nCommand: `{_command(args)}`\n\nMachine: {gpu}{machine['cpu']}, {machine['cores']} cores, "
             f"torch {machine['torch']}, {machine['threads']} thread(s), {when}; {settings}\n\n")
 
 
@@ -194,9 +204,10 @@ def cmd_speed(args: argparse.Namespace) -> int:
              "impl=reference; attn/mixer: attention's time over this mixer's (> 1: the mixer is faster); "
              "floor: attention's time over the time of this layer's nn.Linear projections alone (forward+backward, "
              "same length) — the most any form of this layer can beat attention by; "
-             "%peak: counted matrix GFLOP/s over the GEMM peak.\n\n")
+             "%peak: counted matrix GFLOP/s over the GEMM peak; form: the form the layer's ops ran in impl=fast "
+             "(pytorch, or the kernel that took a call).\n\n")
     text += md_table(rows, ["mixer", "T", "fast_ms", "spread_%", "ref_ms", "fast/ref", "attn/mixer", "floor",
-                            "ktok/s", "GFLOP/s", "%peak"])
+                            "ktok/s", "GFLOP/s", "%peak", "form"])
     text += "\n### Targets (issue #8 §4 (a), (b), (d))\n\n"
     text += md_table(targets, list(targets[0]) if targets else ["mixer"])
     payload = {"bench": "speed", "command": _command(args), "machine": machine, "gemm_peak": peak,
@@ -270,6 +281,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     mixers = resolve_mixers(args.mixers)
     options = check_mixer_options(mixers, args.mixer_option)
+    device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
     if not 0.0 < args.scored <= 1.0:
         _log(f"error: --scored must be a fraction in (0, 1], got {args.scored}")
         return 2
@@ -279,7 +291,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     rows = []
     for i, m in enumerate(mixers, 1):
-        kw = dict(scored=args.scored, full_head=args.full_head, options=options)
+        kw = dict(scored=args.scored, full_head=args.full_head, options=options, device=device, dtype=dtype)
         shape = (m, args.d_model, args.layers, args.heads, args.vocab_size, args.seq_len, args.batch_size,
                  args.repeats, args.warmup)
         r = train_step_seconds(*shape, **kw)
@@ -297,7 +309,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     text = _header(args, machine, "Training-step cost (fwd + bwd + AdamW)",
                    f"{args.layers} layers, d_model {args.d_model}, {args.heads} heads, vocab {args.vocab_size}, "
                    f"T = {args.seq_len}, batch {args.batch_size}; {args.scored:g} of the positions scored{head}; "
-                   f"median of {args.repeats} steps.") + markdown(rows)
+                   f"{args.dtype} on {args.device}; median of {args.repeats} steps.") + markdown(rows)
     return _emit(args, text, {"machine": machine, "config": {k: v for k, v in vars(args).items()
                                                              if k not in ("func",) and not callable(v)},
                               "rows": rows})

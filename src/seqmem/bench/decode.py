@@ -26,7 +26,9 @@ from seqmem.bench.common import (
     fmt_len,
     measure,
     summarize_times,
+    synchronize,
     time_limit,
+    warm_up_device,
 )
 from seqmem.bench.speed import build, impls_of
 from seqmem.mixers.base import count_state
@@ -46,6 +48,9 @@ def run_decode(args: Any, device: torch.device, dtype: torch.dtype, mixers: list
     records: list[dict[str, Any]] = []
     cap = args.max_seconds
     impls = impls_of(args.impl)
+    warm = warm_up_device(device, dtype)  # no step time (nor the cap judged from it) pays the device's start-up
+    if warm:
+        log(f"device warm-up: {warm:.2f} s")
     for name in mixers:
         try:
             builder = build(name, args, "fast", device, dtype).eval()
@@ -88,6 +93,7 @@ def run_decode(args: Any, device: torch.device, dtype: torch.dtype, mixers: list
                                                                                              dtype=dtype)
                                 _, state = builder(x, state)
                                 pos += k
+                            synchronize(device)
                     except CapExceeded:
                         blocked = f"streaming the context to {fmt_len(n)} exceeded --max-seconds {cap:g}"
                     except Exception as e:

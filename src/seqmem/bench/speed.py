@@ -1,12 +1,15 @@
 """``seqmem bench speed``: forward+backward time of one mixer layer per sequence length (issue #8 §1).
 
 For every selected mixer, ``impl`` and length: warm-up calls, then timed repeats of ``y, _ = mixer(x);
-y.backward(g)`` (parameter and input gradients), median and spread, tokens/s.  Derived: the speed-up of
-``impl="fast"`` over ``impl="reference"`` (only where the reference was measured), the ratio to ``attention`` (SDPA)
-at the same length with the crossover length, and the achieved GFLOP/s (:mod:`seqmem.bench.flops`) as a fraction of
-the GEMM peak measured in the same run.  Lengths are measured in increasing order; once a length exceeds the time
-cap (or warm-up + one repeat would exceed it, judging from the shorter length's call time and an at least linear
-cost), that length and the longer ones are reported "not run" — never extrapolated.
+y.backward(g)`` (parameter and input gradients; on CUDA timed with CUDA events, after a warm-up of the device
+itself), median and spread, tokens/s, and the form the layer's ops ran (``form``: ``pytorch``, or the GPU kernel
+backend or Lattice kernel that took a call; ``--backend pytorch|fla|both`` chooses or puts both side by side).
+Derived: the speed-up of ``impl="fast"`` over ``impl="reference"`` (only where the reference was measured), the
+ratio to ``attention`` (SDPA) at the same length with the crossover length, and the achieved GFLOP/s
+(:mod:`seqmem.bench.flops`) as a fraction of the GEMM peak measured in the same run.  Lengths are measured in
+increasing order; once a length exceeds the time cap (or warm-up + one repeat would exceed it, judging from the
+shorter length's call time after its warm-up and an at least linear cost), that length and the longer ones are
+reported "not run" — never extrapolated.
 """
 
 from __future__ import annotations
@@ -19,7 +22,15 @@ from typing import Any
 
 import torch
 
-from seqmem.bench.common import base_record, build_failed_records, fmt_len, measure, summarize_times, synchronize
+from seqmem.bench.common import (
+    base_record,
+    build_failed_records,
+    fmt_len,
+    measure,
+    summarize_times,
+    synchronize,
+    warm_up_device,
+)
 from seqmem.bench.flops import count_flops, gemm_peak
 from seqmem.registry import build_mixer
 
@@ -74,20 +85,63 @@ def _linears_fn(m: torch.nn.Module, batch: int, n: int, device: torch.device, dt
     return step
 
 
+BACKEND_CHOICES = ("default", "pytorch", "fla", "both")
+
+
+def backend_variants(choice: str) -> list[tuple[str, str | None]]:
+    """``--backend`` → ``[(label suffix, backends to enable or None for the default)]``: ``pytorch`` = seqmem's
+    PyTorch forms, ``fla`` = the GPU kernel backends (fla, and mamba_ssm for ``mamba2``) where they apply,
+    ``both`` = the two side by side (the kernels' rows labelled ``mixer[fla]``), ``default`` = whatever
+    ``SEQMEM_BACKENDS`` / the default selects."""
+    from seqmem.backends import DEFAULT
+
+    if choice not in BACKEND_CHOICES:
+        raise ValueError(f"--backend must be one of {list(BACKEND_CHOICES)}, got {choice!r}")
+    kernels = ",".join(DEFAULT)
+    return {"default": [("", None)], "pytorch": [("", "pytorch")], "fla": [("", kernels)],
+            "both": [("", "pytorch"), ("[fla]", kernels)]}[choice]
+
+
 def run_speed(args: Any, device: torch.device, dtype: torch.dtype, mixers: list[str], lengths: list[int],
               ref_lengths: list[int], machine: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
-    """Measure every (mixer, impl, length); return ``{"peak": ..., "records": [...]}``."""
+    """Measure every (mixer, backend, impl, length); return ``{"peak": ..., "records": [...], "warmup_s": ...}``.
+
+    The device is warmed up first (:func:`seqmem.bench.common.warm_up_device`), so no call time that a cap or
+    a longer length's estimate is judged from includes its start-up."""
+    from seqmem.backends import use_backends
+
+    warm = warm_up_device(device, dtype)
+    if warm:
+        log(f"device warm-up: {warm:.2f} s")
+    prev = use_backends(None)  # the caller's setting: the "default" variant, and restored at the end
+    variants = [(suffix, prev if chosen is None else chosen)
+                for suffix, chosen in backend_variants(getattr(args, "backend", None) or "default")]
+    try:
+        out = _run_speed(args, device, dtype, mixers, lengths, ref_lengths, machine, log, variants)
+    finally:
+        use_backends(prev)
+    out["warmup_s"] = warm
+    return out
+
+
+def _run_speed(args: Any, device: torch.device, dtype: torch.dtype, mixers: list[str], lengths: list[int],
+               ref_lengths: list[int], machine: dict[str, Any], log: Callable[[str], None],
+               variants: list[tuple[str, Any]]) -> dict[str, Any]:
+    from seqmem.backends import forms_text, record_forms, use_backends
+
     peak0 = gemm_peak(device, dtype, args.gemm_sizes_parsed)
     log(f"GEMM peak ({peak0['n']}³ {peak0['dtype']}): {peak0['gflops']:.1f} GFLOP/s")
     records: list[dict[str, Any]] = []
     cap = args.max_seconds
-    for name in mixers:
+    for base_name, (suffix, chosen) in ((n, v) for n in mixers for v in variants):
+        use_backends(chosen)
+        name = base_name + suffix
         for impl in impls_of(args.impl):
             lens = lengths if impl == "fast" else ref_lengths
             repeats = args.repeats if impl == "fast" or args.ref_repeats is None else args.ref_repeats
             warmup = args.warmup if impl == "fast" or args.ref_warmup is None else args.ref_warmup
             try:
-                m = build(name, args, impl, device, dtype)
+                m = build(base_name, args, impl, device, dtype)
             except Exception as e:  # a mixer that cannot be built at this width is reported, not fatal
                 records += build_failed_records("speed", name, [impl], lens, e, args, device, dtype, machine)
                 log(f"speed {name} {impl}: build failed: {e}")
@@ -96,7 +150,9 @@ def run_speed(args: Any, device: torch.device, dtype: torch.dtype, mixers: list[
             last: tuple[int, float] | None = None
             for n in lens:
                 rec = base_record("speed", name, impl, n, args, device, dtype, machine)
-                rec.update(repeats=repeats, warmup=warmup)
+                rec.update(repeats=repeats, warmup=warmup,
+                           backend="default" if chosen is None else ",".join(chosen) if not isinstance(chosen, str)
+                           else chosen)
                 records.append(rec)
                 if blocked is None and last is not None and cap is not None:
                     pred = last[1] * n / last[0] * (warmup + 1)
@@ -113,7 +169,9 @@ def run_speed(args: Any, device: torch.device, dtype: torch.dtype, mixers: list[
                 step = _step_fn(m, x, g)
                 t0 = time.perf_counter()
                 try:
-                    res = measure(step, warmup=warmup, repeats=repeats, max_seconds=cap, device=device)
+                    with record_forms() as forms:
+                        res = measure(step, warmup=warmup, repeats=repeats, max_seconds=cap, device=device)
+                    rec["form"] = forms_text(forms)
                 except Exception as e:  # e.g. out of memory: report and stop this mixer's longer lengths
                     res = {"status": "error", "note": f"{type(e).__name__}: {e}"[:300]}
                 if res["status"] != "ok":
@@ -124,7 +182,7 @@ def run_speed(args: Any, device: torch.device, dtype: torch.dtype, mixers: list[
                     st = summarize_times(res["times_ms"])
                     rec.update(status="ok", note=None, **st, repeats_done=len(res["times_ms"]),
                                tokens_per_s=args.batch * n / (st["median_ms"] / 1e3))
-                    last = (n, max(res["first_call_s"], st["median_ms"] / 1e3))
+                    last = (n, max(res["call_s"], st["median_ms"] / 1e3))
                     if impl == "fast" and not args.no_flops and (cap is None or 2 * last[1] < cap):
                         try:
                             by_op: dict[str, int] = {}
@@ -145,7 +203,7 @@ def run_speed(args: Any, device: torch.device, dtype: torch.dtype, mixers: list[
                     del lin
                     log(f"speed {name:<20} {impl:<9} T={fmt_len(n):>5}: {st['median_ms']:10.2f} ms "
                         f"(spread {100 * st['spread']:.0f}%, {rec['tokens_per_s']:,.0f} tok/s, "
-                        f"{time.perf_counter() - t0:.1f} s)")
+                        f"{time.perf_counter() - t0:.1f} s; {rec['form']})")
                 del x, g, step
             del m
     peak1 = gemm_peak(device, dtype, args.gemm_sizes_parsed)
@@ -209,6 +267,7 @@ def summarize_speed(records: list[dict[str, Any]], target_lengths: tuple[int, in
                 row["fast_ms"] = all_recs[("fast", n)]["status"]
             if rf is None and ("reference", n) in all_recs:
                 row["ref_ms"] = all_recs[("reference", n)]["status"]
+            row["form"] = f.get("form") if f else None
             row["fast/ref"] = rf["median_ms"] / f["median_ms"] if f and rf else None
             row["attn/mixer"] = attn[n] / f["median_ms"] if f and n in attn else None
             # the projection floor: attention's time over the time of this layer's nn.Linear projections alone

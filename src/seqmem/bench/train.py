@@ -14,13 +14,14 @@ from typing import Any
 
 import torch
 
-from seqmem.io import table_lines, time_calls
+from seqmem.io import table_lines
 
 
 def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_heads: int = 2, vocab: int = 32,
                        seq_len: int = 32, batch: int = 32, repeats: int = 5, warmup: int = 2,
                        seed: int = 0, scored: float = 1.0, full_head: bool = False,
-                       options: dict[str, Any] | None = None, compile: bool = False) -> dict[str, Any]:
+                       options: dict[str, Any] | None = None, compile: bool = False,
+                       device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     """Median seconds of one training step of the LM with ``mixer`` in every layer (see the module docstring).
 
     ``scored``: the fraction of positions with a target (1.0: language modelling; a recall task scores a few
@@ -28,7 +29,9 @@ def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_head
     scored positions only), or, with ``full_head``, from the logits of every position.  ``options``: mixer
     options on top of the length rule's (:func:`seqmem.sweep.fair_options`).  ``compile``: the step's forward and
     backward through ``torch.compile`` as ``seqmem train --compile`` runs them; the first call (the compile) is
-    timed apart as ``compile_seconds`` and is not a repeat."""
+    timed apart as ``compile_seconds`` and is not a repeat.  ``device`` / ``dtype``: where and in what the model
+    trains; on CUDA the device is warmed up before the first step and each step is timed with CUDA events."""
+    from seqmem.bench.common import timed_call, warm_up_device
     from seqmem.models import LanguageModel, LMConfig
     from seqmem.sweep import fair_options
     from seqmem.sweep.runner import peak_state
@@ -41,6 +44,8 @@ def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_head
     mixer_options = {**fair_options(mixer, seq_len), **(options or {})}
     model = LanguageModel(LMConfig(vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                                    mixer=mixer, mixer_options=mixer_options))
+    device = torch.device(device)
+    model = model.to(device=device, dtype=dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, vocab, (batch, seq_len), generator=g)
@@ -48,6 +53,8 @@ def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_head
     if scored < 1.0:
         y = y.masked_fill(torch.rand(batch, seq_len, generator=g) >= scored, -100)
         y.view(-1)[0] = 0  # at least one scored position
+    x, y = x.to(device), y.to(device)
+    warm_up_device(device, dtype)
 
     fwd = torch.compile(model) if compile else model
 
@@ -59,10 +66,13 @@ def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_head
 
     extra: dict[str, Any] = {}
     if compile:
-        extra["compile_seconds"] = time_calls(step, 1, 0)[0]
-    times = time_calls(step, repeats, warmup)
+        extra["compile_seconds"] = timed_call(step, device)
+    for _ in range(warmup):
+        timed_call(step, device)
+    times = [timed_call(step, device) for _ in range(repeats)]
     med = statistics.median(times)
-    return {"mixer": mixer, "seconds_per_step": med, "tokens_per_s": batch * seq_len / med,
+    return {"mixer": mixer, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+            "seconds_per_step": med, "tokens_per_s": batch * seq_len / med,
             "min_seconds": min(times), "params": model.num_parameters(), "state": peak_state(model, seq_len),
             "options": mixer_options, "scored": scored, "full_head": full_head, "compiled": compile, **extra}
 
