@@ -158,7 +158,9 @@ def fake_fla(monkeypatch):
             calls.append((op, q.dtype, q.shape[-1]))
             with backends.backends("pytorch"):
                 s0 = None if args[-2] is None else {"S": args[-2]}
-                o, st = getattr(_ops, op)(q, *args[:-3], scale=args[-3], initial_state=s0)
+                k, v, *gates = args[:-3]
+                kw = dict(zip(("beta", "g"), gates))  # by keyword: the gates' order differs between conventions
+                o, st = getattr(_ops, op)(q, k, v, **kw, scale=args[-3], initial_state=s0)
             return o, st["S"]
 
         return run
@@ -179,8 +181,8 @@ def test_fla_gets_half_precision_only(fake_fla, dtype):
     it does not support float32, so sending it there failed every float32 call."""
     q, k, v, beta, g = _qkv(dtype=dtype)
     s0 = torch.randn(2, 2, 8, 8)
-    for op, args in ((delta_rule, (q, k, v, beta)), (gated_delta_rule, (q, k, v, beta, g))):
-        op(*args, initial_state=s0)
+    delta_rule(q, k, v, beta=beta, initial_state=s0)
+    gated_delta_rule(q, k, v, beta=beta, g=g, initial_state=s0)
     _ops.linear_attention(q, k, v)
     half = dtype == torch.bfloat16
     assert [c[0] for c in fake_fla] == (["delta_rule", "gated_delta_rule", "linear_attention"] if half else [])
@@ -228,9 +230,9 @@ def test_linear_attention_float32_values_with_bfloat16_keys(fake_fla):
 def test_record_forms_reports_what_ran(fake):
     q, k, v, beta, g = _qkv()
     with backends.record_forms() as forms:
-        gated_delta_rule(q, k, v, beta, g)
+        gated_delta_rule(q, k, v, beta=beta, g=g)
         with backends.backends(["fake"]):
-            gated_delta_rule(q, k, v, beta, g)
+            gated_delta_rule(q, k, v, beta=beta, g=g)
         _ops.lattice_scan(k, k, v, 0.1)
     assert forms["gated_delta_rule"] == {"pytorch": 1, "fake": 1}
     assert set(forms["lattice_scan"]) <= {"cpp", "pytorch"}
