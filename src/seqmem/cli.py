@@ -18,6 +18,7 @@ from typing import Any
 from seqmem.cliargs import (  # noqa: E402  (re-exported: the names older code imports from seqmem.cli)
     UsageError,
     _Parser,
+    apply_threads,
     check_device,
     check_out_dir,
     out_file,
@@ -25,6 +26,7 @@ from seqmem.cliargs import (  # noqa: E402  (re-exported: the names older code i
     parse_options,
     positive_float,
     positive_int,
+    threads_note,
 )
 from seqmem.clihelp import add_deprecated_alias, finish_parser
 from seqmem.io import MissingExtra
@@ -381,8 +383,8 @@ def _train_into(args: argparse.Namespace, rank: int, world: int, device: str, ou
         mode = "FSDP" if fsdp else "DDP"
         dist_note = f", {world} processes ({mode}), {cfg.batch_size} sequences/step in all" if world > 1 else ""
         print(f"model: {model.num_parameters():,} parameters, mixer {spec['model']['mixer']}, "
-              f"state {model.state_size(task.seq_len):,} numbers/sequence at T={task.seq_len}{dist_note}",
-              file=sys.stderr)
+              f"state {model.state_size(task.seq_len):,} numbers/sequence at T={task.seq_len}{dist_note}; "
+              f"{threads_note()}", file=sys.stderr)
     loggers = make_loggers(args.log, out, spec) if main else []
     try:
         res = train(model, task, cfg, out_dir=out, resume=args.resume, progress=not args.no_progress,
@@ -406,6 +408,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace, evaluate: Any, latest_good_checkpoint: Any, load_weights: Any) -> int:
+    import torch
+
     from seqmem.tasks import build_task
     from seqmem.train.checkpoint import read_run_spec
 
@@ -439,7 +443,7 @@ def _eval(args: argparse.Namespace, evaluate: Any, latest_good_checkpoint: Any, 
     precision = spec.get("train", {}).get("precision", "fp32")  # as the run was trained
     res = evaluate(model, task, args.examples, args.batch_size, precision=precision)
     record = {"checkpoint": str(ck), "task": spec["task"]["name"], "task_options": task_options,
-              "changed_task_options": changed, "examples": args.examples, **res}
+              "changed_task_options": changed, "examples": args.examples, **res, "threads": torch.get_num_threads()}
     print(json.dumps(record))
     if out_json is not None:
         from seqmem.io import atomic_write_text
@@ -552,12 +556,21 @@ def _add_repro(sub) -> None:
 def _run_repro(mod, paper: str):
     def f(args: argparse.Namespace) -> int:
         args.out = _check_out_dir(args.out or Path("runs/repro") / paper)
+        print(f"seqmem repro {paper}: --scale {args.scale}, {threads_note()} -> {args.out}", file=sys.stderr)
         return int(mod.run(args) or 0)
 
     return f
 
 
 # ---------------------------------------------------------------------------------------------------------- main
+THREADS_HELP = ("torch threads (default: OMP_NUM_THREADS if set, else 1: the fastest for the small models of the "
+                "defaults, see docs/BENCHMARKS.md)")
+
+
+def _add_threads(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=_positive_int, default=None, help=THREADS_HELP)
+
+
 def make_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="seqmem", description="Long-context memory layers on one harness.")
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
@@ -643,6 +656,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=_positive_int, default=10,
                    help="write a metrics line every N steps (and, when stderr is not a terminal, print one)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps")
+    _add_threads(p)
     p.add_argument("--out", type=_out_path, required=True, help="run directory")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its newest checkpoint, bit-exactly (same arguments; "
@@ -667,6 +681,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=_out_file, help="also write the record to this JSON file")
     p.add_argument("--no-check-finite", action="store_true",
                    help="skip the NaN/Inf checks of every layer's input and output (on by default)")
+    _add_threads(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("export-hf", help="save a training run as a Hugging Face model (needs transformers)",
@@ -720,6 +735,7 @@ def main(argv: list[str] | None = None) -> int:
             args.config_parser.set_defaults(**config_defaults(args.config))
             args = ap.parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed, for the records a command writes
+        apply_threads(args)  # every command: --threads, else OMP_NUM_THREADS, else 1 (each names it in its first line)
         return int(args.func(args) or 0)
     except (UsageError, ValueError, FileNotFoundError, FloatingPointError, MissingExtra) as e:
         print(f"seqmem: error: {e}".splitlines()[0], file=sys.stderr)

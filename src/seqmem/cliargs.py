@@ -118,3 +118,48 @@ def check_device(name: str) -> str:
     elif dev.type != "cpu":
         raise UsageError(f"--device {name}: training runs on cpu, cuda or mps, not {dev.type}")
     return name
+
+
+#: where the thread count of the running command came from (set by :func:`apply_threads`)
+_THREADS_SOURCE = "default"
+
+
+def apply_threads(args: argparse.Namespace) -> int:
+    """Set torch's intra-op thread count for a command and return it: ``--threads N`` where the command has it,
+    else ``OMP_NUM_THREADS`` where it is set, else **1**.
+
+    One thread is the default because every command's default model is small (d_model 64-256, batches of a few
+    thousand tokens): there a second thread costs more in synchronisation than it saves, and on a machine that is
+    busy with other work torch's default (one thread per core) is several times slower
+    (docs/BENCHMARKS.md, "Threads").  A command with ``--threads`` gets the chosen count back in ``args.threads``.
+    """
+    import os
+
+    import torch
+
+    global _THREADS_SOURCE
+    n = getattr(args, "threads", None)
+    source = "--threads"
+    if n is None:
+        env = os.environ.get("OMP_NUM_THREADS", "").strip()
+        if env.isdigit() and int(env) > 0:
+            n, source = int(env), "OMP_NUM_THREADS"
+        else:
+            n, source = 1, "default"
+    n = int(n)
+    if n < 1:
+        raise UsageError(f"--threads must be at least 1, got {n}")
+    torch.set_num_threads(n)
+    if hasattr(args, "threads"):
+        args.threads = n
+    _THREADS_SOURCE = source
+    return n
+
+
+def threads_note() -> str:
+    """``"1 torch thread (default; --threads N or OMP_NUM_THREADS=N to change)"``: for a command's first line."""
+    import torch
+
+    n = torch.get_num_threads()
+    how = {"default": "default; --threads N or OMP_NUM_THREADS=N to change"}.get(_THREADS_SOURCE, _THREADS_SOURCE)
+    return f"{n} torch thread{'s' if n != 1 else ''} ({how})"

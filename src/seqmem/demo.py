@@ -67,7 +67,7 @@ def demo_spec(cfg: DemoConfig, mixers: list[str] | None = None) -> dict[str, Any
 
 
 def run_demo(cfg: DemoConfig, mixers: list[str] | None, out: Path, jobs: int = 1, log=print,
-             fresh: bool = False) -> list[dict[str, Any]]:
+             fresh: bool = False, threads: int = 1) -> list[dict[str, Any]]:
     from seqmem.io import atomic_write_text, machine_info
     from seqmem.sweep import collect, load_spec, run_sweep, write_report
     from seqmem.sweep.spec import length_rule_text
@@ -77,7 +77,7 @@ def run_demo(cfg: DemoConfig, mixers: list[str] | None, out: Path, jobs: int = 1
     if fresh and runs.exists():
         shutil.rmtree(runs)
     t0 = time.perf_counter()
-    run_sweep(spec, runs, jobs=jobs, threads=1, log=log)
+    run_sweep(spec, runs, jobs=jobs, threads=threads, log=log)
     write_report(spec, runs, out)
     rows = []
     for r in collect(spec, runs):
@@ -160,7 +160,9 @@ def add_parser(sub) -> None:
     p.add_argument("--lr", type=float, default=d.lr, help="learning rate (one for every mixer)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                   help="parallel training processes (one thread each)")
+                   help="parallel training processes")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per process (default: OMP_NUM_THREADS if set, else 1)")
     p.add_argument("--fresh", action="store_true", help="retrain instead of reusing finished runs under OUT/runs")
     p.set_defaults(func=cmd_demo)
 
@@ -187,6 +189,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     out = _check_out_dir(args.out)
-    print(f"seqmem demo: {len(mixers or names)} mixers on MQAR, {args.jobs} process(es)", file=sys.stderr)
-    run_demo(cfg, mixers, out, jobs=args.jobs, log=lambda s: print(s, flush=True), fresh=args.fresh)
+    from seqmem.cliargs import threads_note
+
+    print(f"seqmem demo: {len(mixers or names)} mixers on MQAR, {args.jobs} process(es) of {threads_note()}",
+          file=sys.stderr)
+    run_demo(cfg, mixers, out, jobs=args.jobs, log=lambda s: print(s, flush=True), fresh=args.fresh,
+             threads=args.threads)
     return 0

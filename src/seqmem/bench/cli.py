@@ -29,6 +29,7 @@ from seqmem.bench.common import (
 from seqmem.cliargs import nonnegative_int as _nonneg_int
 from seqmem.cliargs import positive_float as _pos_float
 from seqmem.cliargs import positive_int as _pos_int
+from seqmem.cliargs import threads_note
 from seqmem.clihelp import add_deprecated_alias
 
 
@@ -45,7 +46,8 @@ def _common(p: argparse.ArgumentParser, repeats: int, warmup: int, impl: str) ->
                    help="the training form, the recurrent reference, or both")
     p.add_argument("--max-seconds", type=_pos_float, default=30.0,
                    help="time cap per measurement; what would exceed it is reported 'not run'")
-    p.add_argument("--threads", type=_pos_int, default=None, help="torch.set_num_threads (default: unchanged)")
+    p.add_argument("--threads", type=_pos_int, default=None,
+                   help="torch threads (default: OMP_NUM_THREADS if set, else 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")
     _mixer_option(p)
     add_output_options(p, "the summary tables", plot=True)
@@ -103,7 +105,8 @@ def add_parser(sub: Any) -> None:
     tr.add_argument("--full-head", action="store_true",
                     help="compute the logits at every position, not just the scored ones (the cost without "
                          "training's sparse head)")
-    tr.add_argument("--threads", type=_pos_int, default=1, help="torch.set_num_threads")
+    tr.add_argument("--threads", type=_pos_int, default=None,
+                    help="torch threads (default: OMP_NUM_THREADS if set, else 1)")
     tr.add_argument("--device", default="cpu", help="torch device (cuda: the device is warmed up first and each step "
                                                     "timed with CUDA events)")
     tr.add_argument("--dtype", default="float32", choices=list(DTYPES), help="parameter dtype")
@@ -137,6 +140,7 @@ def _setup(args: argparse.Namespace):
         check_writable_file(args.markdown, "--markdown")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    _log(f"seqmem bench {args.bench}: {len(mixers)} mixer(s) on {device}, {threads_note()}")
     return device, dtype, mixers, machine_info()
 
 
@@ -289,6 +293,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if f is not None:
             check_writable_file(f, flag)
     torch.set_num_threads(args.threads)
+    _log(f"seqmem bench train: {len(mixers)} mixer(s), {threads_note()}")
     rows = []
     for i, m in enumerate(mixers, 1):
         kw = dict(scored=args.scored, full_head=args.full_head, options=options, device=device, dtype=dtype)

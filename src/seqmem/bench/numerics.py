@@ -469,7 +469,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="torch device")
     p.add_argument("--max-seconds", type=_pos_float, default=300.0,
                    help="per mixer and precision: stop (and say so) when the projected time exceeds this")
-    p.add_argument("--threads", type=_pos_int, default=None, help="torch.set_num_threads (default: unchanged)")
+    p.add_argument("--threads", type=_pos_int, default=None,
+                   help="torch threads (default: OMP_NUM_THREADS if set, else 1)")
     p.add_argument("--backward", action="store_true",
                    help="also check the gradients at the end of the input in each precision (backward_at_end: the "
                         "last piece with gradients, against float32)")
@@ -526,6 +527,10 @@ def run(args: argparse.Namespace) -> int:
             check_writable_file(f, flag)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    from seqmem.cliargs import threads_note
+
+    print(f"seqmem bench numerics: {len(mixers)} mixer(s), T={args.length}, {threads_note()}", file=sys.stderr,
+          flush=True)
     machine = machine_info()
     t0, c0 = time.time(), time.process_time()
     records = []
@@ -568,6 +573,9 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(p)
     args = p.parse_args(argv)
     try:
+        from seqmem.cliargs import apply_threads
+
+        apply_threads(args)
         return run(args)
     except ValueError as e:
         print(f"seqmem bench numerics: error: {e}".splitlines()[0], file=sys.stderr)

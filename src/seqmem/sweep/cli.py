@@ -31,7 +31,8 @@ def add_parser(sub) -> None:
 
     p.add_argument("--out", type=out_path, default=None, help="sweep directory (default: runs/sweeps/<spec name>)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (at most the number of cores)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per worker (default: OMP_NUM_THREADS if set, else 1)")
     p.add_argument("--compile", action="store_true",
                    help="train through torch.compile (≈ 5-25%% less CPU time per step on CPU, after a one-off "
                         "compile of up to a few minutes per model; needs a C++ compiler; recorded in each "

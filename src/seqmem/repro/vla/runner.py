@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_deprecated_alias(p, "--batch", "--batch-size")
     p.add_argument("--lr-sweep", default=None, help="comma list of learning rates (default: per scale)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: OMP_NUM_THREADS if set, else 1)")
 
 
 def learning_rates(args: argparse.Namespace, cfg: dict[str, Any]) -> tuple[list[float], list[float]]:

@@ -19,7 +19,7 @@ EXPERIMENTS = ["kernel", "table1", "table2", "table3"]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experiments", default="kernel,table1,table2,table3",
                    help="comma list of kernel,table1,table2,table3")
-    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: OMP_NUM_THREADS if set, else 1)")
 
 
 def run(args: argparse.Namespace) -> int:
