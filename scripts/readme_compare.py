@@ -22,7 +22,7 @@ BEGIN, END = "<!-- compare-table:begin -->", "<!-- compare-table:end -->"
 def table_block(report: str) -> str:
     """The status line and summary table for the README, from the report's text."""
     m = re.search(r"## Summary:.*?\n\n(\| mixer.*?)\n\n", report, re.S)
-    runs = re.search(r"Runs finished: (\d+)/(\d+); training time of the finished runs: ([\d.]+) CPU-hours", report)
+    runs = re.search(r"Runs finished: (\d+)/(\d+); training time of .*?: ([\d.]+) CPU-hours", report)
     if m is None or runs is None:
         raise ValueError("the report has no summary table or no 'Runs finished' line")
     done, total, cpuh = runs.groups()

@@ -187,9 +187,11 @@ def _axis_combos(spec: SweepSpec) -> list[tuple[tuple[str, Any], ...]]:
 
 def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu_seconds: float = 0.0,
              wall_only: int = 0, estimated: int = 0, last_part: int = 0,
-             devices: dict[str, int] | None = None) -> str:
+             devices: dict[str, int] | None = None, trained: int | None = None) -> str:
     """The report as Markdown: the protocol, the length rule, one table per setting, CPU-hours and machine
-    (``wall_only``: finished runs recorded before runs kept their CPU time, counted by wall clock)."""
+    (``wall_only``: finished runs recorded before runs kept their CPU time, counted by wall clock; ``trained``:
+    the finished runs the CPU-hours count, when more than the report's, e.g. seeds run at an lr an extension
+    later replaced)."""
     info = machine_info()
     cpu_s = cpu_seconds
     sel = spec.select
@@ -270,14 +272,21 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
         lines.append("")
     done = sum(r["runs_done"] for r in rows)
     total = sum(r["runs_total"] for r in rows)
-    basis = "CPU time" if not wall_only else \
-        f"CPU time; {wall_only} run(s) recorded without it by their wall clock, which also counts waiting for a core"
+    if not wall_only:
+        basis = "CPU time"
+    elif wall_only == (trained or done):
+        basis = "wall clock: these runs predate CPU-time records, and a wall clock also counts waiting for a core"
+    else:
+        basis = (f"CPU time; {wall_only} run(s) recorded without it by their wall clock, which also counts waiting "
+                 "for a core")
     if estimated:
         basis += (f"; {estimated} resumed run(s) from checkpoints that predate CPU-time records: their earlier steps "
                   "estimated at the resumed part's rate")
     if last_part:
         basis += f"; {last_part} resumed run(s) recorded with the CPU time of their last part only (an undercount)"
-    lines += [f"Runs finished: {done}/{total}; training time of the finished runs: {cpu_s / 3600:.2f} CPU-hours "
+    of = "the finished runs" if not trained or trained == done else \
+        f"all {trained} finished runs ({trained - done} outside the report: seeds of an lr no longer chosen)"
+    lines += [f"Runs finished: {done}/{total}; training time of {of}: {cpu_s / 3600:.2f} CPU-hours "
               f"(one thread each; {basis}). Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}; "
               f"report written {time.strftime('%Y-%m-%d %H:%M')}.", ""]
     if devices:
@@ -388,12 +397,23 @@ def _report(spec: SweepSpec, out: Path, command: str) -> tuple[dict[str, Any], t
     times = _training_time(results)
     devices = run_devices(results)
     payload = {
-        "spec": spec.raw, "source": spec.source, "length_rule": length_rule_text(), "select": spec.select,
+        "spec": spec.raw, "source": portable_source(spec.source), "length_rule": length_rule_text(),
+        "select": spec.select,
         "cpu_hours": times[0] / 3600, "machine": machine_info(), "command": command, "rows": rows,
     }
     if devices:
         payload["devices"] = devices
-    return payload, (*times, devices)
+    return payload, (*times, devices, sum(r.get("status") == "finished" for r in results))
+
+
+def portable_source(source: str) -> str:
+    """A spec's path as a report records it: a packaged spec as ``seqmem/experiments/<file>`` (the same on every
+    clone), any other path as given."""
+    from seqmem.sweep.spec import PACKAGED_SPECS
+
+    p = Path(source)
+    return f"seqmem/experiments/{p.name}" if p.is_file() and p.resolve().parent == PACKAGED_SPECS.resolve() \
+        else source
 
 
 def report_payload(spec: SweepSpec, out: Path, command: str = "") -> dict[str, Any]:
@@ -411,22 +431,28 @@ def write_report(spec: SweepSpec, out: Path, report_dir: Path | None = None, com
                          "this sweep its own --out (or --report-dir)")
     payload, times = _report(spec, out, command)
     rows = payload["rows"]
-    md, js = markdown(spec, rows, command, *times), json.dumps(payload, indent=2, default=str)
-    # the same runs give the same files: a report that would differ only in when and by how many threads it was
-    # written is kept as it is (re-running a finished sweep, or refreshing, leaves no churn to commit)
-    if not (_same_report(report_dir / "report.md", md) and _same_report(report_dir / "report.json", js)):
+    md = markdown(spec, rows, command, *times)
+    js = json.dumps(payload, indent=2, default=str)
+    # the same runs give the same files: a report that would differ only in when, where (machine, clone) and by how
+    # many threads it was written is kept as it is (re-running a finished sweep, refreshing, or `make compare` on a
+    # fresh clone leaves no churn to commit)
+    same = _same_report(report_dir / "report.md", md) and _same_report(report_dir / "report.json", js)
+    if not same:
         atomic_write_text(report_dir / "report.md", md)
         atomic_write_text(report_dir / "report.json", js)
-    try:
-        plot(spec, rows, report_dir / f"{spec.select}_vs_state.png")
-    except MissingExtra as e:  # the tables are the report; the figure needs the plot extra
-        print(f"seqmem: report written without its figure: {e}", file=sys.stderr)
+    figure = report_dir / f"{spec.select}_vs_state.png"
+    if not (same and figure.is_file()):  # the same rows draw the same plot (up to the plotting library's bytes)
+        try:
+            plot(spec, rows, figure)
+        except MissingExtra as e:  # the tables are the report; the figure needs the plot extra
+            print(f"seqmem: report written without its figure: {e}", file=sys.stderr)
     return payload
 
 
 def _same_report(path: Path, text: str) -> bool:
-    """Whether ``path`` holds ``text`` up to what changes when nothing else does: the report's date
-    (``report.md``) and the writing process's thread count (``report.json``'s ``machine.threads``)."""
+    """Whether ``path`` holds ``text`` up to what changes when the runs do not: the report's date and the writing
+    machine (``report.md``'s "Machine: ...; report written ..."), the writing machine and the spec file's location
+    on disk (``report.json``'s ``machine`` and ``source``)."""
     try:
         old = path.read_text()
     except OSError:
@@ -437,10 +463,11 @@ def _same_report(path: Path, text: str) -> bool:
         except ValueError:
             return False
         for d in (a, b):
-            if isinstance(d, dict) and isinstance(d.get("machine"), dict):
-                d["machine"].pop("threads", None)
+            if isinstance(d, dict):
+                d.pop("machine", None)
+                d.pop("source", None)
         return a == b
-    undated = re.compile(r"report written \d{4}-\d\d-\d\d \d\d:\d\d")
+    undated = re.compile(r"Machine: [^\n]*?; report written \d{4}-\d\d-\d\d \d\d:\d\d")
     return undated.sub("", old) == undated.sub("", text)
 
 
