@@ -19,7 +19,9 @@
 # A paper's headline runs only once its calibration is recorded as passed: `calibration.calibrated` in its
 # headline.json starts with "yes" (set after reading the calibration report against the criterion stated there);
 # FORCE=1 runs them all anyway.
-# Environment: JOBS (workers, default 2 = this machine's cores), SEQMEM (default .venv/bin/seqmem), FORCE.
+# Environment: JOBS (workers, default 2 = this machine's cores), SEQMEM (default .venv/bin/seqmem), FORCE, YES.
+# A sweep whose runs left are estimated above 30 CPU-minutes prints its estimate and stops the script (exit 2)
+# unless YES=1 (passed on as `seqmem sweep --yes`; `make headlines YES=1`).
 # A sweep with fewer runs left than JOBS leaves cores idle; the two phases touch different run directories, so on
 # 2 cores they can run side by side as two lanes of one worker each:
 #   JOBS=1 bash scripts/headlines.sh long &  JOBS=1 bash scripts/headlines.sh headline
@@ -37,7 +39,7 @@ sweep() {  # sweep SPEC PAPER DIR [extra args...]
     shift 3
     echo "== $spec -> docs/results/$paper/$dir ($(date -u +%H:%M) UTC)"
     "$SEQMEM" sweep "$spec" --out "docs/results/$paper/$dir/runs" --report-dir "docs/results/$paper/$dir" \
-        --jobs "$JOBS" --headline "docs/results/$paper/headline.json" "$@"
+        --jobs "$JOBS" --headline "docs/results/$paper/headline.json" $([ "${YES:-}" = 1 ] && echo --yes) "$@"
 }
 
 calibrated() {  # calibrated PAPER: exit 0 when the paper's headline.json records a passed calibration

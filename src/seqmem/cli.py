@@ -384,7 +384,7 @@ def _train_into(args: argparse.Namespace, rank: int, world: int, device: str, ou
         dist_note = f", {world} processes ({mode}), {cfg.batch_size} sequences/step in all" if world > 1 else ""
         print(f"model: {model.num_parameters():,} parameters, mixer {spec['model']['mixer']}, "
               f"state {model.state_size(task.seq_len):,} numbers/sequence at T={task.seq_len}{dist_note}; "
-              f"{threads_note()}", file=sys.stderr)
+              f"{threads_note()}{_config_note(args, cfg.steps)}", file=sys.stderr)
     loggers = make_loggers(args.log, out, spec) if main else []
     try:
         res = train(model, task, cfg, out_dir=out, resume=args.resume, progress=not args.no_progress,
@@ -397,6 +397,14 @@ def _train_into(args: argparse.Namespace, rank: int, world: int, device: str, ou
     if main:
         print(json.dumps({"step": cfg.steps, **{f"eval_{k}": v for k, v in res.final.items()}}))
     return 0
+
+
+def _config_note(args: argparse.Namespace, steps: int) -> str:
+    """``; settings from RUN.json (N steps, seed S)``: where ``--config`` took the run's settings from (a run.json
+    records a run as it is now: after ``--resume --steps N`` extended it, N steps)."""
+    if not getattr(args, "config", None):
+        return ""
+    return f"; settings from {args.config} ({steps:,} steps, seed {args.seed}; flags given override them)"
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -518,11 +526,11 @@ def _available(pkg: str) -> list[str]:
 
 
 # Wall-clock of `--scale small` (docs/results/<paper>/README.md: 2-core machines shared with other jobs, so a
-# quiet machine is faster; about 10 CPU-minutes of one core each).
+# quiet machine is faster); --scale smoke takes seconds (vla: 5.5 s).
 REPRO_SMALL_TIME = {"echo": "17 min", "elastic": "17 min", "lattice": "3 min", "vla": "45 min", "vort": "15 min"}
-REPRO_SCALES_HELP = ("smoke: tiny budgets, about a minute, checks that everything runs; small (default): about 10 "
-                     "CPU-minutes per paper, the committed docs/results; paper: the papers' sizes, CPU-hours to "
-                     "days (a GPU is advised)")
+REPRO_SCALES_HELP = ("smoke: tiny budgets that check everything runs, seconds; small (default): the committed "
+                     "docs/results, minutes (per paper below); paper: the papers' sizes, CPU-hours to days (a GPU is "
+                     "advised)")
 
 
 def _add_repro(sub) -> None:
@@ -542,7 +550,7 @@ def _add_repro(sub) -> None:
             continue
         summary = " ".join((mod.__doc__ or "").strip().split("\n\n")[0].split()).replace("``", "")
         rp = rsub.add_parser(paper, help=summary, description=summary)
-        small = f" (small took {REPRO_SMALL_TIME[paper]} here)" if paper in REPRO_SMALL_TIME else ""
+        small = f" (small: {REPRO_SMALL_TIME[paper]} on a shared 2-core machine)" if paper in REPRO_SMALL_TIME else ""
         rp.add_argument("--scale", default="small", choices=getattr(mod, "SCALES", ["smoke", "small", "paper"]),
                         help=REPRO_SCALES_HELP + small)
         rp.add_argument("--out", type=_out_path, default=None,

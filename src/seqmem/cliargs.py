@@ -120,6 +120,9 @@ def check_device(name: str) -> str:
     return name
 
 
+#: CPU-seconds of estimated work above which a long job (a sweep, the full demo) starts only with ``--yes``
+LONG_JOB_CPU_S = 30 * 60
+
 #: where the thread count of the running command came from (set by :func:`apply_threads`)
 _THREADS_SOURCE = "default"
 

@@ -1,4 +1,5 @@
-"""``seqmem demo``: every registered mixer once on a small MQAR — a preset of the sweep runner.
+"""``seqmem demo``: the main mixers (``--all``: every registered mixer) once on a small MQAR — a preset of the
+sweep runner.
 
 The demo is the packaged sweep spec ``demo`` (``src/seqmem/experiments/demo.toml``: one seed, one learning rate)
 with the command line's overrides, run by :func:`seqmem.sweep.run_sweep` into ``<out>/runs`` (resumable: a second
@@ -41,6 +42,26 @@ class DemoConfig:
     seed: int = 0
 
 
+#: ``seqmem demo`` without ``--all``: each mechanism's main mixer, the variant the comparison found to work where the
+#: paper's form does not (``ska`` with ``power=1``, ``vla`` with ``normalizer="none"``; docs/results/compare/) and
+#: the reference baselines: about 8 CPU-minutes, 4-5 min wall on 2 idle cores
+QUICK_ROWS: list[dict[str, Any]] = [
+    {"name": "attention", "family": "baseline"},
+    {"name": "deltanet", "family": "baseline"},
+    {"name": "lattice", "family": "lattice"},
+    {"name": "ska-k1", "layers": ["ska", "ska"], "options": {"power": 1}, "family": "echo"},
+    {"name": "ska", "family": "echo"},
+    {"name": "vla-no-normaliser", "layers": ["vla", "vla"], "options": {"normalizer": "none"}, "family": "vla"},
+    {"name": "vla", "family": "vla"},
+    {"name": "vort", "family": "vort"},
+    {"name": "elastic", "family": "elastic"},
+]
+
+
+#: the committed demo's run records (a clone's docs/results/demo/runs): identical runs are taken from there
+COMMITTED_RUNS = Path(__file__).resolve().parents[2] / "docs" / "results" / "demo" / "runs"
+
+
 def demo_options(name: str, seq_len: int) -> dict[str, Any]:
     """Options the demo passes to mixer ``name``: the sweep's length rule (:data:`seqmem.sweep.LENGTH_RULE`)."""
     from seqmem.sweep import fair_options
@@ -48,8 +69,9 @@ def demo_options(name: str, seq_len: int) -> dict[str, Any]:
     return fair_options(name, seq_len)
 
 
-def demo_spec(cfg: DemoConfig, mixers: list[str] | None = None) -> dict[str, Any]:
-    """The packaged ``demo`` spec with ``cfg``'s sizes and the chosen mixers (default: all registered)."""
+def demo_spec(cfg: DemoConfig, mixers: list[str | dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The packaged ``demo`` spec with ``cfg``'s sizes and the chosen mixers (default: all registered; a row may
+    be a spec's ``[[mixers]]`` table, e.g. from :data:`QUICK_ROWS`)."""
     import tomllib
 
     from seqmem.sweep.spec import resolve_spec_path
@@ -66,8 +88,8 @@ def demo_spec(cfg: DemoConfig, mixers: list[str] | None = None) -> dict[str, Any
     return raw
 
 
-def run_demo(cfg: DemoConfig, mixers: list[str] | None, out: Path, jobs: int = 1, log=print,
-             fresh: bool = False, threads: int = 1) -> list[dict[str, Any]]:
+def run_demo(cfg: DemoConfig, mixers: list[str | dict[str, Any]] | None, out: Path, jobs: int = 1, log=print,
+             fresh: bool = False, threads: int = 1, confirm_above_s: float | None = None) -> list[dict[str, Any]]:
     from seqmem.io import atomic_write_text, machine_info
     from seqmem.sweep import collect, load_spec, run_sweep, write_report
     from seqmem.sweep.spec import length_rule_text
@@ -77,7 +99,11 @@ def run_demo(cfg: DemoConfig, mixers: list[str] | None, out: Path, jobs: int = 1
     if fresh and runs.exists():
         shutil.rmtree(runs)
     t0 = time.perf_counter()
-    run_sweep(spec, runs, jobs=jobs, threads=threads, log=log)
+    reuse = [] if fresh or not COMMITTED_RUNS.is_dir() or COMMITTED_RUNS.resolve() == runs.resolve() \
+        else [COMMITTED_RUNS]
+    if reuse:
+        log(f"runs identical to the committed ones in {COMMITTED_RUNS} are taken from there (--fresh trains them)")
+    res = run_sweep(spec, runs, jobs=jobs, threads=threads, log=log, confirm_above_s=confirm_above_s, reuse=reuse)
     write_report(spec, runs, out)
     rows = []
     for r in collect(spec, runs):
@@ -87,11 +113,14 @@ def run_demo(cfg: DemoConfig, mixers: list[str] | None, out: Path, jobs: int = 1
         res = json.loads(res_file.read_text()) if res_file.exists() else {}
         err = json.loads(err_file.read_text())["error"] if err_file.exists() else res.get("error")
         acc = r.get("report_mean")
+        note = _note(r, cfg, err)
+        if res.get("reused_from"):
+            note = "; ".join(n for n in (note, "committed run (docs/results/demo)") if n)
         rows.append({
             "mixer": r["mixer"], "options": p.run_spec["model"]["mixer_options"], "state": r["state"],
             "params": r["params"], "accuracy": float("nan") if acc is None else acc,
             "seconds": res.get("seconds", float("nan")), "error": err,
-            "note": _note(r, cfg, err),
+            "note": note,
         })
     rows.sort(key=lambda r: (-(r["accuracy"] if r["accuracy"] == r["accuracy"] else -1), r["state"] or 0))
     from seqmem.repro.common import markdown_table
@@ -108,8 +137,10 @@ def run_demo(cfg: DemoConfig, mixers: list[str] | None, out: Path, jobs: int = 1
         f"state = the most numbers per sequence the model holds at any point of a {cfg.seq_len}-token sequence "
         f"(all layers); accuracy = per-query accuracy on {cfg.eval_examples} held-out examples. Lengths: "
         f"{length_rule_text()}.\n"
-        f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}; "
-        f"total {time.perf_counter() - t0:.0f} s.\n\n"
+        f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}; training "
+        f"{sum(r['seconds'] for r in rows if r['seconds'] == r['seconds']):.0f} s summed over the runs "
+        f"({res.get('ran', 0)} trained by this command in {time.perf_counter() - t0:.0f} s, the others by an "
+        "earlier one).\n\n"
     )
     atomic_write_text(Path(out) / "results.md", header + table)
     atomic_write_text(Path(out) / "results.json", json.dumps({"config": asdict(cfg), "machine": info,
@@ -142,15 +173,25 @@ def add_parser(sub) -> None:
     d = DemoConfig()
     p = sub.add_parser(
         "demo",
-        help="train every registered mixer on a small MQAR; print a table, write a plot (~15 min on 2 cores)",
+        help="train the main mixers (--all: every registered mixer) on a small MQAR; print a table, write a plot "
+             "(about 5 min on 2 cores; --all about 15 min)",
         description="A preset of `seqmem sweep`: the packaged `demo` spec (one seed, one lr) with these sizes. "
-                    "Resumable: finished runs under OUT/runs are reused (--fresh retrains).",
+                    "Without --all or --mixers, the quick tour: " + ", ".join(r["name"] for r in QUICK_ROWS) +
+                    ". Resumable: finished runs under OUT/runs are reused (--fresh retrains), so --all after the "
+                    "quick tour trains only the other mixers.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     from seqmem.cliargs import out_path
 
     p.add_argument("--out", type=out_path, default=Path("runs/demo"), help="output directory")
-    p.add_argument("--mixers", default=None, help="comma-separated subset (default: all registered)")
+    p.add_argument("--mixers", default=None,
+                   help="comma-separated registered mixers (default: the quick tour's rows: " +
+                        ", ".join(r["name"] for r in QUICK_ROWS) + ")")
+    p.add_argument("--all", action="store_true",
+                   help="every registered mixer (the full tour: about 26 CPU-minutes)")
+    p.add_argument("--yes", action="store_true",
+                   help="start even when the estimated cost is above 30 CPU-minutes (without it the demo prints the "
+                        "estimate and stops)")
     p.add_argument("--steps", type=int, default=d.steps, help="training steps per mixer")
     p.add_argument("--num-pairs", type=int, default=d.num_pairs, help="MQAR key-value pairs")
     p.add_argument("--seq-len", type=int, default=d.seq_len, help="sequence length")
@@ -163,7 +204,9 @@ def add_parser(sub) -> None:
                    help="parallel training processes")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads per process (default: OMP_NUM_THREADS if set, else 1)")
-    p.add_argument("--fresh", action="store_true", help="retrain instead of reusing finished runs under OUT/runs")
+    p.add_argument("--fresh", action="store_true",
+                   help="retrain instead of reusing finished runs (under OUT/runs, and the committed ones in a "
+                        "clone's docs/results/demo/runs)")
     p.set_defaults(func=cmd_demo)
 
 
@@ -173,7 +216,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from seqmem.cliargs import check_out_dir as _check_out_dir
 
     names = seqmem.list_mixers()
-    mixers = None if not args.mixers else comma_list(args.mixers)
+    if args.all and args.mixers:
+        raise UsageError("give --all or --mixers, not both")
+    mixers: list[Any] | None = None if args.all else comma_list(args.mixers) if args.mixers else None
     unknown = [m for m in mixers or [] if m not in names]
     if unknown:
         raise UsageError(f"unknown mixer(s) {unknown}; registered: {', '.join(names)}")
@@ -191,8 +236,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = _check_out_dir(args.out)
     from seqmem.cliargs import threads_note
 
-    print(f"seqmem demo: {len(mixers or names)} mixers on MQAR, {args.jobs} process(es) of {threads_note()}",
-          file=sys.stderr)
+    if not args.all and not args.mixers:
+        mixers = QUICK_ROWS
+    what = "every registered mixer (the full tour)" if mixers is None else \
+        "the quick tour (`seqmem demo --all`: every mixer)" if mixers is QUICK_ROWS else "the chosen mixers"
+    print(f"seqmem demo: {len(mixers or names)} mixers on MQAR, {what}; {args.jobs} process(es) of "
+          f"{threads_note()}", file=sys.stderr)
+    from seqmem.cliargs import LONG_JOB_CPU_S
+
     run_demo(cfg, mixers, out, jobs=args.jobs, log=lambda s: print(s, flush=True), fresh=args.fresh,
-             threads=args.threads)
+             threads=args.threads, confirm_above_s=None if args.yes else LONG_JOB_CPU_S)
     return 0

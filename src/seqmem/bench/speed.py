@@ -161,6 +161,7 @@ def _run_speed(args: Any, device: torch.device, dtype: torch.dtype, mixers: list
                                    f"at T={fmt_len(n)} would take >= {pred:.1f} s (> --max-seconds {cap:g})")
                 if blocked is not None:
                     rec.update(status="not run", note=blocked, median_ms=None)
+                    log(f"speed {name:<20} {impl:<9} T={fmt_len(n):>5}: not run ({blocked})")
                     continue
                 gen = torch.Generator(device="cpu").manual_seed(args.seed + n)
                 x = torch.randn(args.batch, n, args.d_model, generator=gen).to(device=device, dtype=dtype)
@@ -246,7 +247,7 @@ def crossover(mixer_ms: dict[int, float], attn_ms: dict[int, float]) -> dict[str
 
 def summarize_speed(records: list[dict[str, Any]], target_lengths: tuple[int, int, int] = (4096, 2048, 16384)
                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Per (mixer, length) rows and per-mixer target rows (issue #8 §4 (a), (b), (d))."""
+    """Per (mixer, length) rows and per-mixer target rows ((a), (b), (d): see ``speed_targets_text``)."""
     mixers = list(dict.fromkeys(r["mixer"] for r in records))
     lengths = sorted({r["seq_len"] for r in records})
     attn = {n: r["median_ms"] for n, r in _ok(records, "attention", "fast").items()}
@@ -263,10 +264,10 @@ def summarize_speed(records: list[dict[str, Any]], target_lengths: tuple[int, in
                                    "fast_ms": f["median_ms"] if f else None,
                                    "spread_%": 100 * f["spread"] if f else None,
                                    "ref_ms": rf["median_ms"] if rf else None}
-            if f is None and ("fast", n) in all_recs:
-                row["fast_ms"] = all_recs[("fast", n)]["status"]
-            if rf is None and ("reference", n) in all_recs:
-                row["ref_ms"] = all_recs[("reference", n)]["status"]
+            for impl, key, got in (("fast", "fast_ms", f), ("reference", "ref_ms", rf)):
+                if got is None and (impl, n) in all_recs:  # "not run (why)", never a bare status
+                    rec = all_recs[(impl, n)]
+                    row[key] = f"{rec['status']} ({rec['note']})" if rec.get("note") else rec["status"]
             row["form"] = f.get("form") if f else None
             row["fast/ref"] = rf["median_ms"] / f["median_ms"] if f and rf else None
             row["attn/mixer"] = attn[n] / f["median_ms"] if f and n in attn else None

@@ -40,6 +40,9 @@ def add_parser(sub) -> None:
     p.add_argument("--device", default="cpu",
                    help="where the runs train: cpu, cuda, cuda:N or mps (recorded in each result.json; the data "
                         "stream is the same on every device, and a run started on one resumes on another)")
+    p.add_argument("--yes", action="store_true",
+                   help="start the runs even when their estimated cost is above 30 CPU-minutes (without it such a "
+                        "sweep prints the estimate and stops)")
     p.add_argument("--report", action="store_true", help="only aggregate the finished runs (no training)")
     p.add_argument("--report-dir", type=out_path, default=None, help="where to write the report (default: --out)")
     p.add_argument("--dry-run", action="store_true", help="list the runs left and the estimated CPU time")
@@ -57,7 +60,8 @@ def add_parser(sub) -> None:
 def _run_command(args: argparse.Namespace, out: Path) -> str:
     """The command that runs the sweep, for the report: this invocation's; for ``--report`` alone, the run command
     an earlier report in the same report directory recorded, else this one without ``--report``."""
-    argv = list(getattr(args, "argv", None) or [])[1:]  # after "sweep"
+    # after "sweep"; --yes is a permission, not part of what ran
+    argv = [a for a in list(getattr(args, "argv", None) or [])[1:] if a != "--yes"]
     if args.report:
         try:
             prev = json.loads((Path(args.report_dir or out) / "report.json").read_text()).get("command")
@@ -70,7 +74,7 @@ def _run_command(args: argparse.Namespace, out: Path) -> str:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from seqmem.cliargs import UsageError, check_device
+    from seqmem.cliargs import LONG_JOB_CPU_S, UsageError, check_device
     from seqmem.cliargs import check_out_dir as _check_out_dir
     from seqmem.sweep import SpecError, load_spec, run_sweep, write_report
     from seqmem.sweep.report import update_headline
@@ -120,7 +124,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         try:
             res = run_sweep(spec, out, jobs=args.jobs, threads=args.threads, probe=not args.no_probe,
                             dry_run=args.dry_run, limit=args.limit, log=lambda s: print(s, flush=True),
-                            reuse=args.reuse, compile=args.compile, device=args.device)
+                            reuse=args.reuse, compile=args.compile, device=args.device,
+                            confirm_above_s=None if args.yes else LONG_JOB_CPU_S)
         except SpecError as e:
             raise UsageError(str(e)) from None
         if args.dry_run:

@@ -110,6 +110,12 @@ def _fmt(v: Any) -> str:
 
 def chance_level(spec: SweepSpec) -> dict[str, float]:
     """Per setting: 1/(number of value tokens) for MQAR-like tasks with a ``value_range`` (else absent)."""
+    return {k: v[0] for k, v in _levels(spec).items()}
+
+
+def _levels(spec: SweepSpec) -> dict[str, tuple[float, float | None]]:
+    """Per setting of an MQAR-like task: (chance = 1/value tokens, the 1/pairs plateau of a model that has learnt
+    that the answer is one of the values in context but not which one, or None for a task without pairs)."""
     from seqmem.tasks import build_task
 
     out = {}
@@ -117,7 +123,8 @@ def chance_level(spec: SweepSpec) -> dict[str, float]:
         t = build_task(spec.task, **{**spec.task_options, **s.options})
         vr = getattr(t, "value_range", None)
         if vr is not None:
-            out[s.label] = 1.0 / (vr[1] - vr[0])
+            pairs = getattr(t, "num_pairs", None)
+            out[s.label] = (1.0 / (vr[1] - vr[0]), 1.0 / pairs if isinstance(pairs, int) and pairs > 0 else None)
     return out
 
 
@@ -307,7 +314,10 @@ def plot(spec: SweepSpec, rows: list[dict[str, Any]], path: Path) -> None:
     mixers = [m.label for m in spec.mixers]
     cmap = plt.get_cmap("tab20").colors
     markers = "osD^vPX<>*hd"
-    chance = chance_level(spec)
+    levels = _levels(spec)
+    one_seed = all(len(r.get("per_seed") or {}) <= 1 for r in rows if r.get("report_mean") is not None)
+    # one panel with one point per mixer (the demo): the legend carries each mixer's value
+    value_in_legend = len(settings) == 1 and not spec.model_axes
     for ax, setting in zip(axs[0], settings):
         for i, mixer in enumerate(mixers):
             pts = sorted((r for r in rows if r["setting"] == setting.label and r["mixer"] == mixer
@@ -320,14 +330,20 @@ def plot(spec: SweepSpec, rows: list[dict[str, Any]], path: Path) -> None:
             dashed = any(r["cannot_reach_first_token"] for r in pts)
             # the 10 dark tab20 colours first, then the 10 light ones: neighbours in the legend never share a hue
             color = cmap[(2 * i) % 20 + (i // 10) % 2]
+            label = (f"{mixer} ({ys[0]:.3f})" if value_in_legend else mixer) if ax is axs[0][0] else None
             ax.errorbar(xs, ys, yerr=es, color=color, marker=markers[i % len(markers)], ms=5,
-                        capsize=3, lw=1.2, ls="--" if dashed else "-", label=mixer if ax is axs[0][0] else None,
+                        capsize=3, lw=1.2, ls="--" if dashed else "-", label=label,
                         markeredgecolor="black", markeredgewidth=0.3)
-        if setting.label in chance and spec.select == "accuracy":
-            ax.axhline(chance[setting.label], color="grey", ls=":", lw=1)
+        if setting.label in levels and spec.select == "accuracy":
+            chance, plateau = levels[setting.label]
+            first = ax is axs[0][0]
+            ax.axhline(chance, color="grey", ls=":", lw=1, label=f"chance ({chance:.2f})" if first else None)
+            if plateau is not None:
+                ax.axhline(plateau, color="grey", ls="-.", lw=1,
+                           label=f"1/pairs plateau ({plateau:.2f})" if first else None)
         ax.set_xscale("log")
         ax.set_xlabel("peak state (numbers per sequence, log)")
-        ax.set_ylabel(f"{spec.select} (reported split; mean ± std over seeds)")
+        ax.set_ylabel(f"{spec.select} (reported split; " + ("one seed)" if one_seed else "mean ± std over seeds)"))
         ax.set_title(f"{setting.label} (T={setting.seq_len})", fontsize=10)
         ax.grid(alpha=0.3)
         if spec.select == "accuracy":

@@ -817,6 +817,10 @@ def _fmt_secs(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
+class NeedsConfirmation(ValueError):
+    """A sweep whose estimated cost is above what it starts without ``--yes``."""
+
+
 def run_sweep(
     spec: SweepSpec,
     out: Path,
@@ -829,9 +833,12 @@ def run_sweep(
     reuse: list[Path] | tuple[Path, ...] = (),
     compile: bool = False,
     device: str = "cpu",
+    confirm_above_s: float | None = None,
 ) -> dict[str, Any]:
     """Run every unfinished run of ``spec`` under ``out``; returns counts.  See the module docstring.
     ``device``: where every run trains (see :func:`run_point`); the ETA probe times CPU steps whatever it is.
+    ``confirm_above_s``: when the probe's estimate for the runs this call would start exceeds this many CPU-seconds,
+    raise :class:`NeedsConfirmation` (after printing the estimate) instead of starting them.
 
     With ``lr_selection = "first_seed"`` the second stage of a row (its other seeds at the chosen lr) starts as soon
     as the row's first-seed runs have finished, within the same invocation."""
@@ -870,6 +877,13 @@ def run_sweep(
         log(f"estimated {total / 3600:.2f} CPU-hours for the runs left"
             + (f" ({len(started)} part-trained, counted by the steps they have left)" if started else "")
             + f", about {_fmt_secs(total / max(jobs, 1))} with {jobs} worker(s)")
+        now = total * (min(1.0, limit / n_left) if limit is not None else 1.0)  # --limit: a share of them
+        if confirm_above_s is not None and not dry_run and now > confirm_above_s:
+            raise NeedsConfirmation(
+                f"the runs left need an estimated {now / 3600:.1f} CPU-hours (about {_fmt_secs(now / max(jobs, 1))} "
+                f"with {jobs} worker(s)) into {out}, more than the {confirm_above_s / 60:.0f} CPU-minutes a sweep "
+                "starts without asking: add --yes to start them (make: YES=1), --limit N to run a few, or "
+                "--dry-run to list them")
     slice_order = {}
     for p in points:
         slice_order.setdefault((p.setting, p.model_axes), len(slice_order))
