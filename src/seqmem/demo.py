@@ -103,7 +103,7 @@ def run_demo(cfg: DemoConfig, mixers: list[str | dict[str, Any]] | None, out: Pa
         else [COMMITTED_RUNS]
     if reuse:
         log(f"runs identical to the committed ones in {COMMITTED_RUNS} are taken from there (--fresh trains them)")
-    res = run_sweep(spec, runs, jobs=jobs, threads=threads, log=log, confirm_above_s=confirm_above_s, reuse=reuse)
+    swept = run_sweep(spec, runs, jobs=jobs, threads=threads, log=log, confirm_above_s=confirm_above_s, reuse=reuse)
     write_report(spec, runs, out)
     rows = []
     for r in collect(spec, runs):
@@ -139,7 +139,7 @@ def run_demo(cfg: DemoConfig, mixers: list[str | dict[str, Any]] | None, out: Pa
         f"{length_rule_text()}.\n"
         f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}; training "
         f"{sum(r['seconds'] for r in rows if r['seconds'] == r['seconds']):.0f} s summed over the runs "
-        f"({res.get('ran', 0)} trained by this command in {time.perf_counter() - t0:.0f} s, the others by an "
+        f"({swept.get('ran', 0)} trained by this command in {time.perf_counter() - t0:.0f} s, the others by an "
         "earlier one).\n\n"
     )
     atomic_write_text(Path(out) / "results.md", header + table)
