@@ -19,7 +19,7 @@ sweep() {  # sweep SPEC PAPER DIR [extra args...]
     shift 3
     echo "== $spec -> docs/results/$paper/$dir ($(date -u +%H:%M) UTC)"
     $SEQMEM sweep "$spec" --out "docs/results/$paper/$dir/runs" --report-dir "docs/results/$paper/$dir" \
-        --jobs "$JOBS" --headline "docs/results/$paper/headline.json" "$@"
+        --jobs "$JOBS" --headline "docs/results/$paper/headline.json" --yes "$@"  # running this script is the yes
 }
 
 run() {
