@@ -1,6 +1,14 @@
 
+import os
+
 import pytest
 import torch
+
+# Without a GPU the Triton kernels can only run in Triton's CPU interpreter, and triton reads TRITON_INTERPRET when
+# it is first imported (its own language helpers are decorated then): set it before any test imports triton, so the
+# interpreter tests (tests/ops/_triton_util.py) work whatever ran first.  With a GPU the kernels are compiled.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 torch.set_num_threads(1)  # as every seqmem command by default (README, "Threads")
 
