@@ -59,14 +59,31 @@ def test_eval_harness_without_lm_eval_names_the_extra(monkeypatch, capsys, tmp_p
 
 @pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None,
                     reason="lm-eval not installed (pip install 'seqmem[eval]'); its absence is tested above")
-def test_eval_harness_on_an_exported_model(tmp_path, capsys):
-    run, out = tmp_path / "run", tmp_path / "hf"
+def test_eval_harness_on_an_exported_model(tmp_path, capsys, monkeypatch):
+    """The whole path offline: train, export, then lm-eval's 'hf' model on a task of our own (local JSON data)."""
+    import json
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run, out, tasks = tmp_path / "run", tmp_path / "hf", tmp_path / "tasks"
     (tmp_path / "text.txt").write_text("the cat sat on the mat. " * 200)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"context": "the cat sat on the", "target": "mat"}) + "\n" for _ in range(4)))
+    tasks.mkdir()
+    (tasks / "tiny.yaml").write_text(
+        "task: seqmem_tiny_cloze\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " + str(data) +
+        "\ntest_split: test\noutput_type: loglikelihood\ndoc_to_text: \"{{context}}\"\n"
+        "doc_to_target: \" {{target}}\"\nmetric_list:\n  - metric: acc\n    aggregation: mean\n"
+        "    higher_is_better: true\n")
     assert main(["train", "--task", "lm", "--dataset", str(tmp_path / "text.txt"), "--mixer", "deltanet", "--layers",
                  "1", "--d-model", "16", "--heads", "2", "--steps", "2", "--batch-size", "2", "--seq-len", "32",
                  "--eval-examples", "2", "--no-progress", "--out", str(run)]) == 0
     assert main(["export-hf", "--run", str(run), "--out", str(out)]) == 0
     capsys.readouterr()
-    rc = main(["eval-harness", "--model", str(out), "--tasks", "lambada_openai", "--limit", "2",
-               "--json", str(tmp_path / "r.json")])
-    assert rc == 0 and (tmp_path / "r.json").is_file()
+    assert main(["eval-harness", "--model", str(out), "--tasks", "no_such_task", "--include-path", str(tasks)]) == 2
+    assert "no_such_task" in capsys.readouterr().err
+    rc = main(["eval-harness", "--model", str(out), "--tasks", "seqmem_tiny_cloze", "--include-path", str(tasks),
+               "--limit", "2", "--json", str(tmp_path / "r.json")])
+    assert rc == 0
+    res = json.loads((tmp_path / "r.json").read_text())["results"]["seqmem_tiny_cloze"]
+    assert res["acc,none"] in (0.0, 0.5, 1.0)

@@ -506,8 +506,19 @@ def cmd_eval_harness(args: argparse.Namespace) -> int:
     if args.json is not None:
         _check_out_dir(args.json.parent if str(args.json.parent) else Path("."))
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+    task_manager = None
+    if args.include_path is not None:
+        if not args.include_path.is_dir():
+            raise UsageError(f"--include-path {args.include_path}: not a directory of lm-eval task YAML files")
+        from lm_eval.tasks import TaskManager
+
+        task_manager = TaskManager(include_path=str(args.include_path))
+        unknown = [t for t in tasks if t not in task_manager.all_tasks]
+        if unknown:
+            raise UsageError(f"--tasks: unknown to lm-eval and to {args.include_path}: {', '.join(unknown)}")
     res = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={model}", tasks=tasks, limit=limit,
-                                  num_fewshot=args.num_fewshot, batch_size=args.batch_size, device=args.device)
+                                  num_fewshot=args.num_fewshot, batch_size=args.batch_size, device=args.device,
+                                  task_manager=task_manager)
     record = {"model": str(model), "tasks": tasks, "limit": limit, "results": res["results"]}
     text = json.dumps(record, indent=2, default=str)
     if args.json is not None:
@@ -712,6 +723,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (lm-eval's default if unset)")
     p.add_argument("--batch-size", type=int, default=8, help="lm-eval batch size (default 8)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--include-path", type=Path, default=None,
+                   help="a directory of your own lm-eval task YAML files (e.g. on local data, offline)")
     p.add_argument("--json", type=Path, help="also write the results to this JSON file")
     p.set_defaults(func=cmd_eval_harness)
 
