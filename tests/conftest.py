@@ -48,3 +48,20 @@ def fake_run_dir(d, steps: list[int], finished: bool, width: int = 2, metrics: b
     if finished:
         (d / "result.json").write_text(json.dumps({"status": "finished"}))
     return d
+
+
+def tiny(**changes) -> dict:
+    """The packaged ``tiny`` sweep spec as a dict, with ``section__key=value`` (or ``section=value``) changed."""
+    import copy
+    import tomllib
+
+    from seqmem.sweep.spec import PACKAGED_SPECS
+
+    raw = copy.deepcopy(tomllib.loads((PACKAGED_SPECS / "tiny.toml").read_text()))
+    for k, v in changes.items():
+        sect, _, key = k.partition("__")
+        if key:
+            raw[sect][key] = v
+        else:
+            raw[sect] = v
+    return raw

@@ -4,36 +4,25 @@ per-case map is in docs/reliability.md."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import pytest
 
+from conftest import tiny
 from seqmem.cli import main
 from seqmem.sweep import load_spec, run_sweep, write_report
 from seqmem.sweep.runner import check_result, is_finished, read_result, seal
 from seqmem.sweep.spec import PACKAGED_SPECS, SpecError, slug
 
-TINY = tomllib.loads((PACKAGED_SPECS / "tiny.toml").read_text())
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 
 
-def tiny(**changes) -> dict:
-    raw = copy.deepcopy(TINY)
-    for k, v in changes.items():
-        sect, _, key = k.partition("__")
-        if key:
-            raw[sect][key] = v
-        else:
-            raw[sect] = v
-    return raw
 
 
 def _main(argv: list[str]) -> int:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import math
-import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import tiny
 from seqmem.cli import main
 from seqmem.sweep import (
     LENGTH_RULE,
@@ -24,20 +23,8 @@ from seqmem.sweep import (
     write_report,
 )
 from seqmem.sweep.runner import seal
-from seqmem.sweep.spec import PACKAGED_SPECS
 
-TINY = tomllib.loads((PACKAGED_SPECS / "tiny.toml").read_text())
-
-
-def tiny(**changes) -> dict:
-    raw = copy.deepcopy(TINY)
-    for k, v in changes.items():
-        sect, _, key = k.partition("__")
-        if key:
-            raw[sect][key] = v
-        else:
-            raw[sect] = v
-    return raw
+TINY = tiny()
 
 
 def quiet(_: str) -> None:
