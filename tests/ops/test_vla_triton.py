@@ -145,8 +145,12 @@ def test_mixer_layer_runs_the_kernels(monkeypatch):
     real = fr.fused_recurrent_vla
     monkeypatch.setattr(_triton, "use_triton", lambda *ts: True)
     monkeypatch.setattr(fr, "fused_recurrent_vla", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    y, A, g = run()
+    from seqmem.ops._backends import record_forms
+
+    with record_forms() as forms:
+        y, A, g = run()
     assert calls, "the layer did not reach the kernels"
+    assert forms.get("vla_attention") == {"triton": 1}, forms  # what `bench speed`'s form column reports
     assert_rel_close(y, y_ref, 1e-5, "layer output")
     assert_rel_close(A, A_ref, 1e-5, "layer state A")
     for a, b in zip(g, g_ref):

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqmem.ops import _triton
+from seqmem.ops import _backends, _triton
 from seqmem.ops._common import check_chunk_size, check_mode, floor
 from seqmem.ops._common import compute_dtype as _compute_dtype
 from seqmem.ops._common import full_precision as _full_precision
@@ -320,9 +320,12 @@ def _triton_form(op: str, q: Tensor, k: Tensor, v: Tensor, w: Tensor, initial_st
     tensors, triton importable and not switched off (:func:`seqmem.ops._triton.use_triton`), float32 compute,
     head dims <= 128 — else None (the chunked PyTorch body runs)."""
     floats = [q, k, v, w, *_state_tensors(initial_state)]
+    name = "vla_attention" if op == "vla" else "vla_paper_delta_rule"
     if not (_triton.use_triton(*floats) and _compute_dtype(*floats) == torch.float32
             and max(k.shape[-1], v.shape[-1]) <= 128):
+        _backends.note_form(name, "pytorch")
         return None
+    _backends.note_form(name, "triton")
     from seqmem.ops.vla import fused_recurrent as fr
 
     def body(q, k, v, w, *, chunk_size, **options):  # the kernels' checkpoint interval, not the chunk length

@@ -33,7 +33,7 @@ import math
 import torch
 from torch import Tensor
 
-from seqmem.ops import _triton
+from seqmem.ops import _backends, _triton
 from seqmem.ops._common import check_choice, floor
 from seqmem.ops.fractional import gl_weights, soe_coefficients
 from seqmem.ops.local_attention.chunk import join_past, window_cache, window_state, windowed_softmax
@@ -119,8 +119,10 @@ def soe_retention(
     if T == 1 and mode != "recurrent":  # a decode step: one fused update of the state, no chunk machinery
         return _one_token(q, k, v, coef, xi, coef_now, eps0, normalizer, strict_causal, initial_state, k_log_scale)
     if mode == "chunk" and not strict_causal and _gla_applies(q, k, v, coef, coef_now, initial_state, k_log_scale):
+        _backends.note_form("soe_retention", "fla")
         return soe_retention_gla(q, k, v, coef, xi, coef_now, eps0=eps0, normalizer=normalizer,
                                  initial_state=initial_state, k_log_scale=k_log_scale)  # fmt: skip
+    _backends.note_form("soe_retention", "pytorch")
     G = b = z = m = None  # the chunked form skips the zero state's terms (None = zero)
     if initial_state is not None:
         G, b = initial_state["G"], initial_state["b"]
