@@ -75,5 +75,8 @@ def check_device(op: str, kernel: object, *tensors: Tensor | None) -> None:
 
 
 def num_warps(state_elems: int) -> int:
-    """Warps per program for a kernel whose state of ``state_elems`` floats lives in registers (~32 per thread)."""
-    return 4 if state_elems <= 4096 else 8 if state_elems <= 8192 else 16
+    """Warps per program for a kernel whose live register blocks hold ``state_elems`` floats in all (a forward:
+    the state; a backward: the state and its gradient, so twice that).  Chosen from ptxas's spill counts for
+    sm_80 / sm_90 (``python -m seqmem.bench.compile_kernels``): 4 warps spilled a 64 × 64 state's backward, and
+    a 128 × 128 state spills less with 32 warps than with 16."""
+    return 4 if state_elems <= 2048 else 8 if state_elems <= 8192 else 32

@@ -88,7 +88,8 @@ def _fwd_kernel(
     t = 0
     while t < T:
         if SAVE:
-            tl.store(ckpt + ((i_bh * n_m + i_m) * n_ck + t // C) * D * BM + o_blk, S, mask=m_s & (t % C == 0))
+            if t % C == 0:  # a checkpoint at each chunk's first step (a mask of a scalar & block fails on triton 3.9)
+                tl.store(ckpt + ((i_bh * n_m + i_m) * n_ck + t // C) * D * BM + o_blk, S, mask=m_s)
         k_t = tl.load(k + p_qk, mask=m_m, other=0.0).to(tl.float32)
         q_t = tl.load(q + p_qk, mask=m_m, other=0.0).to(tl.float32)
         g_t = tl.load(g + p_qk, mask=m_m, other=0.0).to(tl.float32)
@@ -259,7 +260,7 @@ class _FusedRecurrentLattice(torch.autograd.Function):
             q, k, v, g, mu if mu is not None else g, ckpt, scratch, dy,
             ds_out.contiguous() if ds_out is not None else ds0, dq, dk, dv, dg, dmu, ds0, T, H, C,
             D=D, M=M, BD=triton.next_power_of_2(D), BM=BM, OBJ=_OBJ[ctx.objective],
-            HAS_MU=mu is not None, HAS_DS=ds_out is not None, num_warps=num_warps(triton.next_power_of_2(D) * BM),
+            HAS_MU=mu is not None, HAS_DS=ds_out is not None, num_warps=num_warps(2 * triton.next_power_of_2(D) * BM),
         )  # fmt: skip
         return (dq.to(q.dtype), dk.to(k.dtype), dv.sum(0).to(v.dtype), dg.to(g.dtype),
                 None if mu is None else dmu.sum(0).to(mu.dtype), ds0.to(ctx.s0_dtype), None, None)

@@ -59,7 +59,8 @@ def _sm_fwd_kernel(
     t = 0
     while t < T:
         if SAVE:
-            tl.store(ckpt + (i_bh * n_ck + t // C) * D * D + o_a, A, mask=m_a & (t % C == 0))
+            if t % C == 0:  # a checkpoint at each chunk's first step
+                tl.store(ckpt + (i_bh * n_ck + t // C) * D * D + o_a, A, mask=m_a)
         u_t = tl.load(u + p_x, mask=m_d, other=0.0)
         k_t = tl.load(kh + p_x, mask=m_d, other=0.0)
         e_t = tl.load(eh + i_b * T + t)
@@ -164,7 +165,7 @@ class _ShermanMorrison(torch.autograd.Function):
         _sm_bwd_kernel[(N,)](
             u, kh, eh, ckpt, scratch, dalpha, da0 if da_out is None else da_out.float().contiguous(), du, dkh, da0,
             T, H, C, ctx.eps, D=D, BD=triton.next_power_of_2(D), HAS_DA=da_out is not None,
-            num_warps=num_warps(triton.next_power_of_2(D) ** 2),
+            num_warps=num_warps(2 * triton.next_power_of_2(D) ** 2),
         )  # fmt: skip
         return du, dkh, None, da0, None, None
 
@@ -195,8 +196,9 @@ def _gdr_fwd_kernel(
     t = 0
     while t < T:
         if SAVE:
-            tl.store(ckpt + ((i_bh * n_v + i_v) * n_ck + t // C) * BV * D + (o_v[:, None] - i_v * BV) * D
-                     + o_k[None, :], S, mask=m_s & (t % C == 0))  # fmt: skip
+            if t % C == 0:  # a checkpoint at each chunk's first step
+                tl.store(ckpt + ((i_bh * n_v + i_v) * n_ck + t // C) * BV * D + (o_v[:, None] - i_v * BV) * D
+                         + o_k[None, :], S, mask=m_s)  # fmt: skip
         a_t = tl.load(a + p_k, mask=m_k, other=0.0)
         b_t = tl.load(b + p_k, mask=m_k, other=0.0)
         q_t = tl.load(q + p_k, mask=m_k, other=0.0)
