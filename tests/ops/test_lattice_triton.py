@@ -141,3 +141,25 @@ def test_mixer_layer_runs_the_kernel(monkeypatch):
     for a, b in zip(g, g_ref):
         if b is not None:
             assert_rel_close(a, b, 1e-4, "parameter gradient")
+
+
+def test_op_passes_half_inputs_to_the_kernel_uncast():
+    """lattice_scan hands bfloat16 inputs to the kernel as they are (it accumulates in float32 itself): the same
+    output (to bfloat16's rounding: the kernel stores y in bfloat16 itself, and Triton's CPU interpreter rounds
+    towards zero there), state and gradients as casting them to float32 first, with gradients in the inputs'
+    dtype."""
+    q, k, v, gam, mu, S0 = _inputs(5, "head", True, t=5)
+    bf = [x.detach().to(torch.bfloat16).requires_grad_() for x in (q, k, v, gam, mu)]
+    f32 = [x.detach().float().requires_grad_() for x in bf]
+    y, st = lattice_scan(*bf[:4], {"S": S0.detach()}, objective="dec", forget=bf[4], chunk_size=3, backend="triton")
+    yr, sr = lattice_scan(*f32[:4], {"S": S0.detach()}, objective="dec", forget=f32[4], chunk_size=3,
+                          backend="triton")  # fmt: skip
+    assert y.dtype == torch.bfloat16 and st["S"].dtype == torch.float32
+    assert_rel_close(y.float(), yr, 2**-7, "y (one bfloat16 rounding)")
+    assert torch.equal(st["S"], sr["S"])
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
+    ga = torch.autograd.grad((y.float() * w).sum() + st["S"].sum(), bf)
+    gb = torch.autograd.grad((yr.to(torch.bfloat16).float() * w).sum() + sr["S"].sum(), f32)
+    for a, b in zip(ga, gb):
+        assert a.dtype == torch.bfloat16
+        assert_rel_close(a.float(), b.to(torch.bfloat16).float(), 2**-7, "grad")

@@ -81,6 +81,13 @@ def lattice_scan(
     def c(x):
         return x.to(cd) if isinstance(x, Tensor) else x
 
+    if cd == torch.float32 and mode != "recurrent" and backend in ("auto", "triton"):
+        # the Triton kernel reads half inputs and accumulates in float32 itself: no float32 copies of q, k, v
+        with full_precision(q.device):
+            out = _triton_scan(q, k, v, gamma, S_in, objective, normalize, forget, l1, chunk_size, backend)
+        if out is not None:
+            _backends.note_form("lattice_scan", "triton")
+            return out[0].to(out_dtype), {"S": out[1]}
     with full_precision(q.device):
         y, S = _scan(c(q), c(k), c(v), c(gamma), c(S_in), objective, normalize, c(forget), c(l1), mode, chunk_size,
                      eps, backend)  # fmt: skip
@@ -139,7 +146,7 @@ def _triton_scan(q, k, v, gamma, initial_state, objective, normalize, forget, l1
 
     y, S = fused_recurrent_lattice(q, k, v, gamma, initial_state, objective=objective, forget=forget,
                                    chunk_size=chunk_size)  # fmt: skip
-    return y, S.to(torch.promote_types(k.dtype, v.dtype))
+    return y, S  # S float32 (the compute dtype: float64 never takes the kernel)
 
 
 def _cpp_scan(q, k, v, gamma, initial_state, objective, normalize, forget, l1, chunk_size, backend):
