@@ -15,7 +15,12 @@ Registered: ``lattice`` (DEC), ``lattice_enc``, ``lattice_sim``.  The rows of th
 baseline are options of the same block (see ``LADDER`` below): DeltaNet update (``objective="delta",
 normalize=False``, eq. 20), orthogonal update without the sphere projection (``normalize=False``, eq. 7/13),
 + sphere projection (the default, eq. 14), + forget gate (``forget_gate=True``, eq. 16), and the paper's model
-of TTT (``objective="ttt", normalize=False``, eq. 19).  ``lattice_minibatch`` (the TTT-style mini-batch
+of TTT (``objective="ttt", normalize=False``, eq. 19).  ``objective="ssd", normalize=False`` (``SSD_OPTIONS``)
+runs Mamba-2's SSD rule in the same block (App. A gives every sub-quadratic baseline this block; Table 1's Mamba2
+row): per head ``S_t = a_t S_{t-1} + Δ_t v_t k_tᵀ``, ``y_t = S_t q_t`` with ``Δ_t = softplus(x W_Δ + b_Δ)`` and
+``a_t = exp(−Δ_t exp(A_log))``, parameterised and initialised as the ``mamba2`` mixer's and run by the same op
+(:func:`seqmem.ops.ssd`); the state starts at zero (Mamba-2's), not at ``S_0``, and there is no ``D`` skip
+(Table 1's Mamba2 update has none).  ``lattice_minibatch`` (the TTT-style mini-batch
 approximation, docs/lattice.md; formerly ``lattice_chunked``) is a DIFFERENT model, registered separately.
 
 ``impl="reference"`` runs the per-token loop under autograd; ``impl="fast"`` runs the same recurrence with the
@@ -32,6 +37,8 @@ from torch import Tensor, nn
 
 from seqmem.mixers._conv import ShortConv
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_float, check_positive_int
+from seqmem.mixers.linear_family import init_dt_bias
+from seqmem.ops import ssd
 from seqmem.ops.lattice import LATTICE_OBJECTIVES, lattice_minibatch, lattice_scan, orthonormal_slots
 from seqmem.registry import deprecated_alias, register
 
@@ -43,6 +50,24 @@ LADDER: dict[str, dict[str, Any]] = {
     "+ forget gate (eq. 16)": {"objective": "dec", "normalize": True, "forget_gate": True},
 }
 TTT_OPTIONS: dict[str, Any] = {"objective": "ttt", "normalize": False}
+#: Mamba-2's SSD rule (scalar decay per head, additive write) in the Lattice block
+SSD_OPTIONS: dict[str, Any] = {"objective": "ssd", "normalize": False}
+#: the update rules of the ``objective`` option: the Lattice op's objectives, and ``"ssd"`` (run by ``ops.ssd``)
+MIXER_OBJECTIVES: tuple[str, ...] = (*LATTICE_OBJECTIVES, "ssd")
+
+
+def _check_ssd_options(normalize: bool, gamma_per_slot: bool, forget_gate: bool, l1: float, learn_s0: bool) -> None:
+    """The options that have no meaning under Mamba-2's SSD rule are errors, not silently ignored."""
+    why = {
+        "normalize=True": (normalize, "the sphere projection (eq. 14) is Lattice's; pass normalize=False"),
+        "gamma_per_slot=True": (gamma_per_slot, "Mamba-2's Δ_t is one scalar per head"),
+        "forget_gate=True": (forget_gate, "the SSD rule has its own decay exp(−Δ_t exp(A_log))"),
+        "l1 > 0": (l1 > 0, "the L1 prox (eq. 18) is a Lattice option"),
+        "learn_s0=True": (learn_s0, "the SSD state starts at zero, as in Mamba-2"),
+    }
+    for opt, (bad, reason) in why.items():
+        if bad:
+            raise ValueError(f"objective='ssd' (Mamba-2's SSD rule) does not take {opt}: {reason}")
 
 
 def _check_head_dims(d_model: int, n_heads: int, head_dim: int | None, n_slots: int | None) -> tuple[int, ...]:
@@ -72,6 +97,7 @@ class LatticeMixer(Mixer):
         {"chunk_size": 8, "objective": "ttt", "normalize": False, "n_slots": 4, "conv_size": 2},
         {"chunk_size": 8, "objective": "delta", "normalize": False, "forget_gate": True},
         {"chunk_size": 8, "normalize": False, "l1": 0.01},
+        {"chunk_size": 8, "objective": "ssd", "normalize": False, "n_slots": 12},  # m > d: no S_0 to bound it
     ]
     # head_dim / n_slots None = d_model / n_heads; l1 = 0: no L1 term; seed: any integer (torch.Generator)
     option_domains: ClassVar[dict[str, str]] = {
@@ -98,7 +124,7 @@ class LatticeMixer(Mixer):
         v_norm: bool = False,
     ) -> None:
         super().__init__(d_model, n_heads, impl)
-        self.objective = check_choice("objective", objective, LATTICE_OBJECTIVES)
+        self.objective = check_choice("objective", objective, MIXER_OBJECTIVES)
         for name, val in (
             ("normalize", normalize), ("qk_norm", qk_norm), ("gamma_per_slot", gamma_per_slot),
             ("forget_gate", forget_gate), ("learn_s0", learn_s0), ("v_norm", v_norm),
@@ -107,13 +133,15 @@ class LatticeMixer(Mixer):
                 raise ValueError(f"{name} must be a bool, got {val!r}")
         self.normalize = normalize
         self.head_dim, self.n_slots = _check_head_dims(d_model, n_heads, head_dim, n_slots)
-        if self.n_slots > self.head_dim:
+        if self.n_slots > self.head_dim and objective != "ssd":
             raise ValueError(
                 f"n_slots={self.n_slots} > head_dim={self.head_dim}: orthonormal initial slots need m <= d"
             )
         self.conv_size = check_positive_int("conv_size", conv_size)
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
         self.l1 = check_positive_float("l1", l1, allow_zero=True)
+        if objective == "ssd":
+            _check_ssd_options(normalize, gamma_per_slot, forget_gate, self.l1, learn_s0)
         self.qk_norm, self.gamma_per_slot, self.forget_gate, self.learn_s0, self.v_norm = (
             qk_norm, gamma_per_slot, forget_gate, learn_s0, v_norm
         )  # fmt: skip
@@ -122,12 +150,18 @@ class LatticeMixer(Mixer):
         self.conv_q = ShortConv(H * m, conv_size)
         self.conv_k = ShortConv(H * m, conv_size)
         self.v_proj = nn.Linear(d_model, H * d, bias=False)
-        self.gamma_proj = nn.Linear(d_model, H * m if gamma_per_slot else H)
+        self.gamma_proj = nn.Linear(d_model, H * m if gamma_per_slot else H)  # γ_t; Δ_t for the SSD rule
+        if objective == "ssd":  # Mamba-2's Δ_t = softplus(x W_Δ + b_Δ) and A = −exp(A_log), initialised as there
+            with torch.no_grad():
+                self.gamma_proj.bias.copy_(init_dt_bias(H))
+            self.A_log = nn.Parameter(torch.log(torch.empty(H).uniform_(1.0, 16.0)))
         if forget_gate:
             self.forget_proj = nn.Linear(d_model, H)
             nn.init.constant_(self.forget_proj.bias, 3.0)  # μ ≈ 0.95 at init
         self.gate_proj = nn.Linear(d_model, H * d, bias=False)
         self.o_proj = nn.Linear(H * d, d_model, bias=False)
+        if objective == "ssd":  # no S_0: the state starts at zero
+            return
         s0 = orthonormal_slots(H, d, m, generator=torch.Generator().manual_seed(seed))
         if learn_s0:
             self.S0 = nn.Parameter(s0)
@@ -144,8 +178,12 @@ class LatticeMixer(Mixer):
 
     def initial_state(self, batch: int, dtype: torch.dtype, device: torch.device) -> State:
         H, d, m = self.n_heads, self.head_dim, self.n_slots
+        if self.objective == "ssd":  # Mamba-2's state starts at zero
+            S = torch.zeros(batch, H, d, m, dtype=dtype, device=device)
+        else:
+            S = self.S0.to(dtype=dtype, device=device).unsqueeze(0).expand(batch, H, d, m)
         return {
-            "S": self.S0.to(dtype=dtype, device=device).unsqueeze(0).expand(batch, H, d, m),
+            "S": S,
             "conv_q": torch.zeros(batch, self.conv_size - 1, H * m, dtype=dtype, device=device),
             "conv_k": torch.zeros(batch, self.conv_size - 1, H * m, dtype=dtype, device=device),
         }
@@ -164,7 +202,10 @@ class LatticeMixer(Mixer):
         v = self.v_proj(x).view(B, T, H, d)
         if self.v_norm:  # NOT in the paper: unit-norm values (tames the ENC step, which scales with ‖v‖²)
             v = F.normalize(v, dim=-1, eps=1e-6)
-        gamma = torch.sigmoid(self.gamma_proj(x))
+        if self.objective == "ssd":
+            gamma = F.softplus(self.gamma_proj(x))  # Δ_t (b_Δ is the bias)
+        else:
+            gamma = torch.sigmoid(self.gamma_proj(x))
         gamma = gamma.view(B, T, H, m) if self.gamma_per_slot else gamma.view(B, T, H)
         mu = torch.sigmoid(self.forget_proj(x)) if self.forget_gate else None
         return q, k, v, gamma, mu, cq, ck
@@ -174,6 +215,13 @@ class LatticeMixer(Mixer):
         if state is None:
             state = self.initial_state(B, x.dtype, x.device)
         q, k, v, gamma, mu, cq, ck = self._features(x, state)
+        if self.objective == "ssd":  # S_t = exp(−Δ_t e^{A_log}) S_{t-1} + Δ_t v_t k_tᵀ, y_t = S_t q_t
+            y, st = ssd(
+                v, gamma, -torch.exp(self.A_log), k, q, initial_state={"S": state["S"]},
+                mode=self._op_mode(), chunk_size=self.chunk_size,
+            )  # fmt: skip
+            y = y.reshape(B, T, -1) * F.gelu(self.gate_proj(x))  # GeLU post-gate
+            return self.o_proj(y), {"S": st["S"], "conv_q": cq, "conv_k": ck}
         y, st = lattice_scan(
             q, k, v, gamma, {"S": state["S"]}, objective=self.objective, normalize=self.normalize, forget=mu,
             l1=self.l1 if self.l1 > 0 else None, chunk_size=self.chunk_size,
