@@ -111,6 +111,48 @@ def test_deltanets_match_per_token_reference(gated, conv_size):
 
 
 @pytest.mark.parametrize("impl", ["reference", "fast"])
+@pytest.mark.parametrize("conv_size", [4, None])
+def test_gated_deltanet_block_with_lattice_rule_matches_per_token_reference(impl, conv_size):
+    """rule="lattice": Gated DeltaNet's block (q/k/v convs, L2-normalised q/k, sigmoid b, gated RMSNorm, out)
+    around Lattice-DEC's update, written out token by token; outputs, state and all gradients in float64."""
+    m = perturbed("gated_deltanet", impl=impl, chunk_size=8, conv_size=conv_size, rule="lattice")
+    assert not any(hasattr(m, p) for p in ("a_proj", "A_log", "dt_bias"))  # no decay gate: Lattice-DEC has none
+    x = x_in().requires_grad_(True)
+    y, st = m(x)
+    q, k, v = qkv_ref(m, x, act_without_conv=True)
+    q, k = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
+    gamma = torch.sigmoid(x @ m.b_proj.weight.T + m.b_proj.bias)
+    dk = D // H
+    # (d x m) slots: orthonormal columns drawn in float32; the op projects them onto the sphere (eq. 14) once
+    assert_rel_close(m.S0.transpose(-1, -2) @ m.S0, torch.eye(dk, dtype=torch.float64).expand(H, dk, dk), 1e-6,
+                     "orthonormal S_0")
+    S = (m.S0 / m.S0.norm(dim=-2, keepdim=True)).expand(2, H, dk, dk)
+    outs = []
+    for t in range(T):
+        kt, vt, gt = k[:, t], v[:, t], gamma[:, t, :, None, None]
+        e = (S @ kt[..., None])[..., 0] - vt  # e_t = S k_t − v_t (unit slots: φ(S) = S), eq. 7
+        p = (S.transpose(-1, -2) @ e[..., None])[..., 0]  # ⟨s_i, e_t⟩
+        U = S - gt * (e[..., :, None] * kt[..., None, :] - S * (p * kt)[..., None, :])  # eq. 13
+        S = U / U.norm(dim=-2, keepdim=True)  # eq. 14
+        outs.append((S @ q[:, t, :, :, None])[..., 0])  # y_t = S_t q_t
+    o = torch.stack(outs, 1)
+    gate = (x @ m.g_proj.weight.T).reshape(2, T, H, dk)
+    ref = (rms(o, m.o_norm.weight, m.o_norm.eps) * F.silu(gate)).reshape(2, T, D) @ m.out.weight.T
+    assert_rel_close(y, ref, 1e-12, "gated_deltanet(rule='lattice') vs per-token reference")
+    assert_rel_close(st["S"], S, 1e-12, "state: the slots")
+    w = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    params = list(m.parameters())
+    g = torch.autograd.grad((y * w).sum(), [x, *params])
+    g_ref = torch.autograd.grad((ref * w).sum(), [x, *params])
+    for name, a, b in zip(["x", *(n for n, _ in m.named_parameters())], g, g_ref):
+        assert_rel_close(a, b, 1e-10, f"gradient of {name}")
+    y1, s1 = m(x[:, :7])
+    y2, s2 = m(x[:, 7:], s1)
+    assert_rel_close(torch.cat([y1, y2], 1), y, 1e-12, "split output")
+    assert_rel_close(s2["S"], st["S"], 1e-12, "split state")
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
 def test_mamba2_matches_per_token_reference(impl):
     m = perturbed("mamba2", impl=impl, d_state=6, chunk_size=8)
     x = x_in()
@@ -158,6 +200,8 @@ def test_state_sizes_exact():
         ("deltanet", {"conv_size": -1}),
         ("deltanet", {"n_heads": 3}),
         ("gated_deltanet", {"chunk_size": 0}),
+        ("gated_deltanet", {"rule": "lattice_dec"}),
+        ("gated_deltanet", {"rule": "delta"}),
         ("mamba2", {"headdim": 5}),
         ("mamba2", {"d_state": 0}),
         ("mamba2", {"expand": 1.5}),
@@ -170,7 +214,7 @@ def test_bad_options_raise(name, opts):
 
 
 FAMILY_OWN = {"linear_attention": ["feature_map", "normalize", "eps"], "deltanet": ["norm_eps"],
-              "gated_deltanet": ["norm_eps"]}
+              "gated_deltanet": ["norm_eps", "rule"]}
 
 
 @pytest.mark.parametrize("name", sorted(FAMILY_OWN))

@@ -15,7 +15,8 @@ is exact); ``"z"`` ``(batch, heads, d_k)`` (sum of feature-mapped keys) for ``li
   of a per-head projection; per-head RMSNorm on the output (as flash-linear-attention's ``DeltaNet``).
 * ``gated_deltanet`` (Yang et al., 2025, "Gated Delta Networks"): as DeltaNet plus the log decay
   ``g = -exp(A_log) * softplus(W_a x + dt_bias)`` (Mamba-2 style) and an output gate
-  ``RMSNorm(o) * silu(W_g x)``.
+  ``RMSNorm(o) * silu(W_g x)``.  ``rule="lattice"`` keeps this block and runs Lattice-DEC's update instead
+  (:class:`GatedDeltaNet`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from seqmem.mixers._norm import GatedRMSNorm, RMSNorm
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_float, check_positive_int
 from seqmem.ops import delta_rule, gated_delta_rule, linear_attention
 from seqmem.ops._common import compute_dtype, full_precision
+from seqmem.ops.lattice import lattice_scan, orthonormal_slots
 from seqmem.registry import register
 
 __all__ = ["DeltaNet", "GatedDeltaNet", "LinearAttention"]
@@ -272,21 +274,43 @@ class DeltaNet(_LinearFamily):
 class GatedDeltaNet(DeltaNet):
     """Gated DeltaNet (Yang et al., 2025): ``S_t = exp(g_t) (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T``.
 
-    No options of its own: DeltaNet's (``n_heads``, ``impl``, ``conv_size``, ``chunk_size``, ``norm_eps``) pass
-    through (keyword-only).
+    DeltaNet's options (``n_heads``, ``impl``, ``conv_size``, ``chunk_size``, ``norm_eps``) pass through
+    (keyword-only).  ``rule`` picks the update run in this block: ``"gated_delta"`` (the default, above) or
+    ``"lattice"``: Lattice-DEC's update (Karami & Mirrokni 2025, eqs. 7/13 and the sphere projection eq. 14, the
+    ``lattice`` mixer's default rule, :func:`seqmem.ops.lattice_scan`) with the block's ``b_t`` as the step size
+    ``γ_t``, per head ``S ∈ R^{d×d}`` started from a fixed random orthonormal ``S_0`` (a buffer, drawn as the
+    ``lattice`` mixer's with seed 0), read out ``y_t = S_t q_t`` (eq. 13, no ``d^{-1/2}`` scale) into the same gated
+    RMSNorm and output projection; no decay gate (Lattice-DEC has none), so ``a_proj``, ``A_log`` and ``dt_bias``
+    are not built.  Its state ``"S"`` holds Lattice's slots ``(batch, heads, d, m)`` with ``m = d``.
+    ``chunk_size`` is then the scan's backward recompute chunk (``impl="fast"``: ``mode="scan"``).
     """
 
-    def __init__(self, d_model: int, **deltanet_options: Any) -> None:
+    RULES: ClassVar[tuple[str, ...]] = ("gated_delta", "lattice")
+    contract_configs: ClassVar[list[dict]] = [*_LinearFamily.contract_configs, {"chunk_size": 8, "rule": "lattice"}]
+
+    def __init__(self, d_model: int, *, rule: str = "gated_delta", **deltanet_options: Any) -> None:
         super().__init__(d_model, **deltanet_options)
-        self.a_proj = nn.Linear(d_model, self.n_heads, bias=False)
-        self.A_log = nn.Parameter(torch.log(torch.empty(self.n_heads).uniform_(1e-3, 16)))
-        self.dt_bias = nn.Parameter(init_dt_bias(self.n_heads))
+        self.rule = check_choice("rule", rule, self.RULES)
+        if rule == "gated_delta":
+            self.a_proj = nn.Linear(d_model, self.n_heads, bias=False)
+            self.A_log = nn.Parameter(torch.log(torch.empty(self.n_heads).uniform_(1e-3, 16)))
+            self.dt_bias = nn.Parameter(init_dt_bias(self.n_heads))
+        else:
+            H, d = self.n_heads, self.head_dim
+            self.register_buffer("S0", orthonormal_slots(H, d, d, generator=torch.Generator().manual_seed(0)))
         self.g_proj = nn.Linear(d_model, d_model, bias=False)
 
     def _make_norm(self, eps: float) -> nn.Module:
         return GatedRMSNorm(self.head_dim, eps, norm_before_gate=True)
 
     def _rule(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, **kw: Any) -> tuple[Tensor, State]:
+        if self.rule == "lattice":  # Lattice-DEC: S ← colnormalize(S − γ_t (e_t k_tᵀ − S diag((Sᵀe_t) ⊙ k_t)))
+            S = kw["initial_state"]
+            if S is None:
+                S = {"S": self.S0.to(dtype=v.dtype).unsqueeze(0).expand(v.shape[0], *self.S0.shape)}
+            mode = "recurrent" if self.impl == "reference" else "scan"
+            return lattice_scan(q, k, v, beta, S, objective="dec", normalize=True, mode=mode,
+                                chunk_size=kw["chunk_size"])  # fmt: skip
         # log decay (batch, time, heads), Gated DeltaNet / Mamba-2 parametrisation
         g = -torch.exp(self.A_log) * F.softplus(self.a_proj(x) + self.dt_bias)
         return gated_delta_rule(q, k, v, beta=beta, g=g, **kw)
@@ -294,3 +318,6 @@ class GatedDeltaNet(DeltaNet):
     def _norm_out(self, x: Tensor, o: Tensor) -> Tensor:
         b, t, _ = x.shape
         return self.o_norm(o, self.g_proj(x).view(b, t, self.n_heads, self.head_dim))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, rule={self.rule!r}"
