@@ -222,8 +222,9 @@ def lattice() -> dict[str, Any]:
 
     pending = ("lattice_matched (src/seqmem/experiments/lattice_matched.toml): the gated-delta rule (the lattice "
                "mixer's delta objective, eq. 20, with the forget gate, eq. 16) and Mamba-2's SSD rule (its ssd "
-               "objective) inside Lattice's block vs Lattice-DEC, T = 256, 3 seeds; Lattice's rule in the native "
-               "blocks needs a block option the library does not have")
+               "objective) inside Lattice's block vs Lattice-DEC, and Lattice-DEC's rule inside Gated DeltaNet's block "
+               "(gated_deltanet with rule lattice) vs Gated DeltaNet, T = 256, 3 seeds; Lattice's rule in Mamba-2's "
+               "block needs a block option the library does not have")
     native = {x: t(x, " (native block)") for x in ("lattice", "gated_deltanet", "mamba2")}
     matched_not_run = {"status": "not run", "why": "the paper gives every sub-quadratic model Mamba's block (App. "
                        "A); our Gated DeltaNet and Mamba-2 keep their native blocks (conv on q, k, v; gated "
