@@ -23,6 +23,10 @@ commits the statistics at the same chunk boundaries) return the same outputs and
 holds the committed statistics plus the pending sums of the current partial chunk, so any split of a sequence
 continues exactly.
 
+Action mask (App. F eq. 53, App. G.1): ``mask=`` (B, T) in {0, 1} restricts the statistics to the tokens with
+``m_t = 1`` (``M`` to adjacent pairs with both in), in the same chunk-causal form; every token still queries,
+and the key norm still covers every key (App. F step 2 precedes the masked accumulation of step 3).
+
 Key normalisation ``norm``:
 
 * ``"prefix_max"`` (default, causal): chunk ``c`` divides keys/queries by ``m_c = max_{t < first(c)} ‖z_t‖``.

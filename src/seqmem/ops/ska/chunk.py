@@ -174,6 +174,23 @@ def _norm_scale(m: Tensor, norm: str) -> Tensor:
     return torch.where(m > 0, m.clamp_min(1e-6), torch.ones_like(m))
 
 
+def check_action_mask(mask: object, shape: tuple[int, int], device: torch.device, owner: str) -> Tensor:
+    """``mask`` as given, after checking it is a (B, T) = ``shape`` tensor on ``device`` whose values are all 0 or 1
+    (bool, integer or floating); a ValueError naming ``owner`` otherwise."""
+    if not isinstance(mask, Tensor):
+        raise ValueError(f"{owner}: the action mask must be a (batch, time) tensor of 0/1, got {type(mask).__name__}")
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"{owner}: the action mask must have shape (batch, time) = {tuple(shape)}, "
+                         f"got {tuple(mask.shape)}")
+    if mask.is_complex():
+        raise ValueError(f"{owner}: the action mask must be bool, integer or floating, got {mask.dtype}")
+    if mask.device != device:
+        raise ValueError(f"{owner}: the action mask is on {mask.device} but the input is on {device}")
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(f"{owner}: the action mask must hold only 0 and 1 (eq. 53: m_t in {{0, 1}})")
+    return mask
+
+
 def _validate(q, k, v, chunk_size, power, eps, norm, spec_iters, operator_form, mode):
     if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)):
         raise ValueError("spectral_koopman_attention: q, k, v must be tensors")
@@ -209,6 +226,7 @@ def spectral_koopman_attention(
     operator_form: str = "whitened",
     initial_state: dict | None = None,
     mode: str = "chunk",
+    mask: Tensor | None = None,
 ) -> tuple[Tensor, dict]:
     """Chunk-causal SKA (eqs. 7–10 + App. F), ``q, k`` (B, T, H, r), ``v`` (B, T, H, P) → ``(o (B,T,H,P), state)``.
 
@@ -222,13 +240,24 @@ def spectral_koopman_attention(
     * ``"G"``: committed key Gram ``Σ z_t z_tᵀ`` (B, H, r, r), eq. (4), without the ridge ``εI``;
     * ``"M"``: committed lag-one cross term ``Σ z_t z_{t-1}ᵀ`` (B, H, r, r), eq. (5);
     * ``"Cv"``: committed value cross term ``Σ v_t z_tᵀ`` (B, H, P, r), eq. (6);
-    * ``"z_prev"``: the last key seen (B, H, r), the ``z_{t-1}`` of the next ``M`` term;
+    * ``"z_prev"``: the last key seen (B, H, r), the ``z_{t-1}`` of the next ``M`` term (times its mask, below);
     * ``"m"``: the key norm the committed statistics are read with (B, H) (see ``norm``);
     * ``"G_pend"``, ``"M_pend"``, ``"Cv_pend"``: the same sums over the current partial chunk, not yet read;
     * ``"m_pend"``: the running key-norm maximum including the partial chunk (B, H);
     * ``"pos"``: tokens seen so far (B,) int64, equal across the batch.
+
+    ``mask`` (B, T) in {0, 1} (bool, integer or floating; None = all ones, the same computation as without a
+    mask): the App. F action mask ``m_t`` of eq. (53) in this chunk-causal form.  Only tokens with ``m_t = 1``
+    add to the statistics: ``G += m_t z_t z_tᵀ``, ``C_v += m_t v_t z_tᵀ`` and ``M += m_t m_{t-1} z_t z_{t-1}ᵀ``
+    (a lag pair counts only when both of its tokens are in, eq. 53; across a chunk boundary and across calls
+    too).  Every token is still a query and gets an output, and the key norm ``m`` of ``norm`` is still taken
+    over every key (App. F normalises in step 2, before the masked accumulation of step 3).  Causal: a token's
+    output uses the mask of earlier chunks only.  In the state, ``"z_prev"`` is then ``m_{t-1} z_{t-1}`` (the
+    previous key if it was in, else 0), so a split sequence with its mask split alike equals one call.
     """
     _validate(q, k, v, chunk_size, power, eps, norm, spec_iters, operator_form, mode)
+    if mask is not None:
+        mask = check_action_mask(mask, tuple(k.shape[:2]), k.device, "spectral_koopman_attention")
     if initial_state is not None:
         if set(initial_state) != set(STATE_KEYS):
             raise ValueError(f"initial_state must have keys {sorted(STATE_KEYS)}, got {sorted(initial_state)}")
@@ -237,7 +266,7 @@ def spectral_koopman_attention(
             raise ValueError("spectral_koopman_attention: all sequences in a batch must be at the same position")
     kw = dict(power=power, gamma=gamma, eta=eta, spec_iters=spec_iters, operator_form=operator_form)
     if mode == "recurrent":
-        return ska_naive(q, k, v, initial_state, chunk_size=chunk_size, eps=eps, norm=norm, **kw)
+        return ska_naive(q, k, v, initial_state, chunk_size=chunk_size, eps=eps, norm=norm, mask=mask, **kw)
     B, T, H, r = k.shape
     P = v.shape[-1]
     out_dtype = v.dtype
@@ -251,7 +280,7 @@ def spectral_koopman_attention(
         m_fixed = k.norm(dim=-1).amax(dim=1) if pos0 == 0 else st["m"]
     else:
         m_fixed = None
-    o, st = _ska_chunk(q, k, v, st, pos0, chunk_size, eps, norm, m_fixed, kw)
+    o, st = _ska_chunk(q, k, v, st, pos0, chunk_size, eps, norm, m_fixed, kw, mask)
     return o.to(out_dtype), st
 
 
@@ -264,25 +293,28 @@ def _normalised_stats(G, M, Cv, m, eps, norm):
     return G / s2 + eps * eye, M / s2, Cv / s[..., None, None], s
 
 
-def _ska_chunk(q, k, v, st, pos0, S, eps, norm, m_fixed, kw):
+def _ska_chunk(q, k, v, st, pos0, S, eps, norm, m_fixed, kw, mask=None):
     """Parallel chunk-causal form: per-chunk sums, exclusive prefix sums over chunks (eqs. 8–10), one
     operator per
-    (batch, chunk, head) read by all queries of that chunk with the collapse :func:`ska_readout`."""
+    (batch, chunk, head) read by all queries of that chunk with the collapse :func:`ska_readout`.  ``mask``: the
+    action mask (eq. 53), applied to the keys that enter the statistics (``m_t z_t``; with ``m_t`` in {0, 1},
+    ``(m_t z_t)(m_t z_t)ᵀ = m_t z_t z_tᵀ`` and ``(m_t z_t)(m_{t-1} z_{t-1})ᵀ`` is eq. 53's lag term)."""
     B, T, H, r = k.shape
     P = v.shape[-1]
     off = pos0 % S
     n_ch = (off + T + S - 1) // S
     pad_r = n_ch * S - off - T
-    zp = torch.cat([st["z_prev"][:, None], k[:, :-1]], 1)  # previous key of every token (0 at global t = 0)
+    ks = k if mask is None else k * mask.to(k.dtype)[:, :, None, None]  # the keys the statistics see
+    zp = torch.cat([st["z_prev"][:, None], ks[:, :-1]], 1)  # previous (masked) key of every token (0 at t = 0)
 
     def chunks(x: Tensor) -> Tensor:
         x = torch.nn.functional.pad(x, (0,) * (2 * (x.dim() - 2)) + (off, pad_r))
         return x.reshape(B, n_ch, S, *x.shape[2:])
 
-    kc, zpc, vc, qc = chunks(k), chunks(zp), chunks(v), chunks(q)
-    Gc = torch.einsum("bcthr,bcths->bchrs", kc, kc)
-    Mc = torch.einsum("bcthr,bcths->bchrs", kc, zpc)
-    Cc = torch.einsum("bcthp,bcthr->bchpr", vc, kc)
+    kc, ksc, zpc, vc, qc = chunks(k), chunks(ks), chunks(zp), chunks(v), chunks(q)
+    Gc = torch.einsum("bcthr,bcths->bchrs", ksc, ksc)
+    Mc = torch.einsum("bcthr,bcths->bchrs", ksc, zpc)
+    Cc = torch.einsum("bcthp,bcthr->bchpr", vc, ksc)
     Gc = torch.cat([Gc[:, :1] + st["G_pend"][:, None], Gc[:, 1:]], 1)
     Mc = torch.cat([Mc[:, :1] + st["M_pend"][:, None], Mc[:, 1:]], 1)
     Cc = torch.cat([Cc[:, :1] + st["Cv_pend"][:, None], Cc[:, 1:]], 1)
@@ -329,7 +361,7 @@ def _ska_chunk(q, k, v, st, pos0, S, eps, norm, m_fixed, kw):
         "G": G,
         "M": M,
         "Cv": Cv,
-        "z_prev": k[:, -1],
+        "z_prev": ks[:, -1],
         "m": m,
         "G_pend": Gp,
         "M_pend": Mp,

@@ -67,10 +67,12 @@ def ska_readout_appf(
 def ska_naive(
     q: Tensor, k: Tensor, v: Tensor, initial_state: dict | None = None, *, chunk_size: int = 64, eps: float = 1e-3,
     norm: str = "prefix_max", power: int = 2, gamma: Tensor | float = 1.0, eta: Tensor | float = 1.0,
-    spec_iters: int = 6, operator_form: str = "whitened",
+    spec_iters: int = 6, operator_form: str = "whitened", mask: Tensor | None = None,
 ) -> tuple[Tensor, dict]:
     """Chunk-causal SKA token by token: read the statistics committed by earlier chunks, then add the token to the
-    pending sums and commit them at the end of its chunk.  Returns ``(o (B, T, H, P), state)``."""
+    pending sums and commit them at the end of its chunk.  ``mask`` (B, T) in {0, 1}: the action mask of eq. (53),
+    a token adds to the sums only when its ``m_t = 1`` (and to ``M`` only when ``m_{t-1} = 1`` too).  Returns
+    ``(o (B, T, H, P), state)``."""
     B, T, H, r = k.shape
     P = v.shape[-1]
     out_dtype, dt = v.dtype, torch.promote_types(v.dtype, torch.float32)  # statistics in at least float32
@@ -83,7 +85,7 @@ def ska_naive(
 
     G, M, Cv = read("G", B, H, r, r), read("M", B, H, r, r), read("Cv", B, H, P, r)
     G_pend, M_pend, Cv_pend = read("G_pend", B, H, r, r), read("M_pend", B, H, r, r), read("Cv_pend", B, H, P, r)
-    z_prev, m, m_pend = read("z_prev", B, H, r), read("m", B, H), read("m_pend", B, H)
+    z_prev, m, m_pend = read("z_prev", B, H, r), read("m", B, H), read("m_pend", B, H)  # z_prev: m_{t-1} z_{t-1}
     pos = int(st["pos"].reshape(-1)[0]) if "pos" in st and st["pos"].numel() else 0
     if norm == "seqmax":  # one max over the whole first input, frozen afterwards (non-causal)   (eq. 3, §3.5)
         m = k.norm(dim=-1).amax(dim=1) if pos == 0 else m
@@ -97,14 +99,20 @@ def ska_naive(
         # 3. ŷ_t = App. F readout of the query z^q_t / s                                                   (eq. 13)
         outs.append(ska_readout_appf(G / s2 + eps * eye, M / s2, Cv / s1, (zq / s[..., None])[..., None],
                                      power, gamma, eta, spec_iters, operator_form)[..., 0])  # fmt: skip
-        # 4. pending sums: G += z zᵀ, M += z z_prevᵀ, C_v += v zᵀ                                      (eqs. 4–6)
-        G_pend = G_pend + z[..., :, None] * z[..., None, :]
-        M_pend = M_pend + z[..., :, None] * z_prev[..., None, :]
-        Cv_pend = Cv_pend + vt[..., :, None] * z[..., None, :]
-        # 5. prefix max of the key norms over the pending chunk                                   (norm="prefix_max")
+        # 4. pending sums of the tokens with m_t = 1: G += z zᵀ, M += z z_prevᵀ (z_prev = 0 unless m_{t-1} = 1),
+        #    C_v += v zᵀ                                                                          (eqs. 4–6, 53)
+        if mask is not None:
+            on = mask[:, t].to(dt) != 0  # (B,)
+            z_in = torch.where(on[:, None, None], z, torch.zeros_like(z))
+        else:
+            z_in = z
+        G_pend = G_pend + z_in[..., :, None] * z_in[..., None, :]
+        M_pend = M_pend + z_in[..., :, None] * z_prev[..., None, :]
+        Cv_pend = Cv_pend + vt[..., :, None] * z_in[..., None, :]
+        # 5. prefix max of the key norms over the pending chunk, every key (App. F step 2)        (norm="prefix_max")
         if norm == "prefix_max":
             m_pend = torch.maximum(m_pend, z.norm(dim=-1))
-        z_prev = z
+        z_prev = z_in
         pos += 1
         # 6. at the end of a chunk, commit: the next chunk reads G + G_pend, ...                       (eqs. 8–10)
         if pos % chunk_size == 0:
