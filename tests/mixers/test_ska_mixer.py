@@ -157,3 +157,68 @@ def test_hybrid_lm_streams_exactly():
     b, _ = model(ids[:, 13:], st)
     assert_rel_close(torch.cat([a, b], 1), full, 1e-9, "split 13/17")
     assert count_state(st_full[2]) == model.blocks[2].mixer.state_size(30) == model.blocks[2].mixer.state_size(3000)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the App. F action mask (eq. 53): forward(..., action_mask=)
+# ----------------------------------------------------------------------------------------------------------------
+def amask(T=37, B=2, seed=3):
+    m = torch.rand(B, T, generator=torch.Generator().manual_seed(seed)) < 0.5
+    m[:, 2:6] = True
+    return m
+
+
+@pytest.mark.parametrize("dtype", [f64, torch.float32])
+def test_action_mask_reference_equals_fast(dtype):
+    """impl="reference" (per-token loop) == impl="fast" (chunked) with a mask: outputs and parameter gradients."""
+    x, mask = x_().to(dtype), amask()
+    tol = 1e-10 if dtype == f64 else 2e-4
+    res = {}
+    for impl in ("reference", "fast"):
+        m = make(impl=impl).to(dtype)
+        y, _ = m(x, action_mask=mask)
+        grads = torch.autograd.grad(y.square().sum(), list(m.parameters()))
+        res[impl] = (y, grads)
+    assert_rel_close(res["fast"][0], res["reference"][0], tol, "output")
+    for a, b in zip(res["fast"][1], res["reference"][1]):
+        assert_rel_close(a, b, tol * 10, "gradient")
+    y0, _ = make().to(dtype)(x)
+    assert (y0 - res["fast"][0]).abs().max() > 1e-3  # the mask is used
+
+
+def test_action_mask_none_equals_ones_and_streams():
+    m, x, mask = make(), x_(), amask()
+    y, st = m(x)
+    y1, st1 = m(x, action_mask=torch.ones(2, 37, dtype=torch.bool))
+    assert torch.equal(y1, y) and all(torch.equal(st1[k], st[k]) for k in st)
+    ym, stm = m(x, action_mask=mask)
+    for sizes in ([1] * 37, [5, 11, 3, 18], [36, 1]):  # one-token calls run the reference form (decode)
+        i, state, ys = 0, None, []
+        for n in sizes:
+            yy, state = m(x[:, i:i + n], state, action_mask=mask[:, i:i + n])
+            ys.append(yy)
+            i += n
+        assert_rel_close(torch.cat(ys, 1), ym, 1e-10, f"split {sizes}")
+        for k in stm:
+            assert torch.allclose(state[k], stm[k], rtol=1e-10, atol=1e-12), k
+
+
+def test_action_mask_bad_inputs_raise():
+    m, x = make(), x_()
+    with pytest.raises(ValueError, match="shape"):
+        m(x, action_mask=torch.ones(2, 36))
+    with pytest.raises(ValueError, match="only 0 and 1"):
+        m(x, action_mask=torch.full((2, 37), 3))
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        m(x[:1], action_mask=torch.ones(1, 37), cu_seqlens=torch.tensor([0, 20, 37]))
+    # a failed call leaves no mask behind: the next call without one is the unmasked forward
+    y, _ = m(x)
+    m2 = make()
+    assert torch.equal(y, m2(x)[0])
+
+
+def test_only_ska_takes_an_action_mask():
+    from seqmem.registry import get_entry, list_mixers
+
+    takers = [n for n in list_mixers() if get_entry(n).cls.takes_action_mask]
+    assert takers == ["ska"]

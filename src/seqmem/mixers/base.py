@@ -341,6 +341,10 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
     #: ``"reference"`` where the per-token form is measured cheaper at T = 1 (the two are equal by the contract and
     #: share the state layout), else ``"fast"``.  ``seqmem bench decode`` measures both.
     single_token_impl: ClassVar[str] = "fast"
+    #: Whether ``forward`` takes ``action_mask=`` (a (batch, time) 0/1 tensor marking the tokens allowed into the
+    #: mixer's memory, Echo App. F eq. 53): only SKA does; :class:`~seqmem.models.LanguageModel` passes a model's
+    #: action mask to the layers that take one and leaves the others as they are.
+    takes_action_mask: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

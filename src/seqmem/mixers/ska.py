@@ -11,6 +11,12 @@ The state holds the committed statistics, the previous key, the normalisation st
 the
 current partial chunk plus a position counter, so streaming and token-by-token decoding reproduce the training
 forward exactly (the paper's per-token inclusive decoder of §3.5 does not; docs/echo.md).
+
+Action mask (App. F eq. 53, App. G.1): ``y, state = mixer(x, state, action_mask=m)`` with ``m`` (batch, time) in
+{0, 1} lets only the tokens with ``m_t = 1`` into the statistics (``M``: pairs with ``m_t = m_{t-1} = 1``); every
+token still gets an output, chunk-causally as without a mask, and a sequence split into calls, its mask split
+alike, equals one call.  ``None`` is the same computation as without a mask (all ones gives the same result).
+Not with ``cu_seqlens`` (an error).
 """
 
 from __future__ import annotations
@@ -24,7 +30,13 @@ from torch import Tensor, nn
 from seqmem.io import check_int
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_float, check_positive_int
 from seqmem.ops._common import floor
-from seqmem.ops.ska.chunk import NORMS, OPERATOR_FORMS, STATE_KEYS, spectral_koopman_attention
+from seqmem.ops.ska.chunk import (
+    NORMS,
+    OPERATOR_FORMS,
+    STATE_KEYS,
+    check_action_mask,
+    spectral_koopman_attention,
+)
 from seqmem.registry import register
 
 
@@ -43,6 +55,7 @@ class SKAMixer(Mixer):
     statistics."""
 
     single_token_impl: ClassVar[str] = "reference"  # decode step: the per-token form is cheaper at T = 1
+    takes_action_mask: ClassVar[bool] = True  # forward(..., action_mask=): App. F eq. (53)
 
     # The paper's sequence-max normalisation (norm="seqmax") is deliberately NOT in the contract configs: it
     # divides
@@ -122,6 +135,33 @@ class SKAMixer(Mixer):
         r, P = self.rank, self.head_dim
         return self.n_heads * (4 * r * r + 2 * P * r + r + 2) + 1
 
+    def forward(
+        self, x: Tensor, state: State | list[State] | None = None, *, cu_seqlens: Tensor | None = None,
+        output_final_state: bool = True, action_mask: Tensor | None = None,
+    ) -> tuple[Tensor, State | list[State] | None]:
+        """The mixer contract (:meth:`Mixer.forward`) plus ``action_mask`` (batch, time) in {0, 1}: the App. F
+        action mask of eq. (53) (see the module docstring)."""
+        if action_mask is None:
+            return super().forward(x, state, cu_seqlens=cu_seqlens, output_final_state=output_final_state)
+        if cu_seqlens is not None:
+            raise ValueError(f"{type(self).__name__}: action_mask cannot be combined with cu_seqlens (packed "
+                             "sequences); run the sequences as a batch")
+        self._check_input(x)
+        self._mask_arg = check_action_mask(action_mask, tuple(x.shape[:2]), x.device, type(self).__name__)
+        try:
+            return super().forward(x, state, output_final_state=output_final_state)
+        finally:
+            self._mask_arg = None
+
+    def _dispatch(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
+        # the mask given to forward reaches _forward only through here, after every check (the state-layout probe
+        # of those checks runs _forward on inputs of its own, without a mask)
+        self._mask, self._mask_arg = getattr(self, "_mask_arg", None), None
+        try:
+            return super()._dispatch(x, state)
+        finally:
+            self._mask = None
+
     def _forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
         B, T, _ = x.shape
         H, r, P = self.n_heads, self.rank, self.head_dim
@@ -142,6 +182,7 @@ class SKAMixer(Mixer):
             operator_form=self.operator_form,
             initial_state=state,
             mode=self._op_mode(),
+            mask=getattr(self, "_mask", None),
         )
         y = self.w_o((self.eta * o.reshape(B, T, H * P)).to(x.dtype))
         return y, new_state
