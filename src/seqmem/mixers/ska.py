@@ -29,14 +29,8 @@ from torch import Tensor, nn
 
 from seqmem.io import check_int
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_float, check_positive_int
-from seqmem.ops._common import floor
-from seqmem.ops.ska.chunk import (
-    NORMS,
-    OPERATOR_FORMS,
-    STATE_KEYS,
-    check_action_mask,
-    spectral_koopman_attention,
-)
+from seqmem.ops._common import check_action_mask, floor
+from seqmem.ops.ska.chunk import NORMS, OPERATOR_FORMS, STATE_KEYS, spectral_koopman_attention
 from seqmem.registry import register
 
 

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from seqmem.mixers._norm import RMSNorm
 from seqmem.mixers.base import State, check_cu_seqlens, check_fields, check_positive_int, split_states, stack_states
+from seqmem.ops._common import check_action_mask
 from seqmem.registry import build_mixer
 
 
@@ -95,13 +96,17 @@ class Block(nn.Module):
 
     def forward(
         self, x: Tensor, state: State | list[State] | None, keep: Tensor | None = None, *,
-        cu_seqlens: Tensor | None = None, output_final_state: bool = True,
+        cu_seqlens: Tensor | None = None, output_final_state: bool = True, action_mask: Tensor | None = None,
     ) -> tuple[Tensor, State | list[State] | None]:
         """``keep`` (batch, time) bool, optional: after the mixer (which sees every position) only those positions go
         on, flattened to (N, d_model) in row-major order; the MLP is per position, so they equal the full output's
         ``[keep]`` rows.  ``cu_seqlens`` / ``output_final_state``: packed sequences, passed to the mixer (see
-        :mod:`seqmem.mixers.base`)."""
-        if cu_seqlens is None and output_final_state:
+        :mod:`seqmem.mixers.base`).  ``action_mask`` (batch, time) 0/1: passed to a mixer that takes one
+        (:attr:`~seqmem.mixers.base.Mixer.takes_action_mask`, SKA); other mixers do not use it."""
+        if action_mask is not None and self.mixer.takes_action_mask:
+            y, state = self.mixer(self.norm1(x), state, output_final_state=output_final_state,
+                                  action_mask=action_mask)
+        elif cu_seqlens is None and output_final_state:
             y, state = self.mixer(self.norm1(x), state)
         else:
             y, state = self.mixer(self.norm1(x), state, cu_seqlens=cu_seqlens, output_final_state=output_final_state)
@@ -317,7 +322,7 @@ class LanguageModel(nn.Module):
     def forward(
         self, input_ids: Tensor, state: list[State] | None = None, positions: Tensor | None = None, *,
         attention_mask: Tensor | None = None, position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None,
-        output_final_state: bool = True,
+        output_final_state: bool = True, action_mask: Tensor | None = None,
     ) -> tuple[Tensor, list[State] | None]:
         """``logits (batch, time, vocab), state``.
 
@@ -331,8 +336,22 @@ class LanguageModel(nn.Module):
         every row's sequences as if each were alone, in one call of every block: no pad enters a state and no
         sequence sees another.  Logits at pads are zeros; the state is each row's, after its last real token (with
         ``cu_seqlens``: each sequence's).  ``output_final_state=False`` returns ``None`` as the state (cheaper with
-        padding or packing: see :meth:`seqmem.mixers.base.Mixer._forward_varlen`)."""
+        padding or packing: see :meth:`seqmem.mixers.base.Mixer._forward_varlen`).
+
+        ``action_mask`` (batch, time) in {0, 1}, optional: the tokens allowed into the memory of the layers that take
+        an action mask (SKA: Echo App. F eq. 53, the oracle "fact-bearing" tokens of App. G.1 / H.1); every other
+        layer reads every token as without it.  A model with no such layer refuses it, and so do padding and
+        packing.  With a ``state``, the mask covers this call's tokens only (split it as the input is split)."""
         check_ids(input_ids, self.cfg.vocab_size)
+        if action_mask is not None:
+            if not any(blk.mixer.takes_action_mask for blk in self.blocks):
+                names = [getattr(blk.mixer, "registered_name", type(blk.mixer).__name__) for blk in self.blocks]
+                raise ValueError("action_mask: no layer of this model takes an action mask (only SKA layers use "
+                                 f"one); its layers are {names}")
+            if attention_mask is not None or position_ids is not None or cu_seqlens is not None:
+                raise ValueError("action_mask cannot be combined with attention_mask, position_ids or cu_seqlens "
+                                 "(padding or packing)")
+            check_action_mask(action_mask, tuple(input_ids.shape), input_ids.device, "LanguageModel")
         if state is not None and (not isinstance(state, list) or len(state) != len(self.blocks)):
             raise ValueError(f"state must be the list of {len(self.blocks)} per-layer states returned by the model")
         if positions is not None and (not isinstance(positions, Tensor) or positions.dtype != torch.bool
@@ -351,12 +370,13 @@ class LanguageModel(nn.Module):
             if positions is not None:
                 logits = logits[positions.to(x.device)]
             return logits, ([packing.row_states(s) for s in new_state] if output_final_state else None)
+        am = {} if action_mask is None else {"action_mask": action_mask}
         if positions is None:
-            x, new_state = run_blocks(self.blocks, x, state)
+            x, new_state = run_blocks(self.blocks, x, state, **am)
             return self.head(self.norm(x)), (new_state if output_final_state else None)
         positions = positions.to(x.device)
-        x, new_state = run_blocks(self.blocks[:-1], x, None if state is None else state[:-1])
-        x, last = self.blocks[-1](x, None if state is None else state[-1], keep=positions)
+        x, new_state = run_blocks(self.blocks[:-1], x, None if state is None else state[:-1], **am)
+        x, last = self.blocks[-1](x, None if state is None else state[-1], keep=positions, **am)
         return self.head(self.norm(x)), (new_state + [last] if output_final_state else None)
 
     @torch.no_grad()

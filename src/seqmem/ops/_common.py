@@ -35,6 +35,23 @@ def _where(op: str | None) -> str:
     return f"{op}: " if op else ""
 
 
+def check_action_mask(mask: object, shape: tuple[int, int], device: torch.device, owner: str) -> Tensor:
+    """``mask`` as given, after checking it is a (B, T) = ``shape`` tensor on ``device`` whose values are all 0 or 1
+    (bool, integer or floating); a ValueError naming ``owner`` otherwise."""
+    if not isinstance(mask, Tensor):
+        raise ValueError(f"{owner}: the action mask must be a (batch, time) tensor of 0/1, got {type(mask).__name__}")
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"{owner}: the action mask must have shape (batch, time) = {tuple(shape)}, "
+                         f"got {tuple(mask.shape)}")
+    if mask.is_complex():
+        raise ValueError(f"{owner}: the action mask must be bool, integer or floating, got {mask.dtype}")
+    if mask.device != device:
+        raise ValueError(f"{owner}: the action mask is on {mask.device} but the input is on {device}")
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(f"{owner}: the action mask must hold only 0 and 1 (eq. 53: m_t in {{0, 1}})")
+    return mask
+
+
 def check_tensor(op: str, name: str, x, shape: tuple, dims: str) -> Tensor:
     """``x``: a floating tensor of ``len(shape)`` dims whose sizes match the non-None entries of ``shape``."""
     if not isinstance(x, Tensor):

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from seqmem.io import check_int
-from seqmem.ops._common import check_choice, check_mode, floor
+from seqmem.ops._common import check_action_mask, check_choice, check_mode, floor
 from seqmem.ops.ska.naive import ska_naive
 
 __all__ = [
@@ -172,23 +172,6 @@ def _norm_scale(m: Tensor, norm: str) -> Tensor:
     if norm == "none":
         return torch.ones_like(m)
     return torch.where(m > 0, m.clamp_min(1e-6), torch.ones_like(m))
-
-
-def check_action_mask(mask: object, shape: tuple[int, int], device: torch.device, owner: str) -> Tensor:
-    """``mask`` as given, after checking it is a (B, T) = ``shape`` tensor on ``device`` whose values are all 0 or 1
-    (bool, integer or floating); a ValueError naming ``owner`` otherwise."""
-    if not isinstance(mask, Tensor):
-        raise ValueError(f"{owner}: the action mask must be a (batch, time) tensor of 0/1, got {type(mask).__name__}")
-    if tuple(mask.shape) != tuple(shape):
-        raise ValueError(f"{owner}: the action mask must have shape (batch, time) = {tuple(shape)}, "
-                         f"got {tuple(mask.shape)}")
-    if mask.is_complex():
-        raise ValueError(f"{owner}: the action mask must be bool, integer or floating, got {mask.dtype}")
-    if mask.device != device:
-        raise ValueError(f"{owner}: the action mask is on {mask.device} but the input is on {device}")
-    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
-        raise ValueError(f"{owner}: the action mask must hold only 0 and 1 (eq. 53: m_t in {{0, 1}})")
-    return mask
 
 
 def _validate(q, k, v, chunk_size, power, eps, norm, spec_iters, operator_form, mode):
