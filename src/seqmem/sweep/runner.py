@@ -571,15 +571,16 @@ def step_seconds(run_spec: dict[str, Any]) -> float:
     ETAs and cost estimates."""
     import torch
 
+    from seqmem.tasks.base import split_batch
     from seqmem.train.loop import scored_loss, takes_positions
     from seqmem.train.run import build_run
 
     model, task = build_run(run_spec)
-    x, y = task.sample(run_spec["train"].get("batch_size", 32), torch.Generator().manual_seed(0))
+    x, y, am = split_batch(task.sample(run_spec["train"].get("batch_size", 32), torch.Generator().manual_seed(0)))
     sparse = takes_positions(model)
 
     def step() -> None:
-        scored_loss(model, x, y, sparse)[0].backward()
+        scored_loss(model, x, y, sparse, action_mask=am)[0].backward()
 
     # CPU time, not wall clock: on a loaded machine the wall clock swings several-fold with the load, the CPU time a
     # one-thread step needs does not.  One thread: the process's CPU time also counts idle intra-op threads spinning

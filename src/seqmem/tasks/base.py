@@ -5,6 +5,11 @@ A task produces teacher-forced batches for a causal language model::
     input_ids, targets = task.sample(batch_size, generator)   # both (B, T) int64
     # targets[b, t] is the token the model must predict from input_ids[b, :t+1]; -100 where nothing is scored
 
+A task built with an action mask (the Echo tasks' ``action_mask=True``) returns a third tensor, the batch's
+``action_mask`` (B, T) int64 in {0, 1}: the oracle mask of the tokens allowed into an SKA layer's memory (Echo App. F
+eq. 53); the trainer and :func:`seqmem.train.evaluate` pass it to the model (``model(x, action_mask=...)``).
+:func:`split_batch` unpacks either form.
+
 Training batches come from the caller's ``torch.Generator`` (the trainer's RNG stream); evaluation examples
 come from :meth:`Task.eval_data`, a *separate* stream seeded with ``task.eval_seed`` that is deterministic,
 cached, and prefix-consistent (``eval_data(100)`` equals ``eval_data(1000)[:100]``).
@@ -41,8 +46,18 @@ __all__ = [
     "list_tasks",
     "masked_accuracy",
     "register_task",
+    "split_batch",
     "task_options",
 ]
+
+
+def split_batch(batch: Any) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(input_ids, targets, action_mask or None)`` from a task's batch: ``(input_ids, targets)`` or
+    ``(input_ids, targets, action_mask)``; a ValueError for anything else."""
+    if isinstance(batch, (tuple, list)) and len(batch) in (2, 3) and all(isinstance(t, Tensor) for t in batch):
+        return batch[0], batch[1], (batch[2] if len(batch) == 3 else None)
+    raise ValueError("a task's batch must be (input_ids, targets) or (input_ids, targets, action_mask) tensors, "
+                     f"got {type(batch).__name__}" + (f" of {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
 
 
 def masked_accuracy(logits: Tensor, targets: Tensor) -> tuple[float, int]:
@@ -76,7 +91,7 @@ class Task:
     def __init__(self, eval_seed: int = DEFAULT_EVAL_SEED) -> None:
         check_int("eval_seed", eval_seed, 0)
         self.eval_seed = eval_seed
-        self._streams: dict[str, tuple[tuple[Tensor, Tensor] | None, torch.Generator | None]] = {}
+        self._streams: dict[str, tuple[tuple[Tensor, ...] | None, torch.Generator | None]] = {}
 
     # --- to implement ----------------------------------------------------------------------------------
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
@@ -88,11 +103,12 @@ class Task:
         raise NotImplementedError
 
     # --- provided --------------------------------------------------------------------------------------
-    def eval_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
-        """``n_examples`` evaluation examples from the fixed-seed eval stream (deterministic, cached)."""
+    def eval_data(self, n_examples: int) -> tuple[Tensor, ...]:
+        """``n_examples`` evaluation examples from the fixed-seed eval stream (deterministic, cached): ``(inputs,
+        targets)``, or ``(inputs, targets, action_mask)`` for a task built with an action mask."""
         return self._cached_stream("eval", self.eval_seed, n_examples, self._eval_sample)
 
-    def valid_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
+    def valid_data(self, n_examples: int) -> tuple[Tensor, ...]:
         """``n_examples`` validation examples: drawn like :meth:`eval_data` but from a separate stream (seed
         ``eval_seed + VALID_SEED_OFFSET``), for choosing hyper-parameters without touching the reported examples."""
         return self._cached_stream("valid", self.eval_seed + VALID_SEED_OFFSET, n_examples, self._eval_sample)
@@ -102,25 +118,27 @@ class Task:
         key: str,
         seed: int,
         n_examples: int,
-        draw: Callable[[int, torch.Generator], tuple[Tensor, Tensor]],
-    ) -> tuple[Tensor, Tensor]:
-        """First ``n_examples`` of the stream ``draw(eval_block, gen)``, ``gen`` seeded by ``seed``."""
+        draw: Callable[[int, torch.Generator], tuple[Tensor, ...]],
+    ) -> tuple[Tensor, ...]:
+        """First ``n_examples`` of the stream ``draw(eval_block, gen)``, ``gen`` seeded by ``seed`` (every tensor of
+        the batches ``draw`` returns: inputs, targets and, for a task with an action mask, the mask)."""
         check_int("n_examples", n_examples)
         cache, gen = self._streams.get(key, (None, None))
         have = 0 if cache is None else cache[0].shape[0]
         if have < n_examples:
             if gen is None:
                 gen = torch.Generator().manual_seed(seed)
-            xs: list[Tensor] = [] if cache is None else [cache[0]]
-            ys: list[Tensor] = [] if cache is None else [cache[1]]
+            parts: list[list[Tensor]] = [] if cache is None else [[t] for t in cache]
             for _ in range(math.ceil((n_examples - have) / self.eval_block)):
-                x, y = draw(self.eval_block, gen)
-                xs.append(x)
-                ys.append(y)
-            cache = (torch.cat(xs), torch.cat(ys))
+                batch = draw(self.eval_block, gen)
+                if not parts:
+                    parts = [[] for _ in batch]
+                for lst, t in zip(parts, batch, strict=True):
+                    lst.append(t)
+            cache = tuple(torch.cat(lst) for lst in parts)
             self._streams[key] = (cache, gen)
         assert cache is not None
-        return cache[0][:n_examples].clone(), cache[1][:n_examples].clone()
+        return tuple(t[:n_examples].clone() for t in cache)
 
     def _eval_sample(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """Hook: how eval examples are drawn (default: like training examples)."""

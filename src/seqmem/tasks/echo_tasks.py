@@ -29,6 +29,21 @@ Tasks (all registered):
   then ``Q`` → that token.
 * ``echo_mixture`` — the training curriculum of §4.1: half system-prompt (every variable queried),
   half tool-trace examples.
+
+Action mask (``action_mask=True``, every task): ``sample`` / ``eval_data`` also return the oracle mask (B, T) of
+the "fact-bearing" tokens (App. G.1: "only high-signal tokens contribute to the Gram and cross-covariance
+matrices"; App. H.1: "restricts SKA's covariance accumulation to fact-bearing tokens"), which the model gives its
+SKA layers (App. F eq. 53).  The paper does not list them per task; ours are the tokens of the facts a query may
+ask for, every one of them (not only the one asked), and never the query, the filler or the separators:
+
+* NIAH: both tokens ``k v`` of every needle;
+* MQAR: the ``2M`` context tokens ``k1 v1 … kM vM`` (not the query block, whose values repeat the context's);
+* MultiHop: both tokens of every chain link ``a b`` and ``b c``;
+* SysPrompt: every binding ``var value`` (the decoy bindings in the scratchpad too: they are facts, of variables
+  not asked);
+* ToolTrace: all five tokens ``agent : tool → result`` of every call (eq. 53's ``M`` then links the call's
+  tokens, and ``→`` to its result);
+* CommonWord: the items of both lists (not the ``LIST_A`` / ``LIST_B`` markers).
 """
 
 from __future__ import annotations
@@ -64,8 +79,11 @@ def _int(name: str, value: Any, minimum: int) -> int:
 class _EchoTask(Task):
     """Shared vocabulary layout and per-example assembly (a Python loop per example: fine at these sizes)."""
 
-    def __init__(self, vocab_size: int, seq_len: int, eval_seed: int) -> None:
+    def __init__(self, vocab_size: int, seq_len: int, eval_seed: int, action_mask: bool = False) -> None:
         super().__init__(eval_seed)
+        if not isinstance(action_mask, bool):
+            raise ValueError(f"action_mask must be True or False, got {action_mask!r}")
+        self.action_mask = action_mask
         self.vocab_size = _int("vocab_size", vocab_size, N_SPECIAL + 9)
         self.seq_len = _int("seq_len", seq_len, 4)
         n = (self.vocab_size - N_SPECIAL) // 3
@@ -84,8 +102,11 @@ class _EchoTask(Task):
     def _fill(self, n: int, g: torch.Generator | None) -> list[int]:
         return torch.randint(self.filler[0], self.filler[1], (n,), generator=g).tolist()
 
-    def _finish(self, toks: list[int], answers: list[tuple[int, int]], g) -> tuple[list[int], list[int]]:
-        """Left-pad ``toks`` with filler to ``seq_len``; ``answers`` = (position in toks, answer token)."""
+    def _finish(
+        self, toks: list[int], answers: list[tuple[int, int]], g, facts: list[int]
+    ) -> tuple[list[int], list[int], list[int]]:
+        """Left-pad ``toks`` with filler to ``seq_len``; ``answers`` = (position in toks, answer token); ``facts`` =
+        positions in toks of the fact-bearing tokens (the action mask's ones)."""
         T = self.seq_len
         if len(toks) > T:
             raise ValueError(f"{self.name}: an example needs {len(toks)} tokens but seq_len={T}; "
@@ -95,7 +116,10 @@ class _EchoTask(Task):
         y = [IGNORE_INDEX] * T
         for p, a in answers:
             y[pad + p] = a
-        return x, y
+        m = [0] * T
+        for p in facts:
+            m[pad + p] = 1
+        return x, y, m
 
     def _scatter(self, items: list[list[int]], length: int, g) -> tuple[list[int], list[int]]:
         """Place the token groups ``items`` at random non-overlapping positions in ``length`` filler tokens,
@@ -120,17 +144,22 @@ class _EchoTask(Task):
         out += filler[prev:]
         return out, starts
 
-    def _example(self, g: torch.Generator | None) -> tuple[list[int], list[int]]:
+    def _example(self, g: torch.Generator | None) -> tuple[list[int], list[int], list[int]]:
+        """One example: tokens, targets and the 0/1 fact mask (:meth:`_finish`)."""
         raise NotImplementedError
 
-    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, ...]:
+        """``(input_ids, targets)``, plus the action mask (B, T) int64 with ``action_mask=True``; the mask draws no
+        random numbers, so the examples are the same either way."""
         B = self._check_batch(batch_size)
-        xs, ys = zip(*(self._example(generator) for _ in range(B)))
-        return torch.tensor(xs, dtype=torch.long), torch.tensor(ys, dtype=torch.long)
+        xs, ys, ms = zip(*(self._example(generator) for _ in range(B)))
+        x, y = torch.tensor(xs, dtype=torch.long), torch.tensor(ys, dtype=torch.long)
+        return (x, y, torch.tensor(ms, dtype=torch.long)) if self.action_mask else (x, y)
 
     def config(self) -> dict[str, Any]:
+        # action_mask only when set, so the configurations recorded before the option stay as they were
         return {"name": self.name, "vocab_size": self.vocab_size, "seq_len": self.seq_len, "eval_seed":
-        self.eval_seed}
+        self.eval_seed, **({"action_mask": True} if self.action_mask else {})}
 
 
 @register_task("echo_mqar")
@@ -140,11 +169,12 @@ class EchoMQAR(_EchoTask):
     name = "echo_mqar"
 
     def __init__(
-        self, vocab_size: int = 128, num_pairs: int = 4, gap: int = 64, eval_seed: int = DEFAULT_EVAL_SEED
+        self, vocab_size: int = 128, num_pairs: int = 4, gap: int = 64, eval_seed: int = DEFAULT_EVAL_SEED,
+        action_mask: bool = False,
     ) -> None:
         self.num_pairs = _int("num_pairs", num_pairs, 1)
         self.gap = _int("gap", gap, 0)
-        super().__init__(vocab_size, 4 * num_pairs + gap, eval_seed)
+        super().__init__(vocab_size, 4 * num_pairs + gap, eval_seed, action_mask)
         if num_pairs > self.n_sub:
             raise ValueError(f"num_pairs={num_pairs} exceeds the {self.n_sub} keys of "
                 f"vocab_size={vocab_size}")
@@ -159,7 +189,7 @@ class EchoMQAR(_EchoTask):
             toks.append(ks[i])
             answers.append((len(toks) - 1, vs[i]))
             toks.append(vs[i])
-        return self._finish(toks, answers, g)
+        return self._finish(toks, answers, g, list(range(2 * M)))
 
     def config(self):
         return {**super().config(), "num_pairs": self.num_pairs, "gap": self.gap}
@@ -172,9 +202,10 @@ class EchoNIAH(_EchoTask):
     name = "echo_niah"
 
     def __init__(
-        self, vocab_size: int = 128, seq_len: int = 64, n_kv: int = 1, eval_seed: int = DEFAULT_EVAL_SEED
+        self, vocab_size: int = 128, seq_len: int = 64, n_kv: int = 1, eval_seed: int = DEFAULT_EVAL_SEED,
+        action_mask: bool = False,
     ) -> None:
-        super().__init__(vocab_size, seq_len, eval_seed)
+        super().__init__(vocab_size, seq_len, eval_seed, action_mask)
         self.n_kv = _int("n_kv", n_kv, 1)
         if 2 * n_kv + 2 > seq_len or n_kv > self.n_sub:
             raise ValueError(f"n_kv={n_kv} does not fit seq_len={seq_len} / vocab_size={vocab_size}")
@@ -182,10 +213,10 @@ class EchoNIAH(_EchoTask):
     def _example(self, g):
         ks = self._distinct(self.n_kv, *self.keys, g)
         vs = self._distinct(self.n_kv, *self.values, g)
-        hay, _ = self._scatter([[k, v] for k, v in zip(ks, vs)], self.seq_len - 2, g)
+        hay, starts = self._scatter([[k, v] for k, v in zip(ks, vs)], self.seq_len - 2, g)
         i = int(torch.randint(0, self.n_kv, (1,), generator=g))
         toks = hay + [Q, ks[i]]
-        return self._finish(toks, [(len(toks) - 1, vs[i])], g)
+        return self._finish(toks, [(len(toks) - 1, vs[i])], g, [s + j for s in starts for j in (0, 1)])
 
     def config(self):
         return {**super().config(), "n_kv": self.n_kv}
@@ -198,9 +229,10 @@ class EchoMultiHop(_EchoTask):
     name = "echo_multihop"
 
     def __init__(
-        self, vocab_size: int = 128, seq_len: int = 64, n_kv: int = 3, eval_seed: int = DEFAULT_EVAL_SEED
+        self, vocab_size: int = 128, seq_len: int = 64, n_kv: int = 3, eval_seed: int = DEFAULT_EVAL_SEED,
+        action_mask: bool = False,
     ) -> None:
-        super().__init__(vocab_size, seq_len, eval_seed)
+        super().__init__(vocab_size, seq_len, eval_seed, action_mask)
         self.n_kv = _int("n_kv", n_kv, 1)
         if 4 * n_kv + 2 > seq_len or 2 * n_kv > self.n_sub:
             raise ValueError(f"n_kv={n_kv} does not fit seq_len={seq_len} / vocab_size={vocab_size}")
@@ -211,10 +243,10 @@ class EchoMultiHop(_EchoTask):
         a, b = ab[:n], ab[n:]
         c = self._distinct(n, *self.values, g)
         items = [[a[i], b[i]] for i in range(n)] + [[b[i], c[i]] for i in range(n)]
-        hay, _ = self._scatter(items, self.seq_len - 2, g)
+        hay, starts = self._scatter(items, self.seq_len - 2, g)
         i = int(torch.randint(0, n, (1,), generator=g))
         toks = hay + [Q, a[i]]
-        return self._finish(toks, [(len(toks) - 1, c[i])], g)
+        return self._finish(toks, [(len(toks) - 1, c[i])], g, [s + j for s in starts for j in (0, 1)])
 
     def config(self):
         return {**super().config(), "n_kv": self.n_kv}
@@ -235,8 +267,9 @@ class EchoSysPrompt(_EchoTask):
         n_queries: int = 2,
         decoys: int = 0,
         eval_seed: int = DEFAULT_EVAL_SEED,
+        action_mask: bool = False,
     ) -> None:
-        super().__init__(vocab_size, seq_len, eval_seed)
+        super().__init__(vocab_size, seq_len, eval_seed, action_mask)
         self.n_vars = _int("n_vars", n_vars, 1)
         self.n_queries = _int("n_queries", n_queries, 1)
         self.decoys = _int("decoys", decoys, 0)
@@ -252,14 +285,15 @@ class EchoSysPrompt(_EchoTask):
         vs = self._distinct(nv + nd, *self.values, g)
         prompt = [t for i in range(nv) for t in (ks[i], vs[i])] + [SEP]
         gap = self.seq_len - len(prompt) - 3 * self.n_queries
-        pad, _ = self._scatter([[ks[nv + j], vs[nv + j]] for j in range(nd)], gap, g)
+        pad, starts = self._scatter([[ks[nv + j], vs[nv + j]] for j in range(nd)], gap, g)
+        facts = list(range(2 * nv)) + [len(prompt) + s + j for s in starts for j in (0, 1)]
         toks = prompt + pad
         answers = []
         for i in torch.randperm(nv, generator=g)[: self.n_queries].tolist():
             toks += [Q, ks[i]]
             answers.append((len(toks) - 1, vs[i]))
             toks.append(vs[i])
-        return self._finish(toks, answers, g)
+        return self._finish(toks, answers, g, facts)
 
     def config(self):
         return {**super().config(), "n_vars": self.n_vars, "n_queries": self.n_queries, "decoys": self.decoys}
@@ -280,8 +314,9 @@ class EchoToolTrace(_EchoTask):
         n_calls: int = 6,
         n_pairs: int | None = None,
         eval_seed: int = DEFAULT_EVAL_SEED,
+        action_mask: bool = False,
     ) -> None:
-        super().__init__(vocab_size, seq_len, eval_seed)
+        super().__init__(vocab_size, seq_len, eval_seed, action_mask)
         self.n_calls = _int("n_calls", n_calls, 1)
         self.n_pairs = _int("n_pairs", n_pairs if n_pairs is not None else max(1, (2 * n_calls) // 3), 1)
         if self.n_pairs > self.n_calls:
@@ -310,9 +345,10 @@ class EchoToolTrace(_EchoTask):
         for (a, t), r in zip(seq, results):
             toks += [a, COLON, t, ARROW, r]
             latest[(a, t)] = r
+        facts = list(range(len(toks)))  # every call, all five tokens
         a, t = seq[int(torch.randint(0, len(seq), (1,), generator=g))]
         toks += [Q, a, COLON, t, EQ]
-        return self._finish(toks, [(len(toks) - 1, latest[(a, t)])], g)
+        return self._finish(toks, [(len(toks) - 1, latest[(a, t)])], g, facts)
 
     def config(self):
         return {**super().config(), "n_calls": self.n_calls, "n_pairs": self.n_pairs}
@@ -326,9 +362,10 @@ class EchoCommonWord(_EchoTask):
     name = "echo_commonword"
 
     def __init__(
-        self, vocab_size: int = 128, seq_len: int = 64, list_len: int = 4, eval_seed: int = DEFAULT_EVAL_SEED
+        self, vocab_size: int = 128, seq_len: int = 64, list_len: int = 4, eval_seed: int = DEFAULT_EVAL_SEED,
+        action_mask: bool = False,
     ) -> None:
-        super().__init__(vocab_size, seq_len, eval_seed)
+        super().__init__(vocab_size, seq_len, eval_seed, action_mask)
         self.list_len = _int("list_len", list_len, 1)
         if 2 * list_len + 3 > seq_len or 2 * list_len - 1 > self.n_sub:
             raise ValueError(f"list_len={list_len} does not fit seq_len={seq_len} / vocab_size={vocab_size}")
@@ -343,7 +380,9 @@ class EchoCommonWord(_EchoTask):
         b = [b[i] for i in torch.randperm(n, generator=g).tolist()]
         gap = self.seq_len - (2 * n + 3)
         toks = [LIST_A] + a + self._fill(gap, g) + [LIST_B] + b + [Q]
-        return self._finish(toks, [(len(toks) - 1, common)], g)
+        b0 = 1 + n + gap + 1  # the first item of list B
+        facts = list(range(1, 1 + n)) + list(range(b0, b0 + n))
+        return self._finish(toks, [(len(toks) - 1, common)], g, facts)
 
     def config(self):
         return {**super().config(), "list_len": self.list_len}
@@ -363,8 +402,9 @@ class EchoMixture(_EchoTask):
         n_vars: int = 4,
         n_calls: int = 6,
         eval_seed: int = DEFAULT_EVAL_SEED,
+        action_mask: bool = False,
     ) -> None:
-        super().__init__(vocab_size, seq_len, eval_seed)
+        super().__init__(vocab_size, seq_len, eval_seed, action_mask)
         self.n_vars, self.n_calls = n_vars, n_calls
         self.parts = [
             EchoSysPrompt(vocab_size, seq_len, n_vars=n_vars, n_queries=n_vars, eval_seed=eval_seed),

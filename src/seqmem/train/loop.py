@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from seqmem.io import append_text, read_jsonl
 from seqmem.mixers.base import NonFiniteError, check_fields, check_option
 from seqmem.models.lm import check_ids
+from seqmem.tasks.base import split_batch
 from seqmem.train.checkpoint import (
     latest_good_checkpoint,
     list_checkpoints,
@@ -164,25 +165,28 @@ def takes_positions(model: nn.Module) -> bool:
         return False
 
 
-def scored_logits(model: nn.Module, x: Tensor, y: Tensor, sparse: bool) -> tuple[Tensor, Tensor]:
+def scored_logits(model: nn.Module, x: Tensor, y: Tensor, sparse: bool,
+                  action_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The logits and targets of the scored positions (``y != -100``), flattened to ``(N, vocab)`` and ``(N,)``.
 
     ``sparse`` (the model :func:`takes_positions`): when some positions are unscored, the model evaluates its head
     (and its last block's MLP) at the scored ones only — the same loss and gradients, computed without the rows
-    the loss ignores (a recall task scores a few percent of its positions)."""
+    the loss ignores (a recall task scores a few percent of its positions).  ``action_mask``: the batch's action
+    mask (a task built with one), passed to the model as ``action_mask=``."""
     mask = y != -100
+    kw = {} if action_mask is None else {"action_mask": action_mask}
     if sparse and not bool(mask.all()):
-        logits, _ = model(x, positions=mask)
+        logits, _ = model(x, positions=mask, **kw)
         return logits, y[mask]
-    logits, _ = model(x)
+    logits, _ = model(x, **kw)
     return logits.reshape(-1, logits.shape[-1])[mask.reshape(-1)], y[mask]
 
 
 def scored_loss(model: nn.Module, x: Tensor, y: Tensor, sparse: bool,
-                reduction: str = "mean") -> tuple[Tensor, Tensor, Tensor]:
+                reduction: str = "mean", action_mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Training's loss: cross-entropy in float32 over the scored positions (:func:`scored_logits`), with the
     logits and targets it was computed from: ``(loss, logits (N, vocab), targets (N,))``."""
-    logits, targets = scored_logits(model, x, y, sparse)
+    logits, targets = scored_logits(model, x, y, sparse, action_mask)
     return F.cross_entropy(logits.float(), targets, reduction=reduction), logits, targets
 
 
@@ -208,7 +212,7 @@ def evaluate(
         raise ValueError(f"split must be 'eval', 'valid' or 'test', got {split!r}")
     if not hasattr(task, getter):
         raise ValueError(f"task {type(task).__name__} has no {split!r} split ({getter})")
-    inputs, targets = getattr(task, getter)(n_examples)
+    inputs, targets, amask = split_batch(getattr(task, getter)(n_examples))
     device = next(model.parameters()).device
     rank, world = dist_info() if distributed else (0, 1)
     parts: list[tuple[int, float, float, int, int, dict[str, float]]] = []
@@ -217,13 +221,14 @@ def evaluate(
         if j >= n_batches:
             if lockstep:
                 with autocast(device, precision):
-                    model(inputs[:1].to(device))
+                    model(inputs[:1].to(device), **({} if amask is None else {"action_mask": amask[:1].to(device)}))
             continue
         i = j * batch_size
         x, y = inputs[i : i + batch_size].to(device), targets[i : i + batch_size].to(device)
+        kw = {} if amask is None else {"action_mask": amask[i : i + batch_size].to(device)}
         try:
             with autocast(device, precision):
-                logits, _ = model(x)
+                logits, _ = model(x, **kw)
         except NonFiniteError as e:
             raise NonFiniteError(f"evaluation batch {j}: {e}") from None
         mask = y != -100
@@ -423,7 +428,7 @@ def train(
     tokens = 0
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     for step in range(start + 1, end + 1):
-        x, y = task.sample(cfg.batch_size, gen)
+        x, y, am = split_batch(task.sample(cfg.batch_size, gen))
         tokens += x.numel()
         log_now = step % cfg.log_every == 0 or step == cfg.steps
         try:
@@ -431,13 +436,14 @@ def train(
                 if vocab is not None:  # compiled: the id range, on the host (the compiled forward skips it)
                     check_ids(x, vocab)
                 x, y = x.to(device), y.to(device)
+                am = None if am is None else am.to(device)
                 with autocast(device, cfg.precision):
-                    loss, logits, scored = scored_loss(fwd, x, y, sparse)
+                    loss, logits, scored = scored_loss(fwd, x, y, sparse, action_mask=am)
                 report = loss
             else:
                 opt.zero_grad(set_to_none=True)
                 report, acc = _micro_steps(ddp, x, y, cfg.grad_accum, cfg.precision, rank, world, device, log_now,
-                                           sparse)
+                                           sparse, am)
         except NonFiniteError as e:
             raise NonFiniteError(f"training step {step}: {e}") from None
         except Exception as e:
@@ -554,7 +560,7 @@ def _eval_line(record: dict[str, Any], total: int) -> str:
 
 def _micro_steps(
     net: nn.Module, x: Tensor, y: Tensor, n_micro: int, precision: str, rank: int, world: int, device: torch.device,
-    want_acc: bool, sparse: bool = False,
+    want_acc: bool, sparse: bool = False, action_mask: Tensor | None = None,
 ) -> tuple[Tensor, float]:
     """Forward and backward over this rank's slice of the global batch in ``n_micro`` micro-batches (gradients
     summed), each loss scaled so that the summed — and, across ranks,
@@ -568,12 +574,13 @@ def _micro_steps(
     for j, idx in enumerate(parts):
         last = j == len(parts) - 1
         xs, ys = x[idx].to(device), y[idx].to(device)
+        ams = None if action_mask is None else action_mask[idx].to(device)
         if hasattr(net, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter after the last micro-batch only
             net.set_requires_gradient_sync(last)
         # (DDP averages every micro-batch's gradients: DDP with static_graph refuses no_sync; the sum of averages
         # is the average of the sums, at the cost of one all-reduce per micro-batch)
         with autocast(device, precision):
-            loss_sum, logits, scored = scored_loss(net, xs, ys, sparse, reduction="sum")
+            loss_sum, logits, scored = scored_loss(net, xs, ys, sparse, reduction="sum", action_mask=ams)
         (loss_sum * (world / max(n_global, 1))).backward()
         total += loss_sum.detach()
         if want_acc:
