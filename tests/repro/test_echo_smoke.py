@@ -190,3 +190,59 @@ def test_transfer_suite_ska_chunk_and_power_options(tmp_path, monkeypatch):
     for bad in (dict(ska_chunk=0), dict(ska_power=-1)):
         with pytest.raises(ValueError, match="--ska"):
             echo.run(SimpleNamespace(**{**vars(args), **bad}))
+
+
+def test_transfer_suite_action_mask_option(tmp_path, monkeypatch, capsys):
+    """--action-mask: the training mixture, NIAH and every grid task give the oracle fact mask; the record's key and
+    the command say so; models without SKA and the MQAR grid are refused; chunk >= 64 says SKA cannot train."""
+    from seqmem.repro.echo import runner
+
+    seen = []
+
+    def fake_fit(cfg, task, tcfg, seed, out_dir=None):
+        seen.append(task)
+        raise RuntimeError("stop after the task")
+
+    monkeypatch.setattr(runner, "fit_lm", fake_fit)
+    args = SimpleNamespace(scale="smoke", out=tmp_path, seed=0, models="ssm_ska", seeds=1, no_mqar=True,
+                           action_mask=True)
+    with pytest.raises(RuntimeError, match="stop"):
+        echo.run(args)
+    assert isinstance(seen[0], EchoMixture) and seen[0].action_mask and len(seen[0].sample(2)) == 3
+    grids = echo.task_grids("smoke", action_mask=True)
+    plain = echo.task_grids("smoke")
+    for tn, cells in grids.items():
+        for (lab, t), (lab0, t0) in zip(cells, plain[tn], strict=True):
+            assert lab == lab0 and t.action_mask and not t0.action_mask
+            assert torch.equal(t.eval_data(3)[0], t0.eval_data(3)[0])
+    with pytest.raises(ValueError, match="only SKA layers"):
+        echo.run(SimpleNamespace(**{**vars(args), "models": "ssm,ssm_ska"}))
+    with pytest.raises(ValueError, match="--no-mqar"):
+        echo.run(SimpleNamespace(**{**vars(args), "no_mqar": False}))
+    with pytest.raises(RuntimeError, match="stop"):
+        echo.run(SimpleNamespace(**{**vars(args), "ska_chunk": 64}))
+    assert "no SKA parameter ever gets a gradient" in capsys.readouterr().out
+
+
+def test_repro_echo_smoke_with_action_mask(tmp_path):
+    args = SimpleNamespace(scale="smoke", out=tmp_path, seed=0, models="ssm_ska", no_mqar=True, action_mask=True)
+    assert echo.run(args) == 0
+    assert "--action-mask" in (tmp_path / "table2_niah_length.md").read_text()
+    res = json.loads((tmp_path / "echo_results.json").read_text())
+    assert set(res["models"]["ssm_ska"]["grids"]) == set(ECHO_TASKS)
+
+
+def test_chunk_at_least_the_training_length_trains_no_ska():
+    """With SKA chunk 64 and training sequences of 64 tokens, every position is in chunk 0 (eqs. 8-10 read no
+    statistics): SKA outputs 0 and, with W_o starting at 0, every SKA parameter's gradient is exactly 0, mask or
+    not; with chunk 16 W_o gets a gradient."""
+    from seqmem.train.loop import scored_loss
+
+    x, y, am = EchoMixture(seq_len=64, action_mask=True).sample(4, torch.Generator().manual_seed(0))
+    for chunk in (64, 16):
+        torch.manual_seed(0)
+        model = LanguageModel(echo.submillion_config("ssm_ska", d=32, heads=2, rank=8, d_state=8, chunk_size=chunk))
+        scored_loss(model, x, y, True, action_mask=am)[0].backward()
+        g = max(float(p.grad.abs().max()) for n, p in model.named_parameters() if ".mixer." in n
+                and model.blocks[int(n.split(".")[1])].mixer.takes_action_mask)
+        assert (g == 0) == (chunk == 64)

@@ -9,8 +9,12 @@ from seqmem.tasks.echo_tasks import EchoCommonWord, EchoMQAR, EchoMultiHop, Echo
 from seqmem.train import evaluate
 
 
-def task_grids(kind: str) -> dict[str, list[tuple[str, Any]]]:
-    """Per task: list of (cell label, task) — our grids over sequence length and KV count."""
+def task_grids(kind: str, action_mask: bool = False) -> dict[str, list[tuple[str, Any]]]:
+    """Per task: list of (cell label, task) — our grids over sequence length and KV count.  ``action_mask``: every
+    task gives the oracle fact mask (:mod:`seqmem.tasks.echo_tasks`) with its examples (the same examples)."""
+    if action_mask:
+        return {tn: [(lab, type(t)(**{**_options(t), "action_mask": True})) for lab, t in cells]
+                for tn, cells in task_grids(kind).items()}
     if kind == "smoke":
         return {
             "MQAR": [("M=2,gap=16", EchoMQAR(num_pairs=2, gap=16))],
@@ -39,6 +43,15 @@ def task_grids(kind: str) -> dict[str, list[tuple[str, Any]]]:
         ],
         "CommonWord": [(f"T={t},n={n}", EchoCommonWord(seq_len=t, list_len=n)) for t in lens for n in (4, 8)],
     }
+
+
+def _options(task: Any) -> dict[str, Any]:
+    """The constructor options of an Echo task (its config without the name and the derived ``seq_len`` of
+    ``echo_mqar``)."""
+    cfg = {k: v for k, v in task.config().items() if k != "name"}
+    if task.name == "echo_mqar":
+        cfg.pop("seq_len")
+    return cfg
 
 
 def accuracy(model, task, n: int) -> float:

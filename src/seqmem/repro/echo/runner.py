@@ -45,6 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "map)",
     )
     parser.add_argument(
+        "--action-mask", action="store_true",
+        help="give the SKA layers the paper's oracle action mask (App. F eq. 53, App. G.1): only the tasks' "
+             "fact-bearing tokens (NIAH: the needles' key and value; per task in seqmem.tasks.echo_tasks) enter "
+             "SKA's statistics, chunk-causally, in training and in every evaluation; SKA models only (--models "
+             "ssm_ska) and with --no-mqar",
+    )
+    parser.add_argument(
         "--no-mqar", action="store_true",
         help="skip the §4.2 MQAR grid (the echo_calibrate* / echo_mqar* sweep specs run it with lr selection and "
              "seeds); Tables 2-3 only",
@@ -60,8 +67,12 @@ def run(args) -> int:
     chunk, power = 16 if chunk is None else int(chunk), 2 if power is None else int(power)
     if chunk < 1 or power < 0:
         raise ValueError(f"--ska-chunk must be >= 1 and --ska-power >= 0, got {chunk}, {power}")
+    action_mask = getattr(args, "action_mask", False) or False
+    if not isinstance(action_mask, bool):
+        raise ValueError(f"--action-mask is a flag (True or False), got {action_mask!r}")
     # only non-default values enter the configuration, so records written before these options keep their key
-    sc.update({k: v for k, v, d in (("ska_chunk", chunk, 16), ("ska_power", power, 2)) if v != d})
+    sc.update({k: v for k, v, d in (("ska_chunk", chunk, 16), ("ska_power", power, 2), ("action_mask", action_mask,
+                                                                                         False)) if v != d})
     out = Path(getattr(args, "out", None) or "docs/results/echo")
     out.mkdir(parents=True, exist_ok=True)
     seed = int(getattr(args, "seed", 0) or 0)
@@ -69,16 +80,29 @@ def run(args) -> int:
     for m in models:
         if m not in MODELS:
             raise ValueError(f"unknown model {m!r}; choose from {MODELS}")
+    if action_mask:
+        no_ska = [m for m in models if m != "ssm_ska"]
+        if no_ska:
+            raise ValueError(f"--action-mask: only SKA layers take the action mask (the paper gives it to SKA only); "
+                             f"{no_ska} have none: run them without it (--models ssm_ska)")
+        if not getattr(args, "no_mqar", False) and sc["mqar_cells"]:
+            raise ValueError("--action-mask applies to the transfer suite; the §4.2 MQAR grid trains every model "
+                             "without it: add --no-mqar")
+    if chunk >= 64 and "ssm_ska" in models:
+        print(f"[echo] note: SKA chunk {chunk} >= the training length 64: in training every position is in SKA's "
+              "chunk 0, which reads no statistics, so SKA outputs 0 and, its output projection starting at 0, no "
+              "SKA parameter ever gets a gradient (with or without --action-mask): its layers stay untrained")
     command = f"seqmem repro echo --scale {scale}" + (f" --ska-chunk {chunk}" if chunk != 16 else "") \
-        + (f" --ska-power {power}" if power != 2 else "")
+        + (f" --ska-power {power}" if power != 2 else "") + (" --action-mask" if action_mask else "")
     scale_note = (
         f"{scale}: d={sc['d']}, 4 layers, {sc['heads']} heads, r={sc['rank']}, SKA chunk {chunk}, "
-        + (f"K = {power}, " if power != 2 else "") +
+        + (f"K = {power}, " if power != 2 else "")
+        + ("SKA action mask (oracle fact tokens, App. F eq. 53), " if action_mask else "") +
         f"{sc['steps']} steps x batch {sc['batch']} at T=64, lr {sc['lr']}, {sc['eval_n']} eval examples "
         "per cell (paper: d=128, 4 heads, r=24, 6000 steps, lr 3e-4)"
     )
     t_start = time.time()
-    grids = task_grids(sc["grid"])
+    grids = task_grids(sc["grid"], action_mask=action_mask)
     n_seeds = getattr(args, "seeds", None)
     if n_seeds is not None and int(n_seeds) < 1:
         raise ValueError(f"--seeds must be at least 1, got {n_seeds}")
@@ -128,7 +152,8 @@ def _train_and_score(name: str, sc: dict, grids: dict, seed: int, run_dir: Path 
     tcfg = train_cfg(sc, seed=seed)
     if run_dir is not None:
         tcfg = dataclasses.replace(tcfg, checkpoint_every=max(1, tcfg.steps // 12))
-    fit = fit_lm(cfg, EchoMixture(seq_len=64), tcfg, seed=seed, out_dir=run_dir)
+    am = sc.get("action_mask", False)
+    fit = fit_lm(cfg, EchoMixture(seq_len=64, action_mask=am), tcfg, seed=seed, out_dir=run_dir)
     model, tr = fit.model, fit.result
     cpu, cpu_estimated = tr.total_cpu_seconds(tcfg.steps)
     rec: dict[str, Any] = {
@@ -144,7 +169,7 @@ def _train_and_score(name: str, sc: dict, grids: dict, seed: int, run_dir: Path 
         "state_floats@4096": model.state_size(4096),
     }
     model.eval()
-    rec["niah"] = {t: accuracy(model, EchoNIAH(seq_len=t, n_kv=1), sc["eval_n"]) for t in sc["niah"]}
+    rec["niah"] = {t: accuracy(model, EchoNIAH(seq_len=t, n_kv=1, action_mask=am), sc["eval_n"]) for t in sc["niah"]}
     rec["grids"] = {tn: {lab: accuracy(model, tk, sc["eval_n"]) for lab, tk in cells} for tn, cells in grids.items()}
     print(f"[echo] seed {seed} {name}: {rec['params']} params, train {rec['train_seconds']:.0f}s, niah {rec['niah']}")
     return rec
