@@ -29,12 +29,13 @@ run() {
         vla_settle) sweep vla_settle vla settle --reuse docs/results/vla/capacity/runs ;;
         vla_copy_identity) sweep vla_copy_identity vla copy_identity --reuse docs/results/vla/copy/runs ;;
         elastic_paper_lr) sweep elastic_paper_lr elastic paper_lr --reuse docs/results/elastic/sampling_small/runs ;;
-        echo_niah_chunk64_k2 | echo_niah_chunk64_k1)  # Echo Table 2 at the paper's chunk 64, K = 2 / 1 (a repro
-            # command: the transfer suite is not a sweep); the App. G action mask is not implemented
+        echo_niah_chunk64_k2 | echo_niah_chunk64_k1)  # Echo Table 2 at the paper's chunk 64, K = 2 / 1, with the
+            # App. G oracle action mask applied chunk-causally (a repro command: the transfer suite is not a sweep).
+            # Training is at T = 64 = the chunk, so SKA's output and gradients are 0 there (the run says so)
             local k=${1: -1}
             echo "== $1 -> docs/results/echo/transfer_chunk64_k$k ($(date -u +%H:%M) UTC)"
             $SEQMEM repro echo --scale paper --seeds 3 --no-mqar --models ssm_ska --ska-chunk 64 --ska-power "$k" \
-                --out "docs/results/echo/transfer_chunk64_k$k" ;;
+                --action-mask --out "docs/results/echo/transfer_chunk64_k$k" ;;
         elastic_settle) sweep elastic_settle elastic settle ;;
         vort_settle) sweep vort_settle vort settle --reuse docs/results/vort/zipf_tiny/runs --compile ;;
         vort_settle_dense) sweep vort_settle_dense vort settle_dense --compile ;;

@@ -342,8 +342,8 @@ def echo() -> dict[str, Any]:
                           "only"},
             },
             "pending": ("echo_niah_chunk64_k2 / echo_niah_chunk64_k1 (scripts/settle.sh: `seqmem repro echo "
-                        "--scale paper --seeds 3 --ska-chunk 64 --ska-power K`); the App. G action mask is not "
-                        "implemented (docs/results/README.md)"),
+                        "--scale paper --seeds 3 --ska-chunk 64 --ska-power K --action-mask`: the App. G oracle "
+                        "action mask, applied chunk-causally (docs/results/README.md))"),
             "also_reported": {"ours, chunk 16, no action mask, lr 3e-4, 3 seeds (transfer_seeds.json)": niah},
         }),
         finish({

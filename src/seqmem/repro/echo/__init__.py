@@ -14,7 +14,8 @@ device);
 Models follow §4.1: d = 128, 4 layers, 4 heads, Mamba-2 d_state = 16, SwiGLU d_ff = 384, V = 128,
 untied embeddings; SKA / attention (RoPE) at the last two layers.  SKA runs chunk-causally with S = 16
 (with the paper's S = 64 a model trained at T = 64 gets no SKA output at all); the paper's
-oracle prefix mask is not used (docs/echo.md).
+oracle action mask (App. F eq. 53) is used only with ``--action-mask``, in the chunk-causal form
+(docs/echo.md).
 
 Layout: the scales and model rows (:mod:`.configs`) and the paper's numbers (:mod:`.paper`) are data;
 :mod:`.models` (the model configs, their sizes, the optimiser), :mod:`.grids` (the evaluation grids),
