@@ -341,9 +341,10 @@ def echo() -> dict[str, Any]:
                 "tuned": {"status": "not run", "why": "the transfer suite trains every model at the paper's lr "
                           "only"},
             },
-            "pending": ("echo_niah_chunk64_k2 / echo_niah_chunk64_k1 (scripts/settle.sh: `seqmem repro echo "
-                        "--scale paper --seeds 3 --ska-chunk 64 --ska-power K --action-mask`: the App. G oracle "
-                        "action mask, applied chunk-causally (docs/results/README.md))"),
+            "pending": ("echo_niah_masked_k2 / echo_niah_masked_k1 (scripts/settle.sh: `seqmem repro echo "
+                        "--scale paper --seeds 3 --ska-chunk 1 --ska-power K --action-mask`: the App. G oracle "
+                        "action mask, token-causal; at the paper's chunk 64 and training length 64 SKA gets no "
+                        "gradient (docs/results/README.md))"),
             "also_reported": {"ours, chunk 16, no action mask, lr 3e-4, 3 seeds (transfer_seeds.json)": niah},
         }),
         finish({
