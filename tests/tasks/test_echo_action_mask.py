@@ -113,3 +113,16 @@ def test_train_with_a_mask_and_refusal_without_ska():
     assert acc.final is not None
     with pytest.raises(ValueError, match="no layer of this model takes an action mask"):
         train(_ska_lm(("mamba2", "attention")), task, cfg)
+
+
+def test_echo_mqar_rebuilds_from_its_config():
+    """build_task(**config()) gives the same task (seq_len is derived: accepted when it agrees, refused when not)."""
+    import pytest
+
+    from seqmem.tasks import build_task
+
+    t = build_task("echo_mqar", num_pairs=3, gap=10)
+    t2 = build_task(**t.config())
+    assert t2.config() == t.config() and t2.seq_len == 22
+    with pytest.raises(ValueError, match="seq_len is 4 \\* num_pairs \\+ gap"):
+        build_task("echo_mqar", num_pairs=3, gap=10, seq_len=21)

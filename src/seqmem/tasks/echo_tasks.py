@@ -170,10 +170,13 @@ class EchoMQAR(_EchoTask):
 
     def __init__(
         self, vocab_size: int = 128, num_pairs: int = 4, gap: int = 64, eval_seed: int = DEFAULT_EVAL_SEED,
-        action_mask: bool = False,
+        action_mask: bool = False, seq_len: int | None = None,
     ) -> None:
         self.num_pairs = _int("num_pairs", num_pairs, 1)
         self.gap = _int("gap", gap, 0)
+        # seq_len is derived; accepted (and checked) so that build_task(**task.config()) rebuilds the task
+        if seq_len is not None and seq_len != 4 * num_pairs + gap:
+            raise ValueError(f"echo_mqar: seq_len is 4 * num_pairs + gap = {4 * num_pairs + gap}, got {seq_len}")
         super().__init__(vocab_size, 4 * num_pairs + gap, eval_seed, action_mask)
         if num_pairs > self.n_sub:
             raise ValueError(f"num_pairs={num_pairs} exceeds the {self.n_sub} keys of "
