@@ -173,3 +173,18 @@ def test_plasticity_aux_loss_and_test_time_refinement():
         m(x)
     with pytest.raises(ValueError):
         mk("exp_decay").retrieval_loss(x, src)
+
+
+def test_soe_mixer_runs_under_torch_compile():
+    """A fixed-α VORT layer compiles (the SOE quadrature nodes, cached numpy arrays, used to break dynamo's graph
+    resumption: "Expected np.nditer base") and gives the eager outputs."""
+    pytest.importorskip("torch._inductor")
+    import shutil
+
+    if not any(shutil.which(c) for c in ("g++", "clang++", "c++")):
+        pytest.skip("torch.compile on CPU needs a C++ compiler")
+    torch.manual_seed(0)
+    m = build_mixer("vort_fixed_alpha", 8, n_heads=2, n_soe=4, horizon=32, n_features=4)
+    x = torch.randn(1, 12, 8)
+    y, _ = torch.compile(m, backend="eager")(x)
+    torch.testing.assert_close(y, m(x)[0])

@@ -125,6 +125,17 @@ def _soe_nodes(n_terms: int, horizon: int, eps: float) -> tuple[np.ndarray, np.n
     return xi, omega, lam_min, lam_max
 
 
+@torch.compiler.disable
+def _soe_node_floats(
+    n_terms: int, horizon: int, eps: float
+) -> tuple[tuple[float, ...], tuple[float, ...], float, float]:
+    """:func:`soe_nodes` as Python floats, run outside ``torch.compile``'s tracing: traced, the cached numpy arrays
+    became tensors inside dynamo and the graph resumed after them failed ("Expected np.nditer base"), so a
+    compiled VORT model with the SOE kernel did not run."""
+    xi, omega, lam_min, lam_max = _soe_nodes(n_terms, horizon, eps)
+    return tuple(xi.tolist()), tuple(omega.tolist()), lam_min, lam_max
+
+
 def _check_soe_args(n_terms, horizon, eps) -> None:
     check_int("n_terms", n_terms)
     check_int("horizon", horizon, 2)
@@ -174,9 +185,9 @@ def soe_coefficients(
         c = torch.tensor(np.array(cs), dtype=dt, device=dev).reshape(shape)
         return c, xi, torch.zeros(a.shape, dtype=dt, device=dev)
 
-    xi_np, om_np, lam_min, lam_max = soe_nodes(n_terms, horizon, eps)
-    xi = torch.tensor(xi_np, dtype=dt, device=dev)
-    om = torch.tensor(om_np, dtype=dt, device=dev)
+    xi_f, om_f, lam_min, lam_max = _soe_node_floats(n_terms, horizon, float(eps))
+    xi = torch.tensor(xi_f, dtype=dt, device=dev)
+    om = torch.tensor(om_f, dtype=dt, device=dev)
     a_ = a[..., None]
     log_rho = -a_ * xi - a_ * torch.log(-torch.expm1(-xi)) - torch.lgamma(a_) - torch.lgamma(2 - a_)
     rho = torch.exp(log_rho) * (1 - a_)
