@@ -175,6 +175,39 @@ def test_plasticity_aux_loss_and_test_time_refinement():
         mk("exp_decay").retrieval_loss(x, src)
 
 
+@pytest.mark.parametrize("name, kw", [
+    ("vort_fixed_alpha", {"n_soe": 15, "horizon": 500, "n_features": 8}),
+    ("exp_mixture", {"n_exp": 5, "horizon": 500, "n_features": 8}),
+    ("exp_decay", {"decay_rate": 0.02, "n_features": 8}),
+    ("vort", {"n_soe": 6, "horizon": 64, "n_features": 8, "local_window": 4}),
+])
+def test_no_final_state_gives_the_same_outputs_and_gradients(monkeypatch, name, kw):
+    """forward(..., output_final_state=False): the same outputs and parameter gradients (float64) as the call that
+    returns the state; token-independent kernels (fixed α, the exponentials) pass one set of channel weights to the
+    op, which then runs its lag-kernel form where that is the cheaper one (here: always); per-token α never does."""
+    from seqmem.ops.vort import chunk as vchunk
+
+    ran = []
+    real = vchunk._lag_form
+    monkeypatch.setattr(vchunk, "_lag_form", lambda *a: ran.append(1) or real(*a))
+    monkeypatch.setattr(vchunk, "LAG_FORM_RATIO", 1e9)
+    torch.manual_seed(0)
+    m = build_mixer(name, 16, n_heads=2, **kw).double()
+    x = torch.randn(2, 150, 16, dtype=torch.float64)
+    outs = []
+    for want in (True, False):
+        m.zero_grad()
+        y, st = m(x, output_final_state=want)
+        assert (st is not None) == want
+        y.square().sum().backward()
+        outs.append((y.detach(), [p.grad.clone() for p in m.parameters() if p.grad is not None]))
+    assert bool(ran) == (name != "vort")
+    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-10, atol=1e-12)
+    for a, b in zip(outs[1][1], outs[0][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-12)
+    assert m._final_state_wanted  # restored after the call
+
+
 def test_soe_mixer_runs_under_torch_compile():
     """A fixed-α VORT layer compiles (the SOE quadrature nodes, cached numpy arrays, used to break dynamo's graph
     resumption: "Expected np.nditer base") and gives the eager outputs."""

@@ -375,3 +375,96 @@ def test_chunked_d_forms_equal_the_recurrence_with_gradients(monkeypatch, bmm_mi
     for gc, gr in zip(res["chunk"][2], res["recurrent"][2], strict=True):
         assert gr.abs().max() > 0
         torch.testing.assert_close(gc, gr, rtol=1e-9, atol=1e-12)
+
+
+def _shared_case(dtype, scaled, t=300, seed=7):
+    """One set of channel weights for every token (a fixed α, 16 channels) on a sequence longer than LAG_BLOCK."""
+    g = torch.Generator().manual_seed(seed)
+    b, h, f, d = 2, 2, 4, 3
+    q = torch.rand(b, t, h, f, generator=g, dtype=dtype, requires_grad=True)
+    k = torch.rand(b, t, h, f, generator=g, dtype=dtype, requires_grad=True)
+    v = torch.randn(b, t, h, d, generator=g, dtype=dtype, requires_grad=True)
+    a = torch.tensor(0.7, dtype=dtype, requires_grad=True)
+    beta = (3 * torch.randn(b, t, h, generator=g, dtype=dtype)).requires_grad_(True) if scaled else None
+    return q, k, v, a, beta
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_lag_kernel_form_equals_the_recurrence_with_gradients(monkeypatch, strict, scaled):
+    """Shared weights (coef (S',), coef_now 0-d) and no state wanted: the lag-kernel form gives the recurrence's
+    outputs and gradients (of q, k, v, the key scales, α through c and c_now, and the rates ξ) in float64, and in
+    float32 stays as close to the float64 recurrence as the float32 recurrence does."""
+    from seqmem.ops.vort import chunk as vchunk
+
+    ran = []
+    real = vchunk._lag_form
+    monkeypatch.setattr(vchunk, "_lag_form", lambda *a: ran.append(1) or real(*a))
+    monkeypatch.setattr(vchunk, "LAG_FORM_RATIO", 1e9)  # take it at these small sizes
+
+    def run(mode, dtype):
+        q, k, v, a, beta = _shared_case(dtype, scaled)
+        c, xi, cn = soe_coefficients(a, 15, 500)
+        xi = xi.detach().requires_grad_(True)
+        o, st = soe_retention(q, k, v, c, xi, cn, mode=mode, strict_causal=strict, k_log_scale=beta,
+                              output_final_state=False)
+        assert st is None
+        wrt = [q, k, v, a, xi] + ([beta] if scaled else [])
+        return o, torch.autograd.grad((o * torch.linspace(-1, 2, o.shape[-1], dtype=dtype)).sum(), wrt)
+
+    ref64 = run("recurrent", torch.float64)
+    assert not ran
+    lag64 = run("chunk", torch.float64)
+    assert ran
+    torch.testing.assert_close(lag64[0], ref64[0], rtol=1e-10, atol=1e-12)
+    for gl, gr in zip(lag64[1], ref64[1], strict=True):
+        assert gr.abs().max() > 0
+        torch.testing.assert_close(gl, gr, rtol=1e-9, atol=1e-11)
+    lag32, rec32 = run("chunk", torch.float32), run("recurrent", torch.float32)
+
+    def err(x, ref):
+        return float((x.detach().double() - ref.detach()).abs().max() / ref.detach().abs().max())
+
+    assert err(lag32[0], ref64[0]) <= 10 * err(rec32[0], ref64[0]) + 1e-6
+    for gl, gr, g64 in zip(lag32[1], rec32[1], ref64[1], strict=True):
+        assert err(gl, g64) <= 10 * err(gr, g64) + 1e-5
+
+
+def test_shared_weights_are_the_per_token_weights_and_the_lag_form_is_chosen_by_cost(monkeypatch):
+    """coef (S',) / coef_now 0-d mean the same weights at every token in every form (with the state, streamed);
+    the lag-kernel form runs only without a returned or initial state, with the kernel normaliser, in chunk mode, and
+    where lag_form_applies; a per-token coef_now with shared coef is refused."""
+    from seqmem.ops.vort import chunk as vchunk
+
+    ran = []
+    real = vchunk._lag_form
+    monkeypatch.setattr(vchunk, "_lag_form", lambda *a: ran.append(1) or real(*a))
+    q, k, v, a, beta = _shared_case(torch.float64, True, t=40)
+    c, xi, cn = soe_coefficients(a.detach(), 15, 500)
+    b, t, h = q.shape[:3]
+    for mode in ("recurrent", "chunk", "parallel"):
+        for normalizer in ("kernel", "plain"):
+            kw = dict(mode=mode, normalizer=normalizer, k_log_scale=beta, chunk_size=16)
+            o_tok, st_tok = soe_retention(q, k, v, c.expand(b, t, 16), xi, cn.expand(b, t), **kw)
+            o, st = soe_retention(q, k, v, c, xi, cn, **kw)
+            torch.testing.assert_close(o, o_tok, rtol=1e-12, atol=1e-14)
+            for key in st_tok:
+                torch.testing.assert_close(st[key], st_tok[key], rtol=1e-12, atol=1e-14)
+            o2, _ = soe_retention(q[:, 20:], k[:, 20:], v[:, 20:], c, xi, cn, initial_state=st,
+                                  output_final_state=False, **{**kw, "k_log_scale": beta[:, 20:]})
+            assert o2.shape == (b, 20, h, v.shape[-1])
+    assert not ran  # the state was wanted, or given
+    assert vchunk.lag_form_applies(500, 16, 64, 32) and not vchunk.lag_form_applies(500, 1, 64, 32)
+    monkeypatch.setattr(vchunk, "LAG_FORM_RATIO", 0.0)
+    soe_retention(q, k, v, c, xi, cn, k_log_scale=beta, output_final_state=False)
+    assert not ran  # not the cheaper form here
+    monkeypatch.setattr(vchunk, "LAG_FORM_RATIO", 1e9)
+    soe_retention(q, k, v, c, xi, cn, k_log_scale=beta, output_final_state=False, normalizer="plain")
+    soe_retention(q, k, v, c, xi, cn, k_log_scale=beta, output_final_state=False, mode="parallel")
+    assert not ran
+    soe_retention(q, k, v, c, xi, None, k_log_scale=beta, output_final_state=False)
+    assert ran
+    with pytest.raises(ValueError, match="0-d"):
+        soe_retention(q, k, v, c, xi, cn.expand(b, t))
+    with pytest.raises(ValueError, match="output_final_state"):
+        soe_retention(q, k, v, c, xi, cn, output_final_state=None)

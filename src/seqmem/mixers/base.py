@@ -345,6 +345,9 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
     #: mixer's memory, Echo App. F eq. 53): only SKA does; :class:`~seqmem.models.LanguageModel` passes a model's
     #: action mask to the layers that take one and leaves the others as they are.
     takes_action_mask: ClassVar[bool] = False
+    #: False while a ``forward(..., output_final_state=False)`` call (no ``cu_seqlens``) runs ``_forward``: the
+    #: state it returns is dropped, so a mixer may leave out what only the state needs (VORT's SOE channel sums)
+    _final_state_wanted: bool = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -421,7 +424,11 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
         if _CHECK_FINITE:
             self._check_finite_inputs(x, state)
         if bounds is None:
-            y, new_state = self._dispatch(x, state)
+            self._final_state_wanted = output_final_state  # a mixer may skip computing a state nobody reads
+            try:
+                y, new_state = self._dispatch(x, state)
+            finally:
+                self._final_state_wanted = True
         else:
             y, new_state = self._forward_varlen(x, state, bounds, output_final_state)
         if _CHECK_FINITE:

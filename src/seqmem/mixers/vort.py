@@ -390,6 +390,16 @@ class VORT(Mixer):
             a = a + (banks[idx] - a).detach()  # straight-through estimator
         return a
 
+    def _token_independent(self) -> bool:
+        """Whether every token has the same channel weights: the exponential kernels, and a fixed α (no override)."""
+        return self.kernel in ("exp", "mixture") or (
+            self.kernel == "soe" and self.alpha_mode == "fixed" and self._alpha_override_t is None)
+
+    def _shared_channels(self, dtype, device) -> tuple[Tensor, Tensor, Tensor]:
+        """The channel weights (S',), rates (S',) and lag-0 weight (0-d) shared by every token
+        (:meth:`_token_independent`): the values :meth:`_channels` gives each token."""
+        return self._channels(torch.tensor(self.alpha, dtype=dtype, device=device), dtype)  # α 0-d: c (S',)
+
     def _channels(self, alpha: Tensor, dtype) -> tuple[Tensor, Tensor, Tensor]:
         """Per-token channel weights (b, t, S'), rates (S',), lag-0 weight (b, t)."""
         if self.kernel == "soe":
@@ -441,7 +451,10 @@ class VORT(Mixer):
             cd = _compute_dtype(x)
             init = None if state is None else {kk: state[kk].to(cd) for kk in ("G", "b", "z", "m") if kk in state}
             with _full_precision(x.device):
-                c, xi, c_now = self._channels(alpha.to(cd), cd)
+                if self._token_independent():  # one kernel for every token: the op may run its lag-kernel form
+                    c, xi, c_now = self._shared_channels(cd, x.device)
+                else:
+                    c, xi, c_now = self._channels(alpha.to(cd), cd)
                 fq = self._features(q.to(cd))[0]  # φ(q) up to a per-query factor (FAVOR+: e^{s_q})
                 fk, sk = self._features(k.to(cd))
                 o, st = soe_retention(
@@ -458,9 +471,11 @@ class VORT(Mixer):
                     mode=mode,
                     chunk_size=self.chunk_size,
                     k_log_scale=sk,
+                    output_final_state=self._final_state_wanted,
                 )
             o = o.to(q.dtype)
-            new_state.update(st)
+            if st is not None:
+                new_state.update(st)
         if loc is not None:
             o = o + loc
         new_state["pos"] = torch.full((b,), start + t, dtype=torch.long, device=x.device)

@@ -372,11 +372,13 @@ class LanguageModel(nn.Module):
             return logits, ([packing.row_states(s) for s in new_state] if output_final_state else None)
         am = {} if action_mask is None else {"action_mask": action_mask}
         if positions is None:
-            x, new_state = run_blocks(self.blocks, x, state, **am)
+            x, new_state = run_blocks(self.blocks, x, state, output_final_state=output_final_state, **am)
             return self.head(self.norm(x)), (new_state if output_final_state else None)
         positions = positions.to(x.device)
-        x, new_state = run_blocks(self.blocks[:-1], x, None if state is None else state[:-1], **am)
-        x, last = self.blocks[-1](x, None if state is None else state[-1], keep=positions, **am)
+        x, new_state = run_blocks(self.blocks[:-1], x, None if state is None else state[:-1],
+                                  output_final_state=output_final_state, **am)
+        x, last = self.blocks[-1](x, None if state is None else state[-1], keep=positions,
+                                  output_final_state=output_final_state, **am)
         return self.head(self.norm(x)), (new_state + [last] if output_final_state else None)
 
     @torch.no_grad()

@@ -165,6 +165,25 @@ def takes_positions(model: nn.Module) -> bool:
         return False
 
 
+_STATELESS: dict[type, dict[str, bool]] = {}
+
+
+def stateless_kwargs(model: nn.Module) -> dict[str, bool]:
+    """``{"output_final_state": False}`` for a model whose forward takes it (:class:`~seqmem.models.LanguageModel`,
+    also inside a DDP or ``torch.compile`` wrapper), else ``{}``: a loss never reads the final state, and a mixer
+    may then skip computing it (VORT's channel sums)."""
+    inner = getattr(model, "module", model)
+    inner = getattr(inner, "_orig_mod", inner)
+    kind = type(inner)
+    if kind not in _STATELESS:
+        try:
+            takes = "output_final_state" in inspect.signature(inner.forward).parameters
+        except (TypeError, ValueError):
+            takes = False
+        _STATELESS[kind] = {"output_final_state": False} if takes else {}
+    return _STATELESS[kind]
+
+
 def scored_logits(model: nn.Module, x: Tensor, y: Tensor, sparse: bool,
                   action_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The logits and targets of the scored positions (``y != -100``), flattened to ``(N, vocab)`` and ``(N,)``.
@@ -172,9 +191,12 @@ def scored_logits(model: nn.Module, x: Tensor, y: Tensor, sparse: bool,
     ``sparse`` (the model :func:`takes_positions`): when some positions are unscored, the model evaluates its head
     (and its last block's MLP) at the scored ones only — the same loss and gradients, computed without the rows
     the loss ignores (a recall task scores a few percent of its positions).  ``action_mask``: the batch's action
-    mask (a task built with one), passed to the model as ``action_mask=``."""
+    mask (a task built with one), passed to the model as ``action_mask=``.  No final state is asked for
+    (:func:`stateless_kwargs`)."""
     mask = y != -100
-    kw = {} if action_mask is None else {"action_mask": action_mask}
+    kw = dict(stateless_kwargs(model))
+    if action_mask is not None:
+        kw["action_mask"] = action_mask
     if sparse and not bool(mask.all()):
         logits, _ = model(x, positions=mask, **kw)
         return logits, y[mask]
@@ -228,7 +250,7 @@ def evaluate(
         kw = {} if amask is None else {"action_mask": amask[i : i + batch_size].to(device)}
         try:
             with autocast(device, precision):
-                logits, _ = model(x, **kw)
+                logits, _ = model(x, **stateless_kwargs(model), **kw)
         except NonFiniteError as e:
             raise NonFiniteError(f"evaluation batch {j}: {e}") from None
         mask = y != -100
