@@ -101,6 +101,44 @@ def test_vort_zipf_lag_bin_metrics_are_exact_on_eval_examples():
     assert set(t.metrics(torch.zeros(*yt.shape, t.vocab_size), yt)) == {"accuracy"}
 
 
+def _zipf_sample_one_write_per_placement(gen: ZipfLagRetrieval, B: int, g: torch.Generator) -> dict:
+    """ZipfLagRetrieval.sample as first written: the same draws, one tensor write per field and placement."""
+    n = gen.seq_len
+    out = gen._empty(B)
+    for b in range(B):
+        used = torch.zeros(n, dtype=torch.bool)
+        keys = torch.randperm(gen.n_keys, generator=g)[: gen.n_queries]
+        labels = torch.randint(0, gen.n_labels, (gen.n_queries,), generator=g)
+        placed = tries = 0
+        while placed < gen.n_queries and tries < 50 * gen.n_queries:
+            tries += 1
+            t = int(torch.randint(1, n, (1,), generator=g))
+            d = int(torch.multinomial(gen._pd[:t], 1, generator=g)) + 1
+            a = t - d
+            if used[t] or used[a]:
+                continue
+            used[t] = used[a] = True
+            out["mem_key"][b, a], out["mem_label"][b, a] = keys[placed], labels[placed]
+            out["query_key"][b, t], out["target"][b, t], out["lag"][b, t] = keys[placed], labels[placed], d
+            placed += 1
+        free = ~used
+        out["filler"][b, free] = torch.randint(0, gen.n_filler, (int(free.sum()),), generator=g)
+    return out
+
+
+@pytest.mark.parametrize("beta, n_queries, n", [(1.0, 16, 250), (2.0, 40, 100), (1.5, 6, 12)])
+def test_zipf_generator_draws_the_examples_of_one_write_per_placement(beta, n_queries, n):
+    """The batched writes give the very examples (and leave the generator where) the per-placement writes did,
+    also where a row runs out of tries (n = 12, 6 queries)."""
+    gen = ZipfLagRetrieval(seq_len=n, beta=beta, n_queries=n_queries, n_keys=512, n_labels=16, n_filler=64)
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    for _ in range(2):
+        new, old = gen.sample(8, g1), _zipf_sample_one_write_per_placement(gen, 8, g2)
+        for key in old:
+            assert torch.equal(new[key], old[key]), key
+    assert torch.equal(g1.get_state(), g2.get_state())
+
+
 def test_vort_zipf_rejects_bad_options():
     for bad in (dict(n_positions=2), dict(beta=0), dict(n_labels=1), dict(lag_edges=(10, 5)), dict(n_keys=True)):
         with pytest.raises(ValueError):
