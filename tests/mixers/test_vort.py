@@ -206,6 +206,10 @@ def test_no_final_state_gives_the_same_outputs_and_gradients(monkeypatch, name, 
     for a, b in zip(outs[1][1], outs[0][1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-12)
     assert m._final_state_wanted  # restored after the call
+    if name != "vort":  # the shared weights are every token's weights
+        alpha = torch.full((2, 3), m.alpha, dtype=torch.float64)
+        for shared, per_token in zip(m._shared_channels(torch.float64, "cpu"), m._channels(alpha, torch.float64)):
+            torch.testing.assert_close(shared.expand_as(per_token), per_token, rtol=0, atol=0)
 
 
 def test_soe_mixer_runs_under_torch_compile():

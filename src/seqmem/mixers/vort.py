@@ -257,6 +257,11 @@ class VORT(Mixer):
             self.mix_log_rate = nn.Parameter(torch.tensor(np.log(rates), dtype=torch.float32))
             self.mix_weight_raw = nn.Parameter(torch.tensor(np.log(np.expm1(pi)), dtype=torch.float32))
         self._entity_override: Tensor | None = None
+        #: the fixed-α SOE channel values per dtype (:meth:`_shared_channels`); float32 / float64 ahead of any trace
+        self._soe_values: dict[torch.dtype, tuple[list[float], list[float], float]] = {}
+        if self.kernel == "soe" and self.alpha_mode == "fixed":
+            for dt in (torch.float32, torch.float64):
+                self._soe_values[dt] = self._fixed_soe_values(dt)
         self._alpha_override_t: Tensor | None = None
         self.last_alpha: Tensor | None = None
 
@@ -397,8 +402,23 @@ class VORT(Mixer):
 
     def _shared_channels(self, dtype, device) -> tuple[Tensor, Tensor, Tensor]:
         """The channel weights (S',), rates (S',) and lag-0 weight (0-d) shared by every token
-        (:meth:`_token_independent`): the values :meth:`_channels` gives each token."""
-        return self._channels(torch.tensor(self.alpha, dtype=dtype, device=device), dtype)  # α 0-d: c (S',)
+        (:meth:`_token_independent`): the values :meth:`_channels` gives each token.  The fixed-α SOE values are
+        computed once per dtype and enter as constants, so ``torch.compile`` traces no check of α (each
+        data-dependent check there was a graph break: 14 graphs per vort_fixed_alpha model, now 4)."""
+        if self.kernel != "soe":
+            return self._channels(torch.zeros((), dtype=dtype, device=device), dtype)
+        if dtype not in self._soe_values:
+            self._soe_values[dtype] = self._fixed_soe_values(dtype)
+        c, xi, c_now = self._soe_values[dtype]
+        return (torch.tensor(c, dtype=dtype, device=device), torch.tensor(xi, dtype=dtype, device=device),
+                torch.tensor(c_now, dtype=dtype, device=device))
+
+    @torch.compiler.disable
+    def _fixed_soe_values(self, dtype: torch.dtype) -> tuple[list[float], list[float], float]:
+        """:meth:`_channels` of the fixed α (a 0-d tensor of ``dtype``) as Python numbers (exact: ``dtype``'s
+        values)."""
+        c, xi, c_now = self._channels(torch.tensor(self.alpha, dtype=dtype), dtype)
+        return c.tolist(), xi.tolist(), float(c_now)
 
     def _channels(self, alpha: Tensor, dtype) -> tuple[Tensor, Tensor, Tensor]:
         """Per-token channel weights (b, t, S'), rates (S',), lag-0 weight (b, t)."""
