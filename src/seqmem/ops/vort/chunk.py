@@ -165,9 +165,9 @@ def soe_retention(
             m = q.new_zeros(B, H) if m is None else m
     elif normalizer == "plain":
         z = q.new_zeros(B, H, F)
-    beta = k_log_scale.transpose(1, 2) if scaled else None
+    beta = k_log_scale.transpose(1, 2).contiguous() if scaled else None
     # (batch, heads, time, ·)
-    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))
     ch, cn = coef.permute(0, 2, 1, 3), coef_now.transpose(1, 2)
     n = T if mode == "parallel" else chunk_size
     o, G, b, z, m = _chunked(qh, kh, vh, ch, cn, xi, G, b, z, m, beta, eps0, strict_causal, n)
