@@ -53,7 +53,9 @@ run() {
 }
 
 # CPU-hours left by `--dry-run` on 2026-11-27 (one thread, shared 2-core machine at load ≈ 10: pessimistic),
-# after --reuse: ≈ 0.3, 0.7, 0.9, 2.5, 3.0, ≈ 1 + 1 (Echo: 3 seeds x 15-20 CPU-min), 21, 23, 101
+# after --reuse: ≈ 0.3, 0.7, 0.9, 2.5, 3.0, ≈ 1 + 1 (Echo: 3 seeds x 15-20 CPU-min), 21, 23, 101; the VORT
+# power law's lag-kernel training form (2026-11-27, load ≈ 3) brings vort_settle to ≈ 37.5 CPU-h for all 30 runs
+# (≈ 18 for the 14 left after --reuse) and vort_settle_dense to ≈ 84-102 (noise; its attention row is unchanged)
 # (echo_niah_chunk64_k2/k1 stay runnable by name; they are not in the default list: SKA cannot train there)
 ALL=(lattice_matched echo_mqar_paper_lr vla_settle vla_copy_identity elastic_paper_lr echo_niah_masked_k2
      echo_niah_masked_k1 elastic_settle vort_settle vort_settle_dense)
