@@ -4,8 +4,11 @@ statistics against eq. (53) built directly (``ska_statistics``), causality, and 
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
+from test_ska_ops import qkv as ska_qkv
 
 from conftest import assert_rel_close
 from seqmem.ops import ska_readout, ska_statistics, spectral_koopman_attention
@@ -13,15 +16,7 @@ from seqmem.ops import ska_readout, ska_statistics, spectral_koopman_attention
 f64 = torch.float64
 
 
-def qkv(B=2, T=29, H=2, r=4, P=6, dtype=f64, seed=0, requires_grad=False):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, r, generator=g, dtype=dtype)
-    k = torch.randn(B, T, H, r, generator=g, dtype=dtype)
-    v = torch.randn(B, T, H, P, generator=g, dtype=dtype)
-    if requires_grad:
-        for t in (q, k, v):
-            t.requires_grad_(True)
-    return q, k, v
+qkv = functools.partial(ska_qkv, T=29)  # the SKA op tests' inputs, at a length of 29 here
 
 
 def action_mask(B=2, T=29, p=0.45, seed=1) -> torch.Tensor:
