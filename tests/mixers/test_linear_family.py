@@ -180,6 +180,86 @@ def test_mamba2_matches_per_token_reference(impl):
     assert torch.equal(st["conv"], zxbcdt[:, -3:, di : di + di + 2 * n])
 
 
+def mamba2_features(m, x):
+    """Mamba-2's block up to the update, from its parameters: z, x (heads), B, C, dt = softplus(dt + dt_bias)."""
+    di, n, h = m.d_inner, m.d_state, m.n_heads
+    b, t, _ = x.shape
+    z, xBC, dt = (x @ m.in_proj.weight.T).split([di, di + 2 * n, h], -1)
+    xs, Bm, Cm = F.silu(conv_ref(xBC, m.conv)).split([di, n, n], -1)
+    return z, xs.reshape(b, t, h, di // h), Bm, Cm, F.softplus(dt + m.dt_bias)
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+@pytest.mark.parametrize("d_state", [6, 16])
+def test_mamba2_block_with_lattice_rule_matches_per_token_reference(impl, d_state):
+    """rule="lattice": Mamba-2's block (in_proj, conv + SiLU, D skip, gated RMSNorm, out_proj) around Lattice-DEC's
+    update with key B, query C, value x and step Δ_t, written out token by token; slots are the state's d_state
+    columns, normalised over headdim (d_state 16 = headdim: m = d); outputs, state and all gradients in float64."""
+    m = perturbed("mamba2", impl=impl, d_state=d_state, chunk_size=8, rule="lattice")
+    assert not hasattr(m, "A_log")  # no decay: Lattice-DEC has none
+    x = x_in().requires_grad_(True)
+    y, st = m(x)
+    z, xs, Bm, Cm, dt = mamba2_features(m, x)
+    h, p, n = m.n_heads, m.headdim, m.d_state
+    assert (p, n) == (D * 2 // H, d_state) and m.S0.shape == (h, p, n)
+    assert_rel_close(m.S0.transpose(-1, -2) @ m.S0, torch.eye(n, dtype=torch.float64).expand(h, n, n), 1e-6,
+                     "orthonormal S_0")
+    S = (m.S0 / m.S0.norm(dim=-2, keepdim=True)).expand(2, h, p, n)  # (heads, headdim, d_state), slot = column
+    ys = []
+    for t in range(T):
+        kt, vt, gt = Bm[:, t, None, :].expand(2, h, n), xs[:, t], dt[:, t, :, None, None]
+        e = (S @ kt[..., None])[..., 0] - vt  # e_t = S B_t − x_t (unit slots: φ(S) = S), eq. 7
+        pr = (S.transpose(-1, -2) @ e[..., None])[..., 0]  # ⟨s_i, e_t⟩
+        U = S - gt * (e[..., :, None] * kt[..., None, :] - S * (pr * kt)[..., None, :])  # eq. 13, γ_t = Δ_t
+        S = U / U.norm(dim=-2, keepdim=True)  # eq. 14: each d_state column back on the sphere in R^headdim
+        ys.append((S * Cm[:, t, None, None, :]).sum(-1) + m.D[:, None] * vt)  # y_t = S_t C_t + D x_t
+    yy = torch.stack(ys, 1).reshape(2, T, m.d_inner) * F.silu(z)
+    ref = rms(yy, m.norm.weight, m.norm.eps) @ m.out_proj.weight.T
+    assert_rel_close(y, ref, 1e-12, "mamba2(rule='lattice') vs per-token reference")
+    assert_rel_close(st["ssm"], S, 1e-12, "state: the slots")
+    assert_rel_close(st["ssm"].norm(dim=-2), torch.ones(2, h, n, dtype=torch.float64), 1e-12, "unit slots")
+    assert count_state(st) == m.state_size(T) == build_mixer("mamba2", D, n_heads=H, d_state=d_state).state_size(T)
+    w = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    params = list(m.parameters())
+    g = torch.autograd.grad((y * w).sum(), [x, *params])
+    g_ref = torch.autograd.grad((ref * w).sum(), [x, *params])
+    for name, a, b in zip(["x", *(nm for nm, _ in m.named_parameters())], g, g_ref):
+        assert_rel_close(a, b, 1e-10, f"gradient of {name}")
+    y1, s1 = m(x[:, :7])
+    y2, s2 = m(x[:, 7:], s1)
+    assert_rel_close(torch.cat([y1, y2], 1), y, 1e-12, "split output")
+    assert_rel_close(s2["ssm"], st["ssm"], 1e-12, "split state")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_mamba2_lattice_rule_reference_equals_fast(dtype):
+    """rule="lattice", impl="reference" (per-token loop) == impl="fast" (scan): outputs, final states, gradients,
+    at a length that crosses several backward chunks and from a carried state."""
+    tol = {torch.float64: 1e-12, torch.float32: 2e-5}[dtype]
+    ms = {impl: perturbed("mamba2", impl=impl, d_state=8, chunk_size=8, rule="lattice").to(dtype)
+          for impl in ("reference", "fast")}
+    x = x_in(t=45).to(dtype).requires_grad_(True)
+    w = torch.randn(x.shape, dtype=dtype, generator=torch.Generator().manual_seed(5))
+    outs = {}
+    for impl, m in ms.items():
+        _, s0 = m(x[:, :5].detach())
+        y, st = m(x, s0)
+        outs[impl] = (y, st, torch.autograd.grad((y * w).sum(), [x, *m.parameters()]))
+    (yr, sr, gr), (yf, sf, gf) = outs["reference"], outs["fast"]
+    assert_rel_close(yf, yr, tol, "output fast vs reference")
+    assert set(sf) == set(sr) == {"conv", "ssm"}
+    for k in sr:
+        assert_rel_close(sf[k], sr[k], tol, f"state[{k}] fast vs reference")
+    for name, a, b in zip(["x", *(nm for nm, _ in ms["reference"].named_parameters())], gf, gr):
+        assert_rel_close(a, b, tol * 10, f"gradient of {name} fast vs reference")
+
+
+def test_mamba2_lattice_rule_needs_slots_that_fit_headdim():
+    with pytest.raises(ValueError, match="d_state <= headdim"):
+        build_mixer("mamba2", 16, n_heads=2, d_state=17, rule="lattice")  # headdim 16
+    assert build_mixer("mamba2", 16, n_heads=2, d_state=17).rule == "ssd"  # SSD has no such bound
+
+
 def test_state_sizes_exact():
     la = build_mixer("linear_attention", 16, n_heads=2, normalize=True)
     assert la.state_size(100) == 2 * 8 * 8 + 3 * 48 + 2 * 8
@@ -206,6 +286,9 @@ def test_state_sizes_exact():
         ("mamba2", {"d_state": 0}),
         ("mamba2", {"expand": 1.5}),
         ("mamba2", {"n_heads": 3}),
+        ("mamba2", {"rule": "Lattice"}),
+        ("mamba2", {"rule": "gated_delta"}),
+        ("mamba2", {"rule": None}),
     ],
 )
 def test_bad_options_raise(name, opts):
