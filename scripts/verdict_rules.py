@@ -223,8 +223,8 @@ def lattice() -> dict[str, Any]:
     pending = ("lattice_matched (src/seqmem/experiments/lattice_matched.toml): the gated-delta rule (the lattice "
                "mixer's delta objective, eq. 20, with the forget gate, eq. 16) and Mamba-2's SSD rule (its ssd "
                "objective) inside Lattice's block vs Lattice-DEC, and Lattice-DEC's rule inside Gated DeltaNet's block "
-               "(gated_deltanet with rule lattice) vs Gated DeltaNet, T = 256, 3 seeds; Lattice's rule in Mamba-2's "
-               "block needs a block option the library does not have")
+               "(gated_deltanet with rule lattice) vs Gated DeltaNet, and Lattice-DEC's rule inside Mamba-2's block "
+               "(mamba2 with rule lattice), T = 256, 3 seeds")
     settled = ("lattice_matched (src/seqmem/experiments/lattice_matched.toml): both update rules in Lattice's block "
                "(App. A), T = 256, lr chosen on validation, 3 seeds")
     native = {x: t(x, " (native block)") for x in ("lattice", "gated_deltanet", "mamba2")}
