@@ -126,3 +126,36 @@ def test_echo_mqar_rebuilds_from_its_config():
     assert t2.config() == t.config() and t2.seq_len == 22
     with pytest.raises(ValueError, match="seq_len is 4 \\* num_pairs \\+ gap"):
         build_task("echo_mqar", num_pairs=3, gap=10, seq_len=21)
+
+
+def test_facts_precede_every_scored_position_in_every_echo_task():
+    """No target leakage for a reader of the whole masked context (SKA's one-operator mode, App. F eq. 53): in the
+    training mixture, NIAH at every Table 2 length and every cell of the paper-scale grids, every fact precedes the
+    first scored position, so the mask is 0 at each scored position and at its teacher-forced answer."""
+    from seqmem.repro.echo import SCALES, task_grids
+    from seqmem.tasks.echo_tasks import facts_precede_answers
+
+    tasks = [EchoMixture(seq_len=64, action_mask=True)]
+    tasks += [EchoNIAH(seq_len=t, n_kv=1, action_mask=True) for t in SCALES["paper"]["niah"]]
+    tasks += [tk for cells in task_grids("paper", action_mask=True).values() for _, tk in cells]
+    for task in tasks:
+        _, y, m = task.sample(32, torch.Generator().manual_seed(1))
+        ok = facts_precede_answers(y, m)
+        assert ok.all(), task.config()
+        sc = y != -100
+        assert (m[sc] == 0).all() and (m[:, 1:][sc[:, :-1]] == 0).all()
+
+
+def test_facts_precede_answers_detects_a_leak():
+    from seqmem.tasks.echo_tasks import facts_precede_answers
+
+    y = torch.full((3, 8), -100)
+    y[:, 5] = 9
+    m = torch.zeros(3, 8, dtype=torch.long)
+    m[0, 4] = 1  # before: fine
+    m[1, 6] = 1  # the teacher-forced answer's position: a leak
+    m[2, 5] = 1  # the scored position itself
+    assert facts_precede_answers(y, m).tolist() == [True, False, False]
+    assert facts_precede_answers(torch.full((1, 4), -100), torch.ones(1, 4)).tolist() == [True]
+    with pytest.raises(ValueError, match="batch, time"):
+        facts_precede_answers(y, m[:, :-1])

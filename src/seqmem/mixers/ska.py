@@ -17,6 +17,26 @@ Action mask (App. F eq. 53, App. G.1): ``y, state = mixer(x, state, action_mask=
 token still gets an output, chunk-causally as without a mask, and a sequence split into calls, its mask split
 alike, equals one call.  ``None`` is the same computation as without a mask (all ones gives the same result).
 Not with ``cu_seqlens`` (an error).
+
+Operator scope ``operator_scope``:
+
+* ``"chunk_causal"`` (default, causal, streams): the chunk-causal form above (eqs. 7–10).
+* ``"sequence"``: the paper's one-operator masked / prefix mode (App. F eq. 53, eqs. 4–6): ONE operator per
+  sequence, estimated from the tokens with ``action_mask = 1`` (every token when no mask is given: the prefix form
+  over the whole input), read out at EVERY position, earlier ones included.  NON-CAUSAL: a position reads facts that
+  come after it, so it refuses a ``state`` (streaming, token-by-token decoding) and ``cu_seqlens`` with a
+  ValueError that says so; run each sequence whole in one call.  ``chunk_size`` is unused.  The statistics are
+  those of ``ska_statistics(k̂, v, mask)`` and the readout ``ska_readout`` (:mod:`seqmem.ops.ska`); the key norm
+  covers every key, masked-out ones included (App. F step 2 precedes step 3), as in the chunk-causal masked form:
+  with ``norm="prefix_max"`` it is the maximum over every key up to the row's last token with ``m_t = 1`` (the
+  prefix the operator is estimated from: the operator equals the chunk-causal one committed right after that token,
+  and no key after it enters), over the whole sequence without a mask; with ``norm="seqmax"`` over the whole
+  sequence (App. F step 2 as printed: with a mask it also reads the keys after the last fact, e.g. a
+  teacher-forced answer's); ``"none"``: 1.  A row with no token in its mask gets 0 everywhere (``G = εI``,
+  ``C_v = 0``).  The returned state holds the operator's statistics (``G``, ``M``, ``C_v`` of the normalised keys,
+  without ``εI``), the key norm ``m`` and ``pos``: an inspection, not a continuation (passing it back is refused).
+  Leak-free for a model scored only at positions after its last ``m_t = 1`` token when the key norm does not read
+  past it (``prefix_max``, the default): the Echo tasks' oracle masks are such (tests/tasks).
 """
 
 from __future__ import annotations
@@ -30,8 +50,20 @@ from torch import Tensor, nn
 from seqmem.io import check_int
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_float, check_positive_int
 from seqmem.ops._common import check_action_mask, floor
-from seqmem.ops.ska.chunk import NORMS, OPERATOR_FORMS, STATE_KEYS, spectral_koopman_attention
+from seqmem.ops.ska.chunk import (
+    NORMS,
+    OPERATOR_FORMS,
+    STATE_KEYS,
+    _norm_scale,
+    ska_readout,
+    ska_statistics,
+    spectral_koopman_attention,
+)
+from seqmem.ops.ska.naive import ska_readout_appf
 from seqmem.registry import register
+
+OPERATOR_SCOPES = ("chunk_causal", "sequence")
+SEQUENCE_STATE_KEYS = ("G", "M", "Cv", "m", "pos")
 
 
 @register(
@@ -46,7 +78,7 @@ from seqmem.registry import register
 )
 class SKAMixer(Mixer):
     """Spectral Koopman Attention (Echo): chunk-causal ridge/Koopman retrieval from constant-size
-    statistics."""
+    statistics (or, with ``operator_scope="sequence"``, one non-causal operator per sequence: App. F eq. 53)."""
 
     single_token_impl: ClassVar[str] = "reference"  # decode step: the per-token form is cheaper at T = 1
     takes_action_mask: ClassVar[bool] = True  # forward(..., action_mask=): App. F eq. (53)
@@ -56,7 +88,9 @@ class SKAMixer(Mixer):
     # every key by a maximum over the whole input, so outputs depend on future tokens (not causal) and a split
     # sequence differs from the full forward (the max is frozen at the first piece). See
     # tests/ops/test_ska.py for
-    # the test that demonstrates the leak.
+    # the test that demonstrates the leak.  The one-operator mode operator_scope="sequence" (App. F eq. 53) is left
+    # out for the same reason (every position reads later facts; it refuses a state): tests/mixers/
+    # test_ska_sequence_mode.py tests it.
     # chunk-causal: a query reads only the statistics of earlier chunks, so the chunk length limits what it sees
     length_options: ClassVar[dict[str, str]] = {"chunk_size": "chunk"}
     contract_configs: ClassVar[list[dict]] = [
@@ -87,6 +121,7 @@ class SKAMixer(Mixer):
         gamma_init: float = 1.0,
         spec_iters: int = 6,
         operator_form: str = "whitened",
+        operator_scope: str = "chunk_causal",
     ) -> None:
         super().__init__(d_model, n_heads, impl)
         self.head_dim = self._head_dim()
@@ -97,6 +132,7 @@ class SKAMixer(Mixer):
         self.eps = check_positive_float("eps", eps)
         self.norm = check_choice("norm", norm, NORMS)
         self.operator_form = check_choice("operator_form", operator_form, OPERATOR_FORMS)
+        self.operator_scope = check_choice("operator_scope", operator_scope, OPERATOR_SCOPES)
         self.spec_iters = check_positive_int("spec_iters", spec_iters)
         if not (1.0 <= gamma_init < 1.5):
             raise ValueError(f"gamma_init must lie in [1, 1.5), got {gamma_init!r}")
@@ -120,13 +156,16 @@ class SKAMixer(Mixer):
         return 1.0 + 0.5 * torch.sigmoid(self.gamma_raw)
 
     def state_keys(self) -> set[str]:
-        return set(STATE_KEYS)
+        return set(SEQUENCE_STATE_KEYS if self.operator_scope == "sequence" else STATE_KEYS)
 
     def state_size(self, seq_len: int) -> int:
         """Per head: committed ``G, M`` (2r²), ``C_v`` (Pr), previous key (r), norm (1) — the paper's
         ``2r² + Pr + r + 1`` — plus the pending partial-chunk sums (2r² + Pr + 1); plus one position
-        counter."""
+        counter.  ``operator_scope="sequence"``: the one operator's ``G, M, C_v`` and norm (2r² + Pr + 1 per
+        head) plus the position counter (a record, not a continuable state)."""
         r, P = self.rank, self.head_dim
+        if self.operator_scope == "sequence":
+            return self.n_heads * (2 * r * r + P * r + 1) + 1
         return self.n_heads * (4 * r * r + 2 * P * r + r + 2) + 1
 
     def forward(
@@ -135,6 +174,17 @@ class SKAMixer(Mixer):
     ) -> tuple[Tensor, State | list[State] | None]:
         """The mixer contract (:meth:`Mixer.forward`) plus ``action_mask`` (batch, time) in {0, 1}: the App. F
         action mask of eq. (53) (see the module docstring)."""
+        if self.operator_scope == "sequence":
+            why = ("is non-causal: every position reads ONE operator estimated from the whole sequence's "
+                   "(action-masked) tokens, later ones included (Echo App. F eq. 53)")
+            if state is not None:
+                raise ValueError(f"{type(self).__name__}(operator_scope='sequence') {why}, so it cannot continue "
+                                 "from a state (streaming or token-by-token decoding would read an operator of "
+                                 "the new tokens alone); run the whole sequence in one call with state=None, or "
+                                 "use operator_scope='chunk_causal'")
+            if cu_seqlens is not None:
+                raise ValueError(f"{type(self).__name__}(operator_scope='sequence') {why}; packed sequences "
+                                 "(cu_seqlens) are not supported: run the sequences as a batch")
         if action_mask is None:
             return super().forward(x, state, cu_seqlens=cu_seqlens, output_final_state=output_final_state)
         if cu_seqlens is not None:
@@ -162,6 +212,13 @@ class SKAMixer(Mixer):
         k = self.w_k(x).view(B, T, H, r)
         q = self.w_q(x).view(B, T, H, r)
         v = self.w_v(x).view(B, T, H, P)
+        if self.operator_scope == "sequence":
+            seq = _sequence_reference if self.impl == "reference" else _sequence_fast
+            o, new_state = seq(q, k, v, getattr(self, "_mask", None), self.eps, self.norm, dict(
+                power=self.power, gamma=self.gamma, eta=1.0, spec_iters=self.spec_iters,
+                operator_form=self.operator_form))
+            y = self.w_o((self.eta * o.reshape(B, T, H * P)).to(x.dtype))
+            return y, new_state
         o, new_state = spectral_koopman_attention(
             q,
             k,
@@ -185,7 +242,80 @@ class SKAMixer(Mixer):
         return (
             f"{super().extra_repr()}, rank={self.rank}, chunk_size={self.chunk_size}, K={self.power}, "
             f"norm={self.norm!r}, operator_form={self.operator_form!r}"
+            + (f", operator_scope={self.operator_scope!r}" if self.operator_scope != "chunk_causal" else "")
         )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# operator_scope="sequence": one operator per sequence (App. F eq. 53; eqs. 4-6 without a mask), NON-CAUSAL
+# ----------------------------------------------------------------------------------------------------------------
+def _sequence_fast(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, eps: float, norm: str,
+                   kw: dict) -> tuple[Tensor, State]:
+    """The one-operator form through the ops: keys and queries divided by the key norm ``m`` (module docstring),
+    ``(G̃, M, C_v) = ska_statistics(k̂, v, mask)`` (eq. 53) and ``ska_readout`` of every query (eq. 13, App. F).
+    ``q, k`` (B, T, H, r), ``v`` (B, T, H, P) → ``(o (B, T, H, P), state)``."""
+    B, T, H, r = k.shape
+    out_dtype, cdt = v.dtype, torch.promote_types(v.dtype, torch.float32)  # statistics in at least float32
+    q, k, v = q.to(cdt), k.to(cdt), v.to(cdt)
+    if norm == "none":
+        m = torch.zeros(B, H, dtype=cdt, device=k.device)
+    else:
+        norms = k.norm(dim=-1)  # (B, T, H): every key, masked-out ones included (App. F step 2)
+        if norm == "prefix_max" and mask is not None:
+            # the keys up to the row's last m_t = 1 token: a reversed running max of the mask
+            reach = mask.to(cdt).flip(1).cummax(1).values.flip(1)
+            norms = norms * reach[..., None]
+        m = norms.amax(1)
+    s = _norm_scale(m, norm)[:, None, :, None]  # (B, 1, H, 1); 1 where no key counts (eq. 3's clamp otherwise)
+    kh, qh = k / s, q / s
+    Gt, M, Cv = ska_statistics(kh, v, None if mask is None else mask.to(cdt), eps=eps)  # eqs. (4)-(6), (53)
+    o = ska_readout(Gt, M, Cv, qh.permute(0, 2, 3, 1), **kw).permute(0, 3, 1, 2)  # (B, H, P, T) → (B, T, H, P)
+    eye = torch.eye(r, dtype=cdt, device=k.device)
+    state = {"G": Gt - eps * eye, "M": M, "Cv": Cv, "m": m,
+             "pos": torch.full((B,), T, dtype=torch.long, device=k.device)}
+    return o.to(out_dtype), state
+
+
+def _sequence_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, eps: float, norm: str,
+                        kw: dict) -> tuple[Tensor, State]:
+    """The same, token by token and step by step: the key norm by a loop over the keys up to each row's last
+    ``m_t = 1`` token, the eq. (53) sums ``G += m_t ẑ_t ẑ_tᵀ``, ``M += m_t m_{t-1} ẑ_t ẑ_{t-1}ᵀ``,
+    ``C_v += m_t v_t ẑ_tᵀ`` one token at a time, then App. F steps 4-10 (:func:`ska_readout_appf`) for every query.
+    Shares no statistics, norm or readout code with :func:`_sequence_fast`."""
+    B, T, H, r = k.shape
+    P = v.shape[-1]
+    out_dtype, dt = v.dtype, torch.promote_types(v.dtype, torch.float32)
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    w = torch.ones(B, T, dtype=dt, device=k.device) if mask is None else mask.to(dt)
+    # 1. the key norm m (eq. 3): max ‖z_t‖ over t ≤ the row's last fact (prefix_max with a mask), over every t
+    #    (seqmax, or no mask), or none
+    rows = []
+    for b in range(B):
+        on = [t for t in range(T) if float(w[b, t]) != 0]
+        last = T - 1 if (norm == "seqmax" or mask is None) else (on[-1] if on else -1)
+        mb = torch.zeros(H, dtype=dt, device=k.device)
+        for t in range(last + 1):
+            mb = torch.maximum(mb, torch.sqrt((k[b, t] ** 2).sum(-1)))
+        rows.append(mb)
+    m = torch.stack(rows) if norm != "none" else torch.zeros(B, H, dtype=dt, device=k.device)
+    div = torch.where(m > 0, torch.clamp(m, min=1e-6), torch.ones_like(m)) if norm != "none" else torch.ones_like(m)
+    # 2. the masked sums of eq. (53), one token at a time
+    G = torch.zeros(B, H, r, r, dtype=dt, device=k.device)
+    M = torch.zeros(B, H, r, r, dtype=dt, device=k.device)
+    Cv = torch.zeros(B, H, P, r, dtype=dt, device=k.device)
+    z_prev = torch.zeros(B, H, r, dtype=dt, device=k.device)  # m_{t-1} ẑ_{t-1}
+    for t in range(T):
+        z = w[:, t, None, None] * k[:, t] / div[..., None]
+        G = G + z[..., :, None] * z[..., None, :]
+        M = M + z[..., :, None] * z_prev[..., None, :]
+        Cv = Cv + v[:, t, :, :, None] * z[..., None, :]
+        z_prev = z
+    # 3. App. F steps 4-10 on G + εI for every query ẑ^q_t = z^q_t / m
+    Gt = G + eps * torch.eye(r, dtype=dt, device=k.device)
+    Q = (q / div[:, None, :, None]).permute(0, 2, 3, 1)  # (B, H, r, T)
+    o = ska_readout_appf(Gt, M, Cv, Q, **kw).permute(0, 3, 1, 2)
+    state = {"G": G, "M": M, "Cv": Cv, "m": m, "pos": torch.full((B,), T, dtype=torch.long, device=k.device)}
+    return o.to(out_dtype), state
 
 
 @register(

@@ -44,6 +44,10 @@ ask for, every one of them (not only the one asked), and never the query, the fi
 * ToolTrace: all five tokens ``agent : tool → result`` of every call (eq. 53's ``M`` then links the call's
   tokens, and ``→`` to its result);
 * CommonWord: the items of both lists (not the ``LIST_A`` / ``LIST_B`` markers).
+
+In every task every fact comes before the first scored position (:func:`facts_precede_answers` checks a batch), so
+the mask is 0 at every scored position and at every teacher-forced answer: a model that reads the facts with one
+non-causal operator (SKA's ``operator_scope="sequence"``, App. F eq. 53) does not see a target through them.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ __all__ = [
     "EchoSysPrompt",
     "EchoToolTrace",
     "ECHO_TASKS",
+    "facts_precede_answers",
 ]
 
 PAD, SEP, Q, ARROW, COLON, EQ, LIST_A, LIST_B = range(8)
@@ -74,6 +79,20 @@ N_SPECIAL = 8
 def _int(name: str, value: Any, minimum: int) -> int:
     check_int(name, value, minimum)
     return value
+
+
+def facts_precede_answers(targets: Tensor, mask: Tensor) -> Tensor:
+    """Per row (B,) bool: every scored position (``targets != -100``) comes after every fact (``mask = 1``), so the
+    mask is 0 at each scored position ``p`` and at ``p + 1``, where teacher forcing puts ``p``'s answer in the input.
+    A row without a scored position or without a fact passes.  ``targets``, ``mask``: (B, T)."""
+    if targets.shape != mask.shape or targets.dim() != 2:
+        raise ValueError(f"targets and mask must both be (batch, time), got {tuple(targets.shape)} and "
+                         f"{tuple(mask.shape)}")
+    T = targets.shape[1]
+    pos = torch.arange(T, device=targets.device).expand_as(targets)
+    last_fact = torch.where(mask != 0, pos, torch.full_like(pos, -1)).amax(1)
+    first_scored = torch.where(targets != IGNORE_INDEX, pos, torch.full_like(pos, T)).amin(1)
+    return last_fact < first_scored
 
 
 class _EchoTask(Task):

@@ -20,12 +20,15 @@ def submillion_config(
     chunk_size: int = 16,
     vocab_size: int = 128,
     power: int = 2,
+    operator_scope: str = "chunk_causal",
 ) -> LMConfig:
     """§4.1 models: 2 Mamba-2 layers + 2 layers of Mamba-2 / attention (RoPE) / SKA (chunk ``chunk_size``, Koopman
-    power K = ``power``, eq. 13)."""
+    power K = ``power``, eq. 13; ``operator_scope="sequence"``: the one-operator masked mode of App. F eq. 53, whose
+    ``chunk_size`` is unused)."""
     last = {"ssm": "mamba2", "ssm_attn": "attention", "ssm_ska": "ska"}[model]
     mix = ["mamba2", "mamba2", last, last]
-    ska = {"rank": rank, "chunk_size": chunk_size, **({"power": power} if power != 2 else {})}
+    ska = {"rank": rank, "chunk_size": chunk_size, **({"power": power} if power != 2 else {}),
+           **({"operator_scope": operator_scope} if operator_scope != "chunk_causal" else {})}
     opt = {"mamba2": {"d_state": d_state}, "attention": {}, "ska": ska}
     # SwiGLU hidden = 8·ceil(ratio·d·2/3 / 8): ratio 4.5 gives d_ff = 384 at d = 128 (§4.1)
     return LMConfig(
