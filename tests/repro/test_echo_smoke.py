@@ -246,3 +246,45 @@ def test_chunk_at_least_the_training_length_trains_no_ska():
         g = max(float(p.grad.abs().max()) for n, p in model.named_parameters() if ".mixer." in n
                 and model.blocks[int(n.split(".")[1])].mixer.takes_action_mask)
         assert (g == 0) == (chunk == 64)
+
+
+def test_transfer_suite_ska_operator_option(tmp_path, monkeypatch):
+    """--ska-operator sequence: the SKA layers get operator_scope="sequence", the record's configuration key, the
+    command and echo_results.json say so; unknown values, no --action-mask (every token, the answers included, would
+    enter the one operator), a --ska-chunk and a task whose oracle mask reaches a scored position are refused."""
+    from seqmem.repro.echo import runner
+
+    seen = []
+
+    def fake_fit(cfg, task, tcfg, seed, out_dir=None):
+        seen.append((cfg.mixer_options[-1], task))
+        raise RuntimeError("stop after the config")
+
+    monkeypatch.setattr(runner, "fit_lm", fake_fit)
+    args = SimpleNamespace(scale="smoke", out=tmp_path, seed=0, models="ssm_ska", seeds=1, no_mqar=True,
+                           action_mask=True, ska_operator="sequence", ska_power=1)
+    with pytest.raises(RuntimeError, match="stop"):
+        echo.run(args)
+    assert seen[0][0] == {"rank": 8, "chunk_size": 16, "power": 1, "operator_scope": "sequence"}
+    assert seen[0][1].action_mask
+    assert "operator_scope" not in echo.submillion_config("ssm_ska").mixer_options[-1]
+    for bad, msg in ((dict(ska_operator="prefix"), "--ska-operator must be one of"),
+                     (dict(action_mask=False), "needs --action-mask"),
+                     (dict(ska_chunk=64), "has no chunks")):
+        with pytest.raises(ValueError, match=msg):
+            echo.run(SimpleNamespace(**{**vars(args), **bad}))
+    monkeypatch.setattr(runner, "facts_precede_answers", lambda y, m: torch.zeros(y.shape[0], dtype=torch.bool))
+    with pytest.raises(ValueError, match="would read a target"):
+        echo.run(args)
+
+
+def test_repro_echo_smoke_with_the_one_operator_mode(tmp_path):
+    args = SimpleNamespace(scale="smoke", out=tmp_path, seed=0, models="ssm_ska", no_mqar=True, action_mask=True,
+                           ska_operator="sequence")
+    assert echo.run(args) == 0
+    t2 = (tmp_path / "table2_niah_length.md").read_text()
+    assert "--ska-operator sequence" in t2 and "one operator per sequence" in t2
+    res = json.loads((tmp_path / "echo_results.json").read_text())
+    assert res["ska_operator"] == "sequence" and set(res["models"]["ssm_ska"]["grids"]) == set(ECHO_TASKS)
+    r = res["models"]["ssm_ska"]
+    assert r["state_floats@64"] == r["state_floats@4096"]

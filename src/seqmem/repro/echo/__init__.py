@@ -14,8 +14,9 @@ device);
 Models follow §4.1: d = 128, 4 layers, 4 heads, Mamba-2 d_state = 16, SwiGLU d_ff = 384, V = 128,
 untied embeddings; SKA / attention (RoPE) at the last two layers.  SKA runs chunk-causally with S = 16
 (with the paper's S = 64 a model trained at T = 64 gets no SKA output at all); the paper's
-oracle action mask (App. F eq. 53) is used only with ``--action-mask``, in the chunk-causal form
-(docs/echo.md).
+oracle action mask (App. F eq. 53) is used only with ``--action-mask``, in the chunk-causal form or, with
+``--ska-operator sequence``, as the paper prints it: one operator per sequence from the masked tokens, read at every
+position (non-causal; docs/echo.md).
 
 Layout: the scales and model rows (:mod:`.configs`) and the paper's numbers (:mod:`.paper`) are data;
 :mod:`.models` (the model configs, their sizes, the optimiser), :mod:`.grids` (the evaluation grids),

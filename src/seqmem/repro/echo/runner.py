@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from seqmem.io import mean_std
 from seqmem.repro.common import fit_lm, write_json, write_results
 from seqmem.repro.echo.configs import LABEL, MODELS, SCALES
@@ -20,7 +22,9 @@ from seqmem.repro.echo.models import submillion_config, train_cfg
 from seqmem.repro.echo.mqar import mqar_grid
 from seqmem.repro.echo.paper import PAPER_TABLE2, PAPER_TABLE3
 from seqmem.repro.echo.tables import write_tables
-from seqmem.tasks.echo_tasks import EchoMixture, EchoNIAH
+from seqmem.tasks.echo_tasks import EchoMixture, EchoNIAH, facts_precede_answers
+
+SKA_OPERATORS = ("chunk_causal", "sequence")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "ssm_ska) and with --no-mqar",
     )
     parser.add_argument(
+        "--ska-operator", default="chunk_causal", choices=SKA_OPERATORS,
+        help="chunk_causal (default): SKA's chunk-causal form (eqs. 7-10, --ska-chunk); sequence: the paper's "
+             "one-operator masked mode (App. F eq. 53, the ska mixer's operator_scope='sequence'), one operator per "
+             "sequence from the action-masked tokens, read at every position: non-causal, so only with "
+             "--action-mask (the oracle facts all precede the scored positions; checked on every task before "
+             "training), and --ska-chunk does not apply",
+    )
+    parser.add_argument(
         "--no-mqar", action="store_true",
         help="skip the §4.2 MQAR grid (the echo_calibrate* / echo_mqar* sweep specs run it with lr selection and "
              "seeds); Tables 2-3 only",
@@ -70,9 +82,19 @@ def run(args) -> int:
     action_mask = getattr(args, "action_mask", False) or False
     if not isinstance(action_mask, bool):
         raise ValueError(f"--action-mask is a flag (True or False), got {action_mask!r}")
+    operator = getattr(args, "ska_operator", None) or "chunk_causal"
+    if operator not in SKA_OPERATORS:
+        raise ValueError(f"--ska-operator must be one of {list(SKA_OPERATORS)}, got {operator!r}")
+    if operator == "sequence":
+        if not action_mask:
+            raise ValueError("--ska-operator sequence reads one operator from every token of a sequence, the "
+                             "teacher-forced answers included (target leakage): it needs --action-mask, whose facts "
+                             "all precede the scored positions")
+        if chunk != 16:
+            raise ValueError(f"--ska-chunk {chunk}: the one-operator mode (--ska-operator sequence) has no chunks")
     # only non-default values enter the configuration, so records written before these options keep their key
     sc.update({k: v for k, v, d in (("ska_chunk", chunk, 16), ("ska_power", power, 2), ("action_mask", action_mask,
-                                                                                         False)) if v != d})
+                                    False), ("ska_operator", operator, "chunk_causal")) if v != d})
     out = Path(getattr(args, "out", None) or "docs/results/echo")
     out.mkdir(parents=True, exist_ok=True)
     seed = int(getattr(args, "seed", 0) or 0)
@@ -88,14 +110,17 @@ def run(args) -> int:
         if not getattr(args, "no_mqar", False) and sc["mqar_cells"]:
             raise ValueError("--action-mask applies to the transfer suite; the §4.2 MQAR grid trains every model "
                              "without it: add --no-mqar")
-    if chunk >= 64 and "ssm_ska" in models:
+    if chunk >= 64 and "ssm_ska" in models and operator == "chunk_causal":
         print(f"[echo] note: SKA chunk {chunk} >= the training length 64: in training every position is in SKA's "
               "chunk 0, which reads no statistics, so SKA outputs 0 and, its output projection starting at 0, no "
               "SKA parameter ever gets a gradient (with or without --action-mask): its layers stay untrained")
     command = f"seqmem repro echo --scale {scale}" + (f" --ska-chunk {chunk}" if chunk != 16 else "") \
-        + (f" --ska-power {power}" if power != 2 else "") + (" --action-mask" if action_mask else "")
+        + (f" --ska-power {power}" if power != 2 else "") + (" --action-mask" if action_mask else "") \
+        + (f" --ska-operator {operator}" if operator != "chunk_causal" else "")
+    ska_mode = (f"SKA chunk {chunk}" if operator == "chunk_causal" else
+                "SKA one operator per sequence from the masked tokens (App. F eq. 53, non-causal)")
     scale_note = (
-        f"{scale}: d={sc['d']}, 4 layers, {sc['heads']} heads, r={sc['rank']}, SKA chunk {chunk}, "
+        f"{scale}: d={sc['d']}, 4 layers, {sc['heads']} heads, r={sc['rank']}, {ska_mode}, "
         + (f"K = {power}, " if power != 2 else "")
         + ("SKA action mask (oracle fact tokens, App. F eq. 53), " if action_mask else "") +
         f"{sc['steps']} steps x batch {sc['batch']} at T=64, lr {sc['lr']}, {sc['eval_n']} eval examples "
@@ -103,6 +128,8 @@ def run(args) -> int:
     )
     t_start = time.time()
     grids = task_grids(sc["grid"], action_mask=action_mask)
+    if operator == "sequence":
+        _check_no_target_in_mask(sc, grids)
     n_seeds = getattr(args, "seeds", None)
     if n_seeds is not None and int(n_seeds) < 1:
         raise ValueError(f"--seeds must be at least 1, got {n_seeds}")
@@ -130,7 +157,7 @@ def run(args) -> int:
                     write_json(cache, rec, indent=1)
                     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
             per_seed.setdefault(s, {})[name] = rec
-    results: dict[str, Any] = {"scale": scale, "seeds": seeds,
+    results: dict[str, Any] = {"scale": scale, "seeds": seeds, "ska_operator": operator,
                                "models": _mean_over_seeds(per_seed, models) if n_seeds else per_seed[seed]}
     if n_seeds:
         command += f" --seeds {n_seeds}" + (f" --seed {seed}" if seed else "")
@@ -148,7 +175,8 @@ def _train_and_score(name: str, sc: dict, grids: dict, seed: int, run_dir: Path 
     """Train one sub-million model on the mixture with ``seed`` and score it on NIAH and every transfer grid
     (``run_dir``: checkpoints every twelfth of the steps there, and resume from them)."""
     cfg = submillion_config(name, d=sc["d"], heads=sc["heads"], rank=sc["rank"], d_state=sc["d_state"],
-                            chunk_size=sc.get("ska_chunk", 16), power=sc.get("ska_power", 2))
+                            chunk_size=sc.get("ska_chunk", 16), power=sc.get("ska_power", 2),
+                            operator_scope=sc.get("ska_operator", "chunk_causal"))
     tcfg = train_cfg(sc, seed=seed)
     if run_dir is not None:
         tcfg = dataclasses.replace(tcfg, checkpoint_every=max(1, tcfg.steps // 12))
@@ -173,6 +201,20 @@ def _train_and_score(name: str, sc: dict, grids: dict, seed: int, run_dir: Path 
     rec["grids"] = {tn: {lab: accuracy(model, tk, sc["eval_n"]) for lab, tk in cells} for tn, cells in grids.items()}
     print(f"[echo] seed {seed} {name}: {rec['params']} params, train {rec['train_seconds']:.0f}s, niah {rec['niah']}")
     return rec
+
+
+def _check_no_target_in_mask(sc: dict, grids: dict) -> None:
+    """The one-operator mode serves every position with the facts of the whole sequence: refuse a task whose oracle
+    mask reaches a scored position or its teacher-forced answer (:func:`facts_precede_answers`, on 16 examples of
+    the training mixture, of NIAH at every length and of every grid cell)."""
+    tasks = [("the training mixture", EchoMixture(seq_len=64, action_mask=True))]
+    tasks += [(f"NIAH T = {t}", EchoNIAH(seq_len=t, n_kv=1, action_mask=True)) for t in sc["niah"]]
+    tasks += [(f"{tn} {lab}", tk) for tn, cells in grids.items() for lab, tk in cells]
+    for label, task in tasks:
+        _, y, m = task.sample(16, torch.Generator().manual_seed(0))
+        if not bool(facts_precede_answers(y, m).all()):
+            raise ValueError(f"--ska-operator sequence: in {label} a fact of the oracle mask does not precede every "
+                             "scored position, so the one operator would read a target; run it chunk-causally")
 
 
 def _mean_over_seeds(per_seed: dict[int, dict[str, Any]], models: list[str]) -> dict[str, Any]:
