@@ -345,10 +345,12 @@ def echo() -> dict[str, Any]:
                 "tuned": {"status": "not run", "why": "the transfer suite trains every model at the paper's lr "
                           "only"},
             },
-            "pending": ("echo_niah_masked_k2 / echo_niah_masked_k1 (scripts/settle.sh: `seqmem repro echo "
-                        "--scale paper --seeds 3 --ska-chunk 1 --ska-power K --action-mask`: the App. G oracle "
-                        "action mask, token-causal; at the paper's chunk 64 and training length 64 SKA gets no "
-                        "gradient (docs/results/README.md))"),
+            "pending": ("echo_niah_paper_k2 / echo_niah_paper_k1 (scripts/settle.sh: `seqmem repro echo --scale "
+                        "paper --seeds 3 --ska-operator sequence --ska-power K --action-mask`: the paper's protocol "
+                        "as printed, one operator per sequence from the App. G oracle facts, trained at T = 64), "
+                        "then echo_niah_masked_k2 / echo_niah_masked_k1 (`--ska-chunk 1` instead: the same mask "
+                        "read token-causally; at the paper's chunk 64 and training length 64 the chunk-causal form "
+                        "gives SKA no gradient (docs/results/README.md))"),
             "also_reported": {"ours, chunk 16, no action mask, lr 3e-4, 3 seeds (transfer_seeds.json)": niah},
         }),
         finish({
