@@ -258,6 +258,19 @@ def lattice() -> dict[str, Any]:
                                 calibrated=cal)},
         }
 
+    def reversed_block(b: str) -> dict[str, Any]:
+        """Lattice-DEC's rule inside the other model's native block (lattice_matched), beside that model: a
+        second table, not read into the word; nothing before its seed-0 runs finish."""
+        row = {"gated_deltanet": "lattice-in-gated-deltanet-block", "mamba2": "lattice-in-mamba2-block"}[b]
+        md, lr_r = "lattice/matched", chosen_lr("lattice/matched", s, row)
+        if lr_r is None:
+            return {}
+        name = {"gated_deltanet": "Gated DeltaNet", "mamba2": "Mamba-2"}[b]
+        return {f"Lattice-DEC's rule in {name}'s block vs {name} (second table, not read into the word)": {
+            "a": cell(md, s, row, lr_r, m, label=f"Lattice-DEC's rule in {name}'s block, lr {lr_r:g} (chosen on "
+                      "validation)", calibrated=cal),
+            "b": native[b]}}
+
     def blocked(name: str, b: str, pb: float) -> dict[str, Any]:
         proto = matched(b)
         done = "settled_by" if "cells" in proto else "pending"  # lattice_matched's row ran: it settled the claim
@@ -267,7 +280,7 @@ def lattice() -> dict[str, Any]:
             "protocols": {"paper": proto, "tuned": dict(same)},
             done: settled if done == "settled_by" else pending,
             "also_reported": {"native blocks (second table, not read into the word)": {
-                "a": native["lattice"], "b": native[b]}},
+                "a": native["lattice"], "b": native[b]}, **reversed_block(b)},
         })
 
     claims = [
