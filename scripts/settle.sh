@@ -3,7 +3,7 @@
 # one worker, each a resumable `seqmem sweep` (re-run to continue: finished runs are skipped, partial ones resume
 # from their checkpoints).  Every report is recorded in its paper's headline.json (`--headline`).
 #
-#   bash scripts/settle.sh [SPEC ...]        (default: all twelve, in the order below)
+#   bash scripts/settle.sh [SPEC ...]        (default: all thirteen, in the order below)
 #
 # Environment: JOBS (workers, default 1), SEQMEM (default: .venv/bin/python -m seqmem).  Before committing runs
 # from a session that ends mid-run, stage the unfinished runs' checkpoints (scripts/stage_partial_runs.py) and
@@ -20,6 +20,22 @@ sweep() {  # sweep SPEC PAPER DIR [extra args...]
     echo "== $spec -> docs/results/$paper/$dir ($(date -u +%H:%M) UTC)"
     $SEQMEM sweep "$spec" --out "docs/results/$paper/$dir/runs" --report-dir "docs/results/$paper/$dir" \
         --jobs "$JOBS" --headline "docs/results/$paper/headline.json" --yes "$@"  # running this script is the yes
+}
+
+dense_calibrated() {  # the dense-layout reference's seed-0 test recall >= 0.5 in every lag bin (chance 1/16)
+    ${SEQMEM% -m seqmem} - <<'PY'
+import json, sys
+from pathlib import Path
+p = Path("docs/results/vort/calibrate_dense/report.json")
+rows = json.loads(p.read_text())["rows"] if p.is_file() else []
+bins = ("hits_short/queries_short", "hits_medium/queries_medium", "hits_long/queries_long")
+ok = bool(rows) and all(r.get("complete") and all((r["extra"].get(b) or {}).get("mean", 0) >= 0.5 for b in bins)
+                        for r in rows)
+print(f"vort_calibrate_dense: {'calibrated' if ok else 'not calibrated'}: "
+      + "; ".join(f"{r['mixer']} " + " / ".join(f"{(r['extra'].get(b) or {}).get('mean', float('nan')):.3f}"
+                                                for b in bins) for r in rows), file=sys.stderr)
+sys.exit(0 if ok else 1)
+PY
 }
 
 run() {
@@ -55,7 +71,14 @@ run() {
                 --action-mask --out "docs/results/echo/transfer_masked_k$k" ;;
         elastic_settle) sweep elastic_settle elastic settle ;;
         vort_settle) sweep vort_settle vort settle --reuse docs/results/vort/zipf_tiny/runs --compile ;;
-        vort_settle_dense) sweep vort_settle_dense vort settle_dense --compile ;;
+        vort_calibrate_dense) sweep vort_calibrate_dense vort calibrate_dense --compile ;;
+        vort_settle_dense)  # ≈ 97 CPU-h: only once the reference calibrates in the dense layout (FORCE=1 overrides)
+            if [ "${FORCE:-0}" != 1 ] && ! dense_calibrated; then
+                echo "vort_settle_dense: not started: the reference has not calibrated in the dense layout" \
+                     "(run vort_calibrate_dense first; every lag bin must reach 0.5, chance 1/16; FORCE=1 overrides)" >&2
+                return 0
+            fi
+            sweep vort_settle_dense vort settle_dense --compile --reuse docs/results/vort/calibrate_dense/runs ;;
         *) echo "unknown settling spec: $1" >&2; exit 2 ;;
     esac
 }
@@ -68,7 +91,8 @@ run() {
 # Echo's one-operator mode (2026-11-28, load ≈ 4-5): ≈ 1.5-2 CPU-h each for echo_niah_paper_k2/k1; chunk 1's
 # training step costs 5× its, so echo_niah_masked_k2/k1 ≈ 10-13 each (docs/results/README.md)
 ALL=(lattice_matched echo_mqar_paper_lr vla_settle vla_copy_identity elastic_paper_lr echo_niah_paper_k2
-     echo_niah_paper_k1 echo_niah_masked_k2 echo_niah_masked_k1 elastic_settle vort_settle vort_settle_dense)
+     echo_niah_paper_k1 echo_niah_masked_k2 echo_niah_masked_k1 elastic_settle vort_settle vort_calibrate_dense
+     vort_settle_dense)
 for spec in "${@:-${ALL[@]}}"; do
     run "$spec"
 done

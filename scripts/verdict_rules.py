@@ -121,7 +121,8 @@ def vort() -> dict[str, Any]:
               "4e-1 on validation at each lr; 3 seeds at the choice; β = 1 (the calibrated β)")
     pending = ("vort_settle and vort_settle_dense (src/seqmem/experiments/): power-law vs exponential with λ ∈ "
                "{4e-3, 4e-2, 4e-1} and mixture-5 at lr ∈ {3e-4, 1e-3}, 3 seeds each, our sparse and the paper's "
-               "dense anchor layout; λ and lr chosen on the validation mean over seeds")
+               "dense anchor layout (the latter once its reference calibrates there: vort_calibrate_dense); λ and "
+               "lr chosen on the validation mean over seeds")
     lam_note = {
         "exponential λ 4e-2 at lr 1e-3, seed 0 (validation 0.842 vs λ 4e-3's 0.844)":
             cell(d, s, "exp-lambda4e-2", 1e-3, m, label="exponential λ 4e-2, lr 1e-3", calibrated=cal),

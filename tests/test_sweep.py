@@ -935,3 +935,14 @@ def test_a_single_lr_row_runs_all_its_seeds_at_once_unless_it_is_tuned(tmp_path)
     assert sum(pl.needed for pl in plans.values()) == 3 + 1 + 1 + 2
     res = run_sweep(spec, tmp_path, jobs=1, log=quiet, probe=False)
     assert res["ran"] == 7 and res["total"] == 7
+
+
+def test_calibration_gates_are_their_sweeps_reference_runs():
+    """A calibration spec that gates a costly settling sweep trains exactly that sweep's reference runs, so the
+    sweep's --reuse takes them instead of training them again: every gate point is one of the sweep's points."""
+    from seqmem.sweep.runner import run_identity
+
+    for gate, sweep in [("vort_calibrate_dense", "vort_settle_dense")]:
+        wanted = {run_identity(p.run_spec) for p in load_spec(sweep).points()}
+        pts = load_spec(gate).points()
+        assert pts and all(run_identity(p.run_spec) in wanted for p in pts), (gate, sweep)
