@@ -566,9 +566,11 @@ class _Workers:
 
 
 def step_seconds(run_spec: dict[str, Any]) -> float:
-    """CPU seconds of one training step (forward + backward at the run's batch size, the faster of two, with the
-    loss computed as training computes it: the head at the scored positions only), measured with one thread — for
-    ETAs and cost estimates."""
+    """CPU seconds of one training step (forward + backward at the run's batch size, the faster of two after one
+    untimed step, with the loss computed as training computes it: the head at the scored positions only), measured
+    with one thread — for ETAs and cost estimates.  The untimed step takes the one-time costs of a process's first
+    steps: without it the first model probed in a process, whichever it was, came out 1.3–2.8× its steady step
+    time (elastic_settle: its first row 308 ms/step against 239 for rows that differ only in the sampling)."""
     import torch
 
     from seqmem.tasks.base import split_batch
@@ -588,7 +590,7 @@ def step_seconds(run_spec: dict[str, Any]) -> float:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return min(time_calls(step, repeats=2, clock=time.process_time))
+        return min(time_calls(step, repeats=2, warmup=1, clock=time.process_time))
     finally:
         torch.set_num_threads(threads)
 
