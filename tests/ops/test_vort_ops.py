@@ -430,6 +430,44 @@ def test_lag_kernel_form_equals_the_recurrence_with_gradients(monkeypatch, stric
         assert err(gl, g64) <= 10 * err(gr, g64) + 1e-5
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_chunked_form_with_shared_weights_equals_per_token_weights_with_gradients(monkeypatch, strict):
+    """Shared weights (coef (S',), coef_now 0-d) in the chunked form (one lag-weight matrix for all chunks,
+    sequences and heads) give the per-token chunked form's outputs, carried state and gradients (q, k, v, key
+    scales, α through c and c_now, the rates ξ) — against both of its lag-weight paths (bmm and broadcast) and the
+    recurrence, in float64; in float32 they stay as close to float64 as the per-token chunked form does."""
+    from seqmem.ops.vort import chunk as vchunk
+
+    monkeypatch.setattr(vchunk, "LAG_FORM_RATIO", 0.0)  # never the lag form: the chunked form is under test
+
+    def run(shared, dtype=torch.float64, mode="chunk", bmm_min=vchunk.D_BMM_MIN):
+        monkeypatch.setattr(vchunk, "D_BMM_MIN", bmm_min)
+        q, k, v, a, beta = _shared_case(dtype, True, t=70)
+        c, xi, cn = soe_coefficients(a, 5, 500)
+        xi = xi.detach().to(dtype).requires_grad_(True)
+        b, t = q.shape[:2]
+        o, st = [], None
+        for lo, hi in ((0, 50), (50, t)):  # streamed: the second piece starts from the first one's state
+            cc, cnn = (c, cn) if shared else (c.expand(b, hi - lo, c.shape[0]), cn.expand(b, hi - lo))
+            oi, st = soe_retention(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], cc, xi, cnn, mode=mode, chunk_size=16,
+                                   strict_causal=strict, k_log_scale=beta[:, lo:hi], initial_state=st)
+            o.append(oi)
+        o = torch.cat(o, 1)
+        loss = (o * torch.linspace(-1, 2, o.shape[-1], dtype=dtype)).sum() + sum(x.sum() for x in st.values())
+        return [o, *st.values(), *torch.autograd.grad(loss, [q, k, v, a, xi, beta])]
+
+    def err(x, ref):
+        return float((x.detach().double() - ref.detach()).abs().max() / ref.detach().abs().max())
+
+    new = run(True)
+    for ref in (run(False, bmm_min=1), run(False, bmm_min=10**9), run(False, mode="recurrent")):
+        for x, r in zip(new, ref, strict=True):
+            assert r.abs().max() > 0 and err(x, r) <= 1e-12
+    new32, tok32 = run(True, torch.float32), run(False, torch.float32)
+    for x, t32, r in zip(new32, tok32, new, strict=True):
+        assert err(x, r) <= 10 * err(t32, r) + 1e-6
+
+
 def test_shared_weights_are_the_per_token_weights_and_the_lag_form_is_chosen_by_cost(monkeypatch):
     """coef (S',) / coef_now 0-d mean the same weights at every token in every form (with the state, streamed);
     the lag-kernel form runs only without a returned or initial state, with the kernel normaliser, in chunk mode, and

@@ -168,7 +168,10 @@ def soe_retention(
     beta = k_log_scale.transpose(1, 2).contiguous() if scaled else None
     # (batch, heads, time, ·)
     qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-    ch, cn = coef.permute(0, 2, 1, 3), coef_now.transpose(1, 2)
+    if shared is not None:  # one set of weights: the chunks' lag-weight matrix and writes use it as it is
+        ch, cn = shared
+    else:
+        ch, cn = coef.permute(0, 2, 1, 3), coef_now.transpose(1, 2)
     n = T if mode == "parallel" else chunk_size
     o, G, b, z, m = _chunked(qh, kh, vh, ch, cn, xi, G, b, z, m, beta, eps0, strict_causal, n)
     state = {"G": G, "b": b}
@@ -318,42 +321,57 @@ def _running_offsets(beta: Tensor, m_prev: Tensor | None, strict: bool) -> tuple
 
 
 def _chunked(q, k, v, c, cn, xi, G, b, z, m, beta, eps0, strict, n_chunk):
+    """The chunked form on (batch, heads, time, ·) tensors.  ``c`` (b, h, T, S), ``cn`` (b, h, T): per-token
+    weights; or ``c`` (S,), ``cn`` 0-d or None: one set of weights for every token, whose lag-weight matrix D then
+    depends on the lag alone and is built once for all chunks, sequences and heads."""
     outs = []
     scaled = beta is not None
-    B, H, _, F = q.shape
+    B, H, T, F = q.shape
     S, Dv = xi.shape[0], v.shape[-1]
-    split = [x.split(n_chunk, dim=2) for x in (q, k, v, c, cn) + ((beta,) if scaled else ())]
+    shared = c.dim() == 1
+    pieces = (q, k, v) + (() if shared else (c, cn)) + ((beta,) if scaled else ())
+    split = [x.split(n_chunk, dim=2) for x in pieces]
     # split once: slicing inside the loop gives every chunk a backward that zero-fills a full-length gradient
     # buffer (O(T^2 / m) memory traffic; docs/BENCHMARKS.md)
     # the lag matrices depend on the chunk length only: built once (a shorter last chunk takes their top-left block)
-    r_all = torch.arange(min(n_chunk, q.shape[2]), device=q.device, dtype=q.dtype)
+    r_all = torch.arange(min(n_chunk, T), device=q.device, dtype=q.dtype)
     diff_all = r_all[:, None] - r_all[None, :]
     mask_all = diff_all > 0 if strict else diff_all >= 0
     E_all = torch.exp(-xi[:, None, None] * diff_all.clamp_min(0)) * mask_all  # (S, n, n): e^{-ξ_s (i - j)}, i ≥ j
+    if shared:
+        # D[i, j] = Σ_s c_s e^{-ξ_s (i - j)} (+ c_now at i = j): the per-token form's D of every chunk, sequence
+        # and head (the same products, summed over s in the same order as its broadcast form)
+        D_all = (c[:, None, None] * E_all).sum(0)  # (n, n)
+        if not strict and cn is not None:
+            D_all = D_all + torch.diag_embed(cn.expand(D_all.shape[0]))
     # The state is kept as (b, h, F, S·Dv) inside the loop: the read φ(q)·G_s of every channel is then one matmul
     # (b, h, n, F) @ (b, h, F, S·Dv) and the write one matmul φ(k)ᵀ @ (w ⊗ v), with no (n, S·F) expansion of q
     # or k (Dv < F for FAVOR+ features, so the S-fold tensors are the smaller ones).
     if G is not None:
         G = G.permute(0, 1, 3, 2, 4).reshape(B, H, F, S * Dv)
     for parts in zip(*split):
-        qc, kc, vc, cc, cnc = parts[:5]
+        qc, kc, vc = parts[:3]
         n = qc.shape[2]
         r, mask, E = r_all[:n], mask_all[:n, :n], E_all[:, :n, :n]
-        # D[i, j] = Σ_s c_s(α_j) e^{-ξ_s (i - j)}.  Many channels × sequences: for each column j a (b·h, S) @ (S, i)
-        # product, batched over j; few: a broadcast product and sum over (b, h, S, n, n), cheaper there (einsum
-        # took a slow per-j path).  Measured, forward + backward, one thread: b·h·S = 1,024 → bmm 1.7 ms vs 7.0;
-        # 64 → 0.6 vs 0.3.
-        if B * H * S >= D_BMM_MIN:
-            D = torch.bmm(cc.permute(2, 0, 1, 3).reshape(n, B * H, S), E.permute(2, 0, 1))  # (j, b·h, i)
-            D = D.view(n, B, H, n).permute(1, 2, 3, 0)  # (b, h, i, j)
+        if shared:
+            cc, D = c, D_all[:n, :n]
         else:
-            D = (cc.transpose(-1, -2)[..., None, :] * E).sum(-3)
-        if not strict:
-            D = D + torch.diag_embed(cnc)
+            cc, cnc = parts[3:5]
+            # D[i, j] = Σ_s c_s(α_j) e^{-ξ_s (i - j)}.  Many channels × sequences: for each column j a (b·h, S) @
+            # (S, i) product, batched over j; few: a broadcast product and sum over (b, h, S, n, n), cheaper there
+            # (einsum took a slow per-j path).  Measured, forward + backward, one thread: b·h·S = 1,024 → bmm
+            # 1.7 ms vs 7.0; 64 → 0.6 vs 0.3.
+            if B * H * S >= D_BMM_MIN:
+                D = torch.bmm(cc.permute(2, 0, 1, 3).reshape(n, B * H, S), E.permute(2, 0, 1))  # (j, b·h, i)
+                D = D.view(n, B, H, n).permute(1, 2, 3, 0)  # (b, h, i, j)
+            else:
+                D = (cc.transpose(-1, -2)[..., None, :] * E).sum(-3)
+            if not strict:
+                D = D + torch.diag_embed(cnc)
         QK = qc @ kc.transpose(-1, -2)
         carry = None  # e^{m − M_i} ≤ 1: the state before the chunk (units e^{m}) as read by row i (units e^{M_i})
         if scaled:
-            bc = parts[5]
+            bc = parts[-1]
             M, M_end = _running_offsets(bc, m, strict)  # (b, h, n), (b, h)
             # key j seen from row i in units of e^{M_i}: e^{β_j − M_i} ≤ 1 where visible (masked before exp)
             rel = torch.where(mask, bc[..., None, :] - M[..., :, None], torch.full_like(QK, float("-inf")))
@@ -368,7 +386,9 @@ def _chunked(q, k, v, c, cn, xi, G, b, z, m, beta, eps0, strict, n_chunk):
             if carry is not None:
                 wq = wq * carry  # (b, h, n, S)
             P = (qc @ G).unflatten(-1, (S, Dv))  # (b, h, n, S, Dv): φ(q_r)·G_s for every channel
-            num = num + (wq[..., None, :] @ P)[..., 0, :]
+            # Σ_s wq_s φ(q_r)·G_s: for S > 1 a product and a sum over s (as a (1, S) @ (S, Dv) matmul per row it was
+            # b·h·n tiny matrix products, slower forward and backward); one channel keeps the matmul (nothing to sum)
+            num = num + ((wq[..., None] * P).sum(-2) if S > 1 else (wq[..., None, :] @ P)[..., 0, :])
             if z is None:
                 den = den + ((qc @ b.transpose(-1, -2)) * wq).sum(-1)
         if z is not None:
@@ -387,7 +407,7 @@ def _chunked(q, k, v, c, cn, xi, G, b, z, m, beta, eps0, strict, n_chunk):
         if z is not None:
             z = z + kw.sum(2)
         dk = torch.exp(-xi[None, :] * (n - 1 - r[:, None]))  # (n, S): decay from row j to the chunk end
-        w = cc * dk  # (b, h, n, S)
+        w = cc * dk  # (b, h, n, S); (n, S) with shared weights
         G_add = kw.transpose(-1, -2) @ (w[..., None] * vc[..., None, :]).flatten(-2)  # (b, h, F, S·Dv)
         b_add = w.transpose(-1, -2) @ kw  # (b, h, S, F)
         if G is None:
