@@ -306,3 +306,34 @@ def test_piece_from_inside_a_block_as_padded_square(name, opts):
     for a, b in zip(g1, g0):
         assert_rel_close(a, b, 1e-11, "gradient")
     assert_rel_close(y1, make(name, **opts)(x)[0], 1e-12, "one pass")
+
+
+def test_compiled_forward_reads_prebuilt_block_matrices() -> None:
+    """``prepare_compile`` builds R and every block's (P_b, K̄_b) before ``torch.compile`` traces the forward:
+    the traced forward then never builds them (before, each block index was a compiled frame of its own, past
+    dynamo's recompile limit of 8), and a second and third call compile nothing."""
+    from torch._dynamo.utils import counters
+
+    from seqmem.train.loop import check_compiler
+
+    try:
+        check_compiler("cpu")
+    except ValueError as e:
+        pytest.skip(str(e))
+    torch.manual_seed(0)
+    m = build_mixer("elastic", 16, n_heads=2, block_len=4, hippo_n=4)
+    x = torch.randn(2, 24, 16)
+    m.prepare_compile(x.shape[1])
+    bank = dict(m._bank)
+    assert sorted(k[0] for k in bank) == list(range(6))
+    torch._dynamo.reset()
+    f = torch.compile(m, backend="eager")  # dynamo's guards and frames only: no code generation (fast)
+    frames = []
+    with torch._dynamo.config.patch(error_on_recompile=True):  # the old bank recompiled per block index
+        for _ in range(3):
+            before = counters["stats"]["unique_graphs"]
+            y = f(x)[0]
+            frames.append(counters["stats"]["unique_graphs"] - before)
+    assert frames[1:] == [0, 0], frames
+    assert m._bank.keys() == bank.keys() and all(m._bank[k] is bank[k] for k in bank)  # read, not rebuilt
+    torch.testing.assert_close(y, m(x)[0])

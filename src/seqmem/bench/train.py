@@ -35,7 +35,7 @@ def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_head
     from seqmem.models import LanguageModel, LMConfig
     from seqmem.sweep import fair_options
     from seqmem.sweep.runner import peak_state
-    from seqmem.train.loop import scored_loss
+    from seqmem.train.loop import prepare_compile, scored_loss
 
     if not 0.0 < scored <= 1.0:
         raise ValueError(f"scored must be a fraction in (0, 1], got {scored!r}")
@@ -56,6 +56,8 @@ def train_step_seconds(mixer: str, d_model: int = 128, n_layers: int = 2, n_head
     x, y = x.to(device), y.to(device)
     warm_up_device(device, dtype)
 
+    if compile:
+        prepare_compile(model, seq_len)
     fwd = torch.compile(model) if compile else model
 
     def step() -> None:

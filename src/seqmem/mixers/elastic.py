@@ -388,6 +388,16 @@ class Elastic(BlockAttention):
             self._bank[key] = (P.to(like.dtype), K.to(like.dtype))
         return self._bank[key]
 
+    def prepare_compile(self, seq_len: int) -> None:
+        """Build, before ``torch.compile`` traces a forward over ``seq_len`` tokens, the fixed matrices it reads:
+        ``R`` (Eq. 8) and ``(P_b, K̄_b)`` (Eq. 6) of every block, in the parameters' dtype and device.  They come
+        from float64 numpy closed forms; built while traced, each block index became a graph break and a compiled
+        frame of its own (dynamo's recompile limit at 8 blocks); prebuilt, the traced forward only reads them."""
+        like = self.qkv.weight
+        self._recon(like)
+        for blk in range(-(-seq_len // self.block_len)):
+            self._block_mats(blk, like)
+
     def _mem_keys(self) -> set[str]:
         return {"mem"}
 

@@ -430,6 +430,7 @@ def train(
         if not simple or fsdp:
             raise ValueError("compile=True supports one process without gradient accumulation (grad_accum = 1)")
         check_compiler(device)
+        prepare_compile(model, task.seq_len)
         fwd = torch.compile(model)
         vocab = getattr(getattr(model, "cfg", None), "vocab_size", None)
 
@@ -543,6 +544,16 @@ def train(
     result.seconds = time.perf_counter() - t0
     result.cpu_seconds = time.process_time() - c0
     return result
+
+
+def prepare_compile(model: nn.Module, seq_len: int) -> None:
+    """Let every submodule with a ``prepare_compile(seq_len)`` method build, eagerly, the fixed tensors its
+    forward over ``seq_len`` tokens caches (e.g. Elastic Memory's per-block HiPPO matrices), so that
+    ``torch.compile`` traces plain cache reads instead of the cache's construction (graph breaks, recompiles)."""
+    for m in model.modules():
+        prepare = getattr(m, "prepare_compile", None)
+        if callable(prepare):
+            prepare(seq_len)
 
 
 def check_compiler(device: torch.device | str) -> None:
