@@ -69,7 +69,7 @@ run() {
             echo "== $1 -> docs/results/echo/transfer_masked_k$k ($(date -u +%H:%M) UTC)"
             $SEQMEM repro echo --scale paper --seeds 3 --no-mqar --models ssm_ska --ska-chunk 1 --ska-power "$k" \
                 --action-mask --out "docs/results/echo/transfer_masked_k$k" ;;
-        elastic_settle) sweep elastic_settle elastic settle ;;
+        elastic_settle) sweep elastic_settle elastic settle --compile ;;  # ≈ 11-16 % less CPU per step
         vort_settle) sweep vort_settle vort settle --reuse docs/results/vort/zipf_tiny/runs --compile ;;
         vort_calibrate_dense) sweep vort_calibrate_dense vort calibrate_dense --compile ;;
         vort_settle_dense)  # ≈ 97 CPU-h: only once the reference calibrates in the dense layout (FORCE=1 overrides)

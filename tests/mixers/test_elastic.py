@@ -308,6 +308,7 @@ def test_piece_from_inside_a_block_as_padded_square(name, opts):
     assert_rel_close(y1, make(name, **opts)(x)[0], 1e-12, "one pass")
 
 
+@pytest.mark.slow  # ≈ 30 s: dynamo traces the mixer
 def test_compiled_forward_reads_prebuilt_block_matrices() -> None:
     """``prepare_compile`` builds R and every block's (P_b, K̄_b) before ``torch.compile`` traces the forward:
     the traced forward then never builds them (before, each block index was a compiled frame of its own, past
