@@ -430,7 +430,8 @@ def train(
         if not simple or fsdp:
             raise ValueError("compile=True supports one process without gradient accumulation (grad_accum = 1)")
         check_compiler(device)
-        prepare_compile(model, task.seq_len)
+        if isinstance(getattr(task, "seq_len", None), int):  # a task without one: the forward builds its caches
+            prepare_compile(model, task.seq_len)
         fwd = torch.compile(model)
         vocab = getattr(getattr(model, "cfg", None), "vocab_size", None)
 
