@@ -38,6 +38,21 @@ def rms(x, w, eps):
     return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
 
 
+def assert_grads_and_split(m, x, y, ref, st, key):
+    """Every gradient (input and parameters) of ``y`` equals that of the per-token ``ref``, and the sequence split
+    at 7 and continued from its state gives the same output and state ``st[key]``."""
+    w = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    params = list(m.parameters())
+    g = torch.autograd.grad((y * w).sum(), [x, *params])
+    g_ref = torch.autograd.grad((ref * w).sum(), [x, *params])
+    for name, a, b in zip(["x", *(nm for nm, _ in m.named_parameters())], g, g_ref):
+        assert_rel_close(a, b, 1e-10, f"gradient of {name}")
+    y1, s1 = m(x[:, :7])
+    y2, s2 = m(x[:, 7:], s1)
+    assert_rel_close(torch.cat([y1, y2], 1), y, 1e-12, "split output")
+    assert_rel_close(s2[key], st[key], 1e-12, "split state")
+
+
 def qkv_ref(m, x, act_without_conv):
     u = x @ m.qkv.weight.T
     if m.conv is not None:
@@ -140,16 +155,7 @@ def test_gated_deltanet_block_with_lattice_rule_matches_per_token_reference(impl
     ref = (rms(o, m.o_norm.weight, m.o_norm.eps) * F.silu(gate)).reshape(2, T, D) @ m.out.weight.T
     assert_rel_close(y, ref, 1e-12, "gated_deltanet(rule='lattice') vs per-token reference")
     assert_rel_close(st["S"], S, 1e-12, "state: the slots")
-    w = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
-    params = list(m.parameters())
-    g = torch.autograd.grad((y * w).sum(), [x, *params])
-    g_ref = torch.autograd.grad((ref * w).sum(), [x, *params])
-    for name, a, b in zip(["x", *(n for n, _ in m.named_parameters())], g, g_ref):
-        assert_rel_close(a, b, 1e-10, f"gradient of {name}")
-    y1, s1 = m(x[:, :7])
-    y2, s2 = m(x[:, 7:], s1)
-    assert_rel_close(torch.cat([y1, y2], 1), y, 1e-12, "split output")
-    assert_rel_close(s2["S"], st["S"], 1e-12, "split state")
+    assert_grads_and_split(m, x, y, ref, st, "S")
 
 
 @pytest.mark.parametrize("impl", ["reference", "fast"])
@@ -219,16 +225,7 @@ def test_mamba2_block_with_lattice_rule_matches_per_token_reference(impl, d_stat
     assert_rel_close(st["ssm"], S, 1e-12, "state: the slots")
     assert_rel_close(st["ssm"].norm(dim=-2), torch.ones(2, h, n, dtype=torch.float64), 1e-12, "unit slots")
     assert count_state(st) == m.state_size(T) == build_mixer("mamba2", D, n_heads=H, d_state=d_state).state_size(T)
-    w = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
-    params = list(m.parameters())
-    g = torch.autograd.grad((y * w).sum(), [x, *params])
-    g_ref = torch.autograd.grad((ref * w).sum(), [x, *params])
-    for name, a, b in zip(["x", *(nm for nm, _ in m.named_parameters())], g, g_ref):
-        assert_rel_close(a, b, 1e-10, f"gradient of {name}")
-    y1, s1 = m(x[:, :7])
-    y2, s2 = m(x[:, 7:], s1)
-    assert_rel_close(torch.cat([y1, y2], 1), y, 1e-12, "split output")
-    assert_rel_close(s2["ssm"], st["ssm"], 1e-12, "split state")
+    assert_grads_and_split(m, x, y, ref, st, "ssm")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
