@@ -146,12 +146,12 @@ def test_what_a_masked_out_token_changes():
 def _with_token_projection(m, x, t, which, scale, mask):
     """The mixer's output when token ``t``'s key, value or query (``which``: "k", "v", "q") alone is multiplied by
     ``scale``: the fast path on the projections with that one changed."""
-    from seqmem.mixers.ska import _sequence_fast
+    from seqmem.ops.ska.chunk import ska_sequence_operator
 
     q, k, v = (p.clone() for p in projections(m, x))
     target = {"q": q, "k": k, "v": v}[which]
     target[:, t] = target[:, t] * scale
-    o, _ = _sequence_fast(q, k, v, mask, m.eps, m.norm, dict(power=m.power, gamma=m.gamma, eta=1.0,
+    o, _ = ska_sequence_operator(q, k, v, mask, m.eps, m.norm, dict(power=m.power, gamma=m.gamma, eta=1.0,
                                                              spec_iters=m.spec_iters, operator_form=m.operator_form))
     return m.w_o(m.eta * o.reshape(x.shape[0], x.shape[1], D))
 
@@ -159,9 +159,9 @@ def _with_token_projection(m, x, t, which, scale, mask):
 def test_fast_helper_is_what_the_mixer_runs():
     m, x, mask = make(), x_(), amask()
     q, k, v = projections(m, x)
-    from seqmem.mixers.ska import _sequence_fast
+    from seqmem.ops.ska.chunk import ska_sequence_operator
 
-    o, _ = _sequence_fast(q, k, v, mask, m.eps, m.norm, dict(power=m.power, gamma=m.gamma, eta=1.0,
+    o, _ = ska_sequence_operator(q, k, v, mask, m.eps, m.norm, dict(power=m.power, gamma=m.gamma, eta=1.0,
                                                              spec_iters=m.spec_iters, operator_form=m.operator_form))
     assert torch.equal(m.w_o(m.eta * o.reshape(2, T, D)), m(x, action_mask=mask)[0])
 

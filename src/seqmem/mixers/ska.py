@@ -50,16 +50,8 @@ from torch import Tensor, nn
 from seqmem.io import check_int
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_float, check_positive_int
 from seqmem.ops._common import check_action_mask, floor
-from seqmem.ops.ska.chunk import (
-    NORMS,
-    OPERATOR_FORMS,
-    STATE_KEYS,
-    _norm_scale,
-    ska_readout,
-    ska_statistics,
-    spectral_koopman_attention,
-)
-from seqmem.ops.ska.naive import ska_readout_appf
+from seqmem.ops.ska.chunk import NORMS, OPERATOR_FORMS, STATE_KEYS, ska_sequence_operator, spectral_koopman_attention
+from seqmem.ops.ska.naive import ska_sequence_operator_naive
 from seqmem.registry import register
 
 OPERATOR_SCOPES = ("chunk_causal", "sequence")
@@ -213,7 +205,7 @@ class SKAMixer(Mixer):
         q = self.w_q(x).view(B, T, H, r)
         v = self.w_v(x).view(B, T, H, P)
         if self.operator_scope == "sequence":
-            seq = _sequence_reference if self.impl == "reference" else _sequence_fast
+            seq = ska_sequence_operator_naive if self.impl == "reference" else ska_sequence_operator
             o, new_state = seq(q, k, v, getattr(self, "_mask", None), self.eps, self.norm, dict(
                 power=self.power, gamma=self.gamma, eta=1.0, spec_iters=self.spec_iters,
                 operator_form=self.operator_form))
@@ -244,78 +236,6 @@ class SKAMixer(Mixer):
             f"norm={self.norm!r}, operator_form={self.operator_form!r}"
             + (f", operator_scope={self.operator_scope!r}" if self.operator_scope != "chunk_causal" else "")
         )
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# operator_scope="sequence": one operator per sequence (App. F eq. 53; eqs. 4-6 without a mask), NON-CAUSAL
-# ----------------------------------------------------------------------------------------------------------------
-def _sequence_fast(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, eps: float, norm: str,
-                   kw: dict) -> tuple[Tensor, State]:
-    """The one-operator form through the ops: keys and queries divided by the key norm ``m`` (module docstring),
-    ``(G̃, M, C_v) = ska_statistics(k̂, v, mask)`` (eq. 53) and ``ska_readout`` of every query (eq. 13, App. F).
-    ``q, k`` (B, T, H, r), ``v`` (B, T, H, P) → ``(o (B, T, H, P), state)``."""
-    B, T, H, r = k.shape
-    out_dtype, cdt = v.dtype, torch.promote_types(v.dtype, torch.float32)  # statistics in at least float32
-    q, k, v = q.to(cdt), k.to(cdt), v.to(cdt)
-    if norm == "none":
-        m = torch.zeros(B, H, dtype=cdt, device=k.device)
-    else:
-        norms = k.norm(dim=-1)  # (B, T, H): every key, masked-out ones included (App. F step 2)
-        if norm == "prefix_max" and mask is not None:
-            # the keys up to the row's last m_t = 1 token: a reversed running max of the mask
-            reach = mask.to(cdt).flip(1).cummax(1).values.flip(1)
-            norms = norms * reach[..., None]
-        m = norms.amax(1)
-    s = _norm_scale(m, norm)[:, None, :, None]  # (B, 1, H, 1); 1 where no key counts (eq. 3's clamp otherwise)
-    kh, qh = k / s, q / s
-    Gt, M, Cv = ska_statistics(kh, v, None if mask is None else mask.to(cdt), eps=eps)  # eqs. (4)-(6), (53)
-    o = ska_readout(Gt, M, Cv, qh.permute(0, 2, 3, 1), **kw).permute(0, 3, 1, 2)  # (B, H, P, T) → (B, T, H, P)
-    eye = torch.eye(r, dtype=cdt, device=k.device)
-    state = {"G": Gt - eps * eye, "M": M, "Cv": Cv, "m": m,
-             "pos": torch.full((B,), T, dtype=torch.long, device=k.device)}
-    return o.to(out_dtype), state
-
-
-def _sequence_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, eps: float, norm: str,
-                        kw: dict) -> tuple[Tensor, State]:
-    """The same, token by token and step by step: the key norm by a loop over the keys up to each row's last
-    ``m_t = 1`` token, the eq. (53) sums ``G += m_t ẑ_t ẑ_tᵀ``, ``M += m_t m_{t-1} ẑ_t ẑ_{t-1}ᵀ``,
-    ``C_v += m_t v_t ẑ_tᵀ`` one token at a time, then App. F steps 4-10 (:func:`ska_readout_appf`) for every query.
-    Shares no statistics, norm or readout code with :func:`_sequence_fast`."""
-    B, T, H, r = k.shape
-    P = v.shape[-1]
-    out_dtype, dt = v.dtype, torch.promote_types(v.dtype, torch.float32)
-    q, k, v = q.to(dt), k.to(dt), v.to(dt)
-    w = torch.ones(B, T, dtype=dt, device=k.device) if mask is None else mask.to(dt)
-    # 1. the key norm m (eq. 3): max ‖z_t‖ over t ≤ the row's last fact (prefix_max with a mask), over every t
-    #    (seqmax, or no mask), or none
-    rows = []
-    for b in range(B):
-        on = [t for t in range(T) if float(w[b, t]) != 0]
-        last = T - 1 if (norm == "seqmax" or mask is None) else (on[-1] if on else -1)
-        mb = torch.zeros(H, dtype=dt, device=k.device)
-        for t in range(last + 1):
-            mb = torch.maximum(mb, torch.sqrt((k[b, t] ** 2).sum(-1)))
-        rows.append(mb)
-    m = torch.stack(rows) if norm != "none" else torch.zeros(B, H, dtype=dt, device=k.device)
-    div = torch.where(m > 0, torch.clamp(m, min=1e-6), torch.ones_like(m)) if norm != "none" else torch.ones_like(m)
-    # 2. the masked sums of eq. (53), one token at a time
-    G = torch.zeros(B, H, r, r, dtype=dt, device=k.device)
-    M = torch.zeros(B, H, r, r, dtype=dt, device=k.device)
-    Cv = torch.zeros(B, H, P, r, dtype=dt, device=k.device)
-    z_prev = torch.zeros(B, H, r, dtype=dt, device=k.device)  # m_{t-1} ẑ_{t-1}
-    for t in range(T):
-        z = w[:, t, None, None] * k[:, t] / div[..., None]
-        G = G + z[..., :, None] * z[..., None, :]
-        M = M + z[..., :, None] * z_prev[..., None, :]
-        Cv = Cv + v[:, t, :, :, None] * z[..., None, :]
-        z_prev = z
-    # 3. App. F steps 4-10 on G + εI for every query ẑ^q_t = z^q_t / m
-    Gt = G + eps * torch.eye(r, dtype=dt, device=k.device)
-    Q = (q / div[:, None, :, None]).permute(0, 2, 3, 1)  # (B, H, r, T)
-    o = ska_readout_appf(Gt, M, Cv, Q, **kw).permute(0, 3, 1, 2)
-    state = {"G": G, "M": M, "Cv": Cv, "m": m, "pos": torch.full((B,), T, dtype=torch.long, device=k.device)}
-    return o.to(out_dtype), state
 
 
 @register(

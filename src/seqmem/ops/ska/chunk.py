@@ -18,6 +18,7 @@ from seqmem.ops._common import check_action_mask, check_choice, check_mode, floo
 from seqmem.ops.ska.naive import ska_naive
 
 __all__ = [
+    "ska_sequence_operator",
     "ska_spectral_scale",
     "ska_readout",
     "ska_ridge_readout",
@@ -353,3 +354,33 @@ def _ska_chunk(q, k, v, st, pos0, S, eps, norm, m_fixed, kw, mask=None):
         "pos": st["pos"] + T,
     }
     return o, new
+
+
+# one operator per sequence (App. F eq. 53; eqs. 4-6 without a mask), NON-CAUSAL:
+# the ska mixer's operator_scope="sequence"
+def ska_sequence_operator(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, eps: float, norm: str,
+                          kw: dict) -> tuple[Tensor, dict[str, Tensor]]:
+    """The one-operator form: keys and queries divided by the key norm ``m`` (with ``prefix_max`` the maximum over
+    every key up to the row's last ``m_t = 1`` token; the ``ska`` mixer's ``operator_scope="sequence"``),
+    ``(G̃, M, C_v) = ska_statistics(k̂, v, mask)`` (eq. 53) and ``ska_readout`` of every query (eq. 13, App. F).
+    ``q, k`` (B, T, H, r), ``v`` (B, T, H, P) → ``(o (B, T, H, P), state)``."""
+    B, T, H, r = k.shape
+    out_dtype, cdt = v.dtype, torch.promote_types(v.dtype, torch.float32)  # statistics in at least float32
+    q, k, v = q.to(cdt), k.to(cdt), v.to(cdt)
+    if norm == "none":
+        m = torch.zeros(B, H, dtype=cdt, device=k.device)
+    else:
+        norms = k.norm(dim=-1)  # (B, T, H): every key, masked-out ones included (App. F step 2)
+        if norm == "prefix_max" and mask is not None:
+            # the keys up to the row's last m_t = 1 token: a reversed running max of the mask
+            reach = mask.to(cdt).flip(1).cummax(1).values.flip(1)
+            norms = norms * reach[..., None]
+        m = norms.amax(1)
+    s = _norm_scale(m, norm)[:, None, :, None]  # (B, 1, H, 1); 1 where no key counts (eq. 3's clamp otherwise)
+    kh, qh = k / s, q / s
+    Gt, M, Cv = ska_statistics(kh, v, None if mask is None else mask.to(cdt), eps=eps)  # eqs. (4)-(6), (53)
+    o = ska_readout(Gt, M, Cv, qh.permute(0, 2, 3, 1), **kw).permute(0, 3, 1, 2)  # (B, H, P, T) → (B, T, H, P)
+    eye = torch.eye(r, dtype=cdt, device=k.device)
+    state = {"G": Gt - eps * eye, "M": M, "Cv": Cv, "m": m,
+             "pos": torch.full((B,), T, dtype=torch.long, device=k.device)}
+    return o.to(out_dtype), state

@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["ska_readout_appf"]
+__all__ = ["ska_readout_appf", "ska_sequence_operator_naive"]
 
 
 def ska_readout_appf(
@@ -123,3 +123,47 @@ def ska_naive(
     state = {"G": G, "M": M, "Cv": Cv, "z_prev": z_prev, "m": m, "G_pend": G_pend, "M_pend": M_pend,
              "Cv_pend": Cv_pend, "m_pend": m_pend, "pos": torch.full((B,), pos, dtype=torch.long, device=k.device)}
     return torch.stack(outs, 1).to(out_dtype), state
+
+
+# one operator per sequence (App. F eq. 53; eqs. 4-6 without a mask), NON-CAUSAL:
+# the ska mixer's operator_scope="sequence"
+def ska_sequence_operator_naive(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, eps: float,
+                                norm: str, kw: dict) -> tuple[Tensor, dict[str, Tensor]]:
+    """The same, token by token and step by step: the key norm by a loop over the keys up to each row's last
+    ``m_t = 1`` token, the eq. (53) sums ``G += m_t ẑ_t ẑ_tᵀ``, ``M += m_t m_{t-1} ẑ_t ẑ_{t-1}ᵀ``,
+    ``C_v += m_t v_t ẑ_tᵀ`` one token at a time, then App. F steps 4-10 (:func:`ska_readout_appf`) for every query.
+    Shares no statistics, norm or readout code with :func:`seqmem.ops.ska.chunk.ska_sequence_operator`."""
+    B, T, H, r = k.shape
+    P = v.shape[-1]
+    out_dtype, dt = v.dtype, torch.promote_types(v.dtype, torch.float32)
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    w = torch.ones(B, T, dtype=dt, device=k.device) if mask is None else mask.to(dt)
+    # 1. the key norm m (eq. 3): max ‖z_t‖ over t ≤ the row's last fact (prefix_max with a mask), over every t
+    #    (seqmax, or no mask), or none
+    rows = []
+    for b in range(B):
+        on = [t for t in range(T) if float(w[b, t]) != 0]
+        last = T - 1 if (norm == "seqmax" or mask is None) else (on[-1] if on else -1)
+        mb = torch.zeros(H, dtype=dt, device=k.device)
+        for t in range(last + 1):
+            mb = torch.maximum(mb, torch.sqrt((k[b, t] ** 2).sum(-1)))
+        rows.append(mb)
+    m = torch.stack(rows) if norm != "none" else torch.zeros(B, H, dtype=dt, device=k.device)
+    div = torch.where(m > 0, torch.clamp(m, min=1e-6), torch.ones_like(m)) if norm != "none" else torch.ones_like(m)
+    # 2. the masked sums of eq. (53), one token at a time
+    G = torch.zeros(B, H, r, r, dtype=dt, device=k.device)
+    M = torch.zeros(B, H, r, r, dtype=dt, device=k.device)
+    Cv = torch.zeros(B, H, P, r, dtype=dt, device=k.device)
+    z_prev = torch.zeros(B, H, r, dtype=dt, device=k.device)  # m_{t-1} ẑ_{t-1}
+    for t in range(T):
+        z = w[:, t, None, None] * k[:, t] / div[..., None]
+        G = G + z[..., :, None] * z[..., None, :]
+        M = M + z[..., :, None] * z_prev[..., None, :]
+        Cv = Cv + v[:, t, :, :, None] * z[..., None, :]
+        z_prev = z
+    # 3. App. F steps 4-10 on G + εI for every query ẑ^q_t = z^q_t / m
+    Gt = G + eps * torch.eye(r, dtype=dt, device=k.device)
+    Q = (q / div[:, None, :, None]).permute(0, 2, 3, 1)  # (B, H, r, T)
+    o = ska_readout_appf(Gt, M, Cv, Q, **kw).permute(0, 3, 1, 2)
+    state = {"G": G, "M": M, "Cv": Cv, "m": m, "pos": torch.full((B,), T, dtype=torch.long, device=k.device)}
+    return o.to(out_dtype), state
