@@ -392,6 +392,43 @@ def vla() -> dict[str, Any]:
     dp = "vla/settle"  # vla_settle: VLA and softmax at n = 24 at the paper's lr 3e-4, seeds 0-2
     settled = ("vla_settle (src/seqmem/experiments/vla_settle.toml): VLA and softmax at n = 24 at the paper's lr "
                "3e-4, seeds 0-2")
+    dc, mc = "vla/copy_identity", "report.accuracy"  # vla_copy_identity: both target readings, 3 seeds
+    settled_c = ("vla_copy_identity (src/seqmem/experiments/vla_copy_identity.toml): VLA, the paper's DeltaNet, "
+                 "eq. 3 linear attention and softmax under both target readings at lr 3e-4 and 1e-3, seeds 0-2")
+    others = {"vla_paper_deltanet": "the paper's DeltaNet", "linear-attention-eq3": "eq. 3 linear attention",
+              "attention": "softmax attention"}
+
+    def copy_claim(targets: str, reading: str, tuned_lr: float) -> dict[str, Any]:
+        sd = f"targets-{targets}"
+        if targets == "next":  # vla_copy's grid 3e-4 / 1e-3 / 3e-3 (its runs are these, reused): 1e-3 interior
+            tuned: dict[str, Any] = {
+                "what": "lr chosen on validation with seed 0 from 3e-4 / 1e-3 / 3e-3 (vla_copy); 3 seeds at the "
+                        "choice", "cells": {"a": cell("vla/copy", "default", "vla", tuned_lr, mc, label=f"vla, lr "
+                                                      f"{tuned_lr:g} (chosen on validation)", calibrated=cal)}}
+        else:  # a tie at the metric's maximum: no lr can do better, so the grid's edge hides nothing
+            tuned = {"same_as": "paper", "why": "every lr tried (3e-4, 1e-3) reaches validation accuracy 1.000 "
+                                                "with every seed; the validation mean chooses the paper's 3e-4"}
+        tuned_lrs = {"next": {"vla_paper_deltanet": 1e-3, "linear-attention-eq3": 1e-3, "attention": 3e-4},
+                     "identity": dict.fromkeys(others, 3e-4)}[targets]
+        return finish({
+            "claim": f"VLA copies (Table 7), {reading}", "settled_by": settled_c, "kind": "level",
+            "higher_is_better": True, "metric": "held-out accuracy on the copied half", "tolerance": 0.05,
+            "paper": {"a": 1.0, "source": "Table 7, accuracy at step 150"},
+            "protocols": {
+                "paper": {"what": "the paper's lr 3e-4, T = 64, batch 32 x 1,500 steps; 3 seeds",
+                          "cells": {"a": cell(dc, sd, "vla", 3e-4, mc, label="vla, lr 3e-4", calibrated=cal,
+                                              fixed_lr=True)}},
+                "tuned": tuned,
+            },
+            "also_reported": {
+                **{f"{name}, lr 3e-4": cell(dc, sd, m_, 3e-4, mc, label=m_, calibrated=cal, fixed_lr=True)
+                   for m_, name in others.items()},
+                **{f"{name}, lr {lr_:g} (chosen on validation)": cell(dc, sd, m_, lr_, mc, label=m_,
+                                                                       calibrated=cal)
+                   for m_, name in others.items() for lr_ in [tuned_lrs[m_]]},
+            },
+        })
+
     claims = [
         finish({
             "claim": "VLA solves MQAR at n = 24 (Table 9)", "settled_by": settled, "kind": "level",
@@ -419,28 +456,8 @@ def vla() -> dict[str, Any]:
                                                               "1e-3 (chosen on validation)", calibrated=cal)}},
             },
         }),
-        finish({
-            "claim": "VLA copies (Table 7), next-token targets (our reading)", "kind": "level",
-            "higher_is_better": True, "metric": "held-out accuracy on the copied half", "tolerance": 0.05,
-            "paper": {"a": 1.0, "source": "Table 7, accuracy at step 150"},
-            "protocols": {
-                "paper": {"what": "the paper's lr 3e-4, batch 32 x 1,500 steps; seed 0 only so far",
-                          "cells": {"a": cell("vla/copy", "default", "vla", 3e-4, m, label="vla, lr 3e-4",
-                                              calibrated=cal, fixed_lr=True)}},
-                "tuned": {"what": what_t, "cells": {"a": cell("vla/copy", "default", "vla", 1e-3, m, label="vla, "
-                                                              "lr 1e-3 (chosen on validation)", calibrated=cal)}},
-            },
-            "pending": ("vla_copy_identity (src/seqmem/experiments/vla_copy_identity.toml) runs both readings at "
-                        "lr 3e-4 and the tuned lr, 3 seeds"),
-        }),
-        finish({
-            "claim": "VLA copies (Table 7), identity targets (the copied half's own input tokens)", "kind": "level",
-            "higher_is_better": True, "metric": "held-out accuracy on the copied half", "tolerance": 0.05,
-            "paper": {"a": 1.0, "source": "Table 7, accuracy at step 150"},
-            "protocols": {"paper": {"status": "not run", "why": "the task option is new"},
-                          "tuned": {"status": "not run", "why": "the task option is new"}},
-            "pending": "vla_copy_identity (src/seqmem/experiments/vla_copy_identity.toml)",
-        }),
+        copy_claim("next", "next-token targets (our reading)", 1e-3),
+        copy_claim("identity", "identity targets (the copied half's own input tokens)", 3e-4),
     ]
     return {"headline_claim": claims[0]["claim"], "claims": claims}
 
