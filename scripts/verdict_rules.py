@@ -95,6 +95,22 @@ def chosen_lr(report_dir: str, setting_dir: str, mixer: str, key: str = "loss", 
     return (min if lower else max)(vals, key=vals.get)
 
 
+def niah_cell(out_dir: str, length: int, label: str, calibrated: bool) -> dict[str, Any]:
+    """A cell from ``seqmem repro echo --seeds`` records: NIAH accuracy % at ``length`` of every finished seed
+    (``<out_dir>/seeds/seed-S/ssm_ska.json``); a seed still training has no record with ``niah`` yet."""
+    runs, per_seed = [], {}
+    for p in sorted((ROOT / RES / out_dir / "seeds").glob("seed-*/ssm_ska.json")):
+        rec = json.loads(p.read_text())
+        if str(length) in (rec.get("niah") or {}):
+            per_seed[str(rec["key"]["seed"])] = round(float(rec["niah"][str(length)]), 6)
+            runs.append(str(p.relative_to(ROOT)))
+    st = cell_stats(per_seed)
+    return {"label": label, "lr": 3e-4, "per_seed": per_seed,
+            "mean": None if st["mean"] is None else round(st["mean"], 6),
+            "std": None if st["std"] is None else round(st["std"], 6), "n": st["n"], "calibrated": calibrated,
+            "lr_at_edge": False, "metric": f"niah[{length}]", "runs": runs}
+
+
 # ---------------------------------------------------------------------------------------------------- VORT
 def vort() -> dict[str, Any]:
     d, s, m = "vort/zipf_tiny", "beta-1.0", "report.hits_long/report.queries_long"
@@ -312,10 +328,50 @@ def echo() -> dict[str, Any]:
                "lr 3e-4 (App. G), seeds 0-2, M = 4 gap 64")
     what_t = "lr chosen on validation with seed 0 from 3e-4 / 1e-3 / 3e-3 / 1e-2; 3 seeds at the choice"
     transfer = json.loads((ROOT / RES / "echo/transfer_paper/transfer_seeds.json").read_text())
-    niah = {r["task"]: {k: r[k] for k in r if k.startswith("ours") or k.startswith("paper")}
-            for r in transfer["rows"] if str(r.get("table")) == "2"}
     t3 = {r["task"]: {k: r[k] for k in r if k.startswith("ours") or k.startswith("paper")}
           for r in transfer["rows"] if str(r.get("table")) == "3"}
+    attn = {int(r["task"].split("= ")[1]): r for r in transfer["rows"] if str(r.get("table")) == "2"}
+
+    def table2(length: int, what: str) -> dict[str, Any]:
+        """Table 2 at one length: the paper's protocol as printed (T = 64, App. G oracle mask, one operator per
+        sequence, K = 2, lr 3e-4: echo_niah_paper_k2); calibrated where the same training gives the attention
+        hybrid the paper's level (transfer_paper, 3 seeds)."""
+        ref = attn[length]
+        a_mean = sum(ref["ours SSM+Attn per seed"]) / len(ref["ours SSM+Attn per seed"])
+        calibrated = a_mean >= ref["paper SSM+Attn"] - 5.0
+        c = niah_cell("echo/transfer_paper_k2", length, "ssm_ska (K = 2), lr 3e-4", calibrated)
+        k1 = niah_cell("echo/transfer_paper_k1", length, "ssm_ska (K = 1), lr 3e-4", calibrated)
+        pending = ["a tuned-lr transfer suite (`seqmem repro echo` trains at the paper's lr 3e-4 only; an lr grid "
+                   "chosen on a validation stream is not specified yet)"]
+        if c["n"] < 3:
+            pending.insert(0, "echo_niah_paper_k2 seeds " + ", ".join(str(x) for x in range(c["n"], 3))
+                           + " (scripts/settle.sh; resumable)")
+        return finish({
+            "claim": f"Mamba-2 + SKA {what} (Table 2, T = {length:,})", "kind": "level",
+            "higher_is_better": True, "metric": f"NIAH accuracy %, T = {length:,}", "tolerance": 5.0,
+            "paper": {"a": ref["paper SSM+SKA"], "source": f"Table 2, SSM+SKA at T = {length:,}"},
+            "calibration": {"reference": "Mamba-2 + attention under the same training (transfer_paper, lr 3e-4, "
+                                         "3 seeds)", "ours": round(a_mean, 3), "paper": ref["paper SSM+Attn"],
+                            "criterion": "within 5 points of the paper's value or above it",
+                            "calibrated": calibrated},
+            "protocols": {
+                "paper": {"what": "the paper's protocol as printed: trained at T = 64 on the task mixture, lr 3e-4, "
+                                  "the App. G oracle action mask, one SKA operator per sequence from the masked "
+                                  "tokens (App. F eq. 53; --ska-operator sequence), K = 2; echo_niah_paper_k2",
+                          "cells": {"a": c}},
+                "tuned": {"status": "not run", "why": "the transfer suite trains every model at the paper's lr "
+                          "only"},
+            },
+            "pending": "; ".join(pending),
+            "also_reported": {
+                "the same protocol with K = 1 (echo_niah_paper_k1)": k1,
+                "ours, chunk-causal SKA with chunk 16, no action mask, lr 3e-4, 3 seeds (transfer_paper)":
+                    {"ours SSM+SKA per seed": ref["ours SSM+SKA per seed"],
+                     "ours SSM+Attn per seed": ref["ours SSM+Attn per seed"],
+                     "ours SSM per seed": ref["ours SSM per seed"]},
+            },
+        })
+
     claims = [
         finish({
             "claim": "Mamba-2 + SKA (K = 2) reaches 100 % on MQAR", "settled_by": settled, "kind": "level",
@@ -348,25 +404,8 @@ def echo() -> dict[str, Any]:
                                                               "(chosen on validation)", calibrated=cal)}},
             },
         }),
-        finish({
-            "claim": "Mamba-2 + SKA keeps NIAH retrieval at long lengths (Table 2)", "kind": "level",
-            "higher_is_better": True, "metric": "NIAH accuracy %, T = 2,048", "tolerance": 5.0,
-            "paper": {"a": 81.2, "source": "Table 2, SSM+SKA at T = 2,048"},
-            "protocols": {
-                "paper": {"status": "not run", "why": "our transfer suite runs SKA with chunk 16 where the paper "
-                          "uses 64 (a needle in the query's own chunk is invisible), without the App. G action "
-                          "mask, and never K = 1 on NIAH"},
-                "tuned": {"status": "not run", "why": "the transfer suite trains every model at the paper's lr "
-                          "only"},
-            },
-            "pending": ("echo_niah_paper_k2 / echo_niah_paper_k1 (scripts/settle.sh: `seqmem repro echo --scale "
-                        "paper --seeds 3 --ska-operator sequence --ska-power K --action-mask`: the paper's protocol "
-                        "as printed, one operator per sequence from the App. G oracle facts, trained at T = 64), "
-                        "then echo_niah_masked_k2 / echo_niah_masked_k1 (`--ska-chunk 1` instead: the same mask "
-                        "read token-causally; at the paper's chunk 64 and training length 64 the chunk-causal form "
-                        "gives SKA no gradient (docs/results/README.md))"),
-            "also_reported": {"ours, chunk 16, no action mask, lr 3e-4, 3 seeds (transfer_seeds.json)": niah},
-        }),
+        table2(64, "retrieves the needle at the training length"),
+        table2(2048, "keeps NIAH retrieval at long lengths"),
         finish({
             "claim": "Mamba-2 + SKA beats Mamba-2 + attention on the transfer suite (Table 3)", "kind": "order",
             "higher_is_better": True, "metric": "mean accuracy % over Table 3's tasks",
