@@ -95,20 +95,24 @@ def chosen_lr(report_dir: str, setting_dir: str, mixer: str, key: str = "loss", 
     return (min if lower else max)(vals, key=vals.get)
 
 
-def niah_cell(out_dir: str, length: int, label: str, calibrated: bool) -> dict[str, Any]:
+def niah_cell(out_dir: str, length: int, label: str, calibrated: bool, lr: float = 3e-4) -> dict[str, Any]:
     """A cell from ``seqmem repro echo --seeds`` records: NIAH accuracy % at ``length`` of every finished seed
-    (``<out_dir>/seeds/seed-S/ssm_ska.json``); a seed still training has no record with ``niah`` yet."""
-    runs, per_seed = [], {}
+    (``<out_dir>/seeds/seed-S/ssm_ska.json``, written once its seed is evaluated), all trained at ``lr``."""
+    from seqmem.repro.verdict import record_seed_lr, record_value
+
+    metric, runs, per_seed = f"niah[{length}]", [], {}
     for p in sorted((ROOT / RES / out_dir / "seeds").glob("seed-*/ssm_ska.json")):
         rec = json.loads(p.read_text())
-        if str(length) in (rec.get("niah") or {}):
-            per_seed[str(rec["key"]["seed"])] = round(float(rec["niah"][str(length)]), 6)
-            runs.append(str(p.relative_to(ROOT)))
+        seed, rec_lr = record_seed_lr(rec)
+        if abs(rec_lr - lr) > 1e-12:
+            raise SystemExit(f"{p}: trained at lr {rec_lr}, the cell is at {lr}")
+        per_seed[str(seed)] = round(record_value(rec, metric), 6)
+        runs.append(str(p.relative_to(ROOT)))
     st = cell_stats(per_seed)
-    return {"label": label, "lr": 3e-4, "per_seed": per_seed,
+    return {"label": label, "lr": lr, "per_seed": per_seed,
             "mean": None if st["mean"] is None else round(st["mean"], 6),
             "std": None if st["std"] is None else round(st["std"], 6), "n": st["n"], "calibrated": calibrated,
-            "lr_at_edge": False, "metric": f"niah[{length}]", "runs": runs}
+            "lr_at_edge": False, "metric": metric, "runs": runs}
 
 
 # ---------------------------------------------------------------------------------------------------- VORT

@@ -19,6 +19,7 @@ from seqmem.repro.verdict import (
     check_rule,
     claim_word,
     protocol_outcome,
+    record_seed_lr,
     verdict_word,
 )
 
@@ -95,6 +96,22 @@ def test_level_claims_and_same_as():
     assert claim_word(claim) == "not reproduced at our scale"
 
 
+def test_cells_read_sweep_and_repro_seed_records(tmp_path):
+    """A cell reads a sweep's finished result.json and a ``seqmem repro echo --seeds`` seed record alike; an
+    unfinished sweep run and a seed twice are refused."""
+    sweep = {"status": "finished", "seed": 0, "lr": 3e-4, "report": {"loss": 2.0, "hits": 3, "n": 4}}
+    repro = {"key": {"seed": 1, "config": {"lr": 3e-4}}, "niah": {"64": 12.5, "2048": 2.0}}
+    for name, rec in (("a.json", sweep), ("b.json", repro), ("c.json", {**sweep, "status": "running"})):
+        (tmp_path / name).write_text(json.dumps(rec))
+    assert cell_from_records(["a.json"], "report.hits/report.n", tmp_path) == {"0": 0.75}
+    assert cell_from_records(["b.json"], "niah[2048]", tmp_path) == {"1": 2.0}
+    assert record_seed_lr(repro) == (1, 3e-4) and record_seed_lr(sweep) == (0, 3e-4)
+    with pytest.raises(ValueError, match="not finished"):
+        cell_from_records(["c.json"], "report.loss", tmp_path)
+    with pytest.raises(ValueError, match="twice"):
+        cell_from_records(["b.json", "b.json"], "niah[64]", tmp_path)
+
+
 def test_check_rule_finds_a_word_its_numbers_do_not_give():
     up, down = _cell([0.9, 0.92, 0.91]), _cell([0.5, 0.52, 0.51])
     c = _order(up1 := _cell([0.99]), down, up, down)
@@ -151,7 +168,7 @@ def test_rule_numbers_are_the_run_records(headline):
         for seed, v in got.items():
             assert abs(v - cell["per_seed"][seed]) < 1e-5, (cell["label"], seed)
         for run in cell["runs"]:
-            assert abs(json.loads((ROOT / run).read_text())["lr"] - cell["lr"]) < 1e-12, run
+            assert abs(record_seed_lr(json.loads((ROOT / run).read_text()))[1] - cell["lr"]) < 1e-12, run
 
 
 def test_the_rule_blocks_are_what_the_builder_writes():

@@ -26,6 +26,7 @@ __all__ = [
     "claim_outcomes",
     "claim_word",
     "protocol_outcome",
+    "record_seed_lr",
     "record_value",
     "verdict_word",
 ]
@@ -159,7 +160,11 @@ def check_rule(rule: Mapping[str, Any]) -> list[str]:
 
 
 def record_value(result: Mapping[str, Any], metric: str) -> float:
-    """A metric of one run record: ``"report.loss"``, or a ratio ``"report.hits_long/report.queries_long"``."""
+    """A metric of one run record: ``"report.loss"``, a ratio ``"report.hits_long/report.queries_long"``, or, for a
+    ``seqmem repro echo --seeds`` record, ``"niah[T]"`` (NIAH accuracy % at length T)."""
+    if metric.startswith("niah[") and metric.endswith("]"):
+        return float(result["niah"][metric[5:-1]])
+
     def one(path: str) -> float:
         split, _, key = path.partition(".")
         return float(result[split][key])
@@ -168,15 +173,27 @@ def record_value(result: Mapping[str, Any], metric: str) -> float:
     return one(num) / one(den) if den else one(num)
 
 
+def _is_repro_seed_record(rec: Mapping[str, Any]) -> bool:
+    return "status" not in rec and isinstance(rec.get("key"), Mapping) and "seed" in rec["key"]
+
+
+def record_seed_lr(rec: Mapping[str, Any]) -> tuple[int, float]:
+    """(seed, lr) of a sweep run record (``result.json``) or a ``seqmem repro echo --seeds`` seed record."""
+    if _is_repro_seed_record(rec):
+        return int(rec["key"]["seed"]), float(rec["key"]["config"]["lr"])
+    return int(rec["seed"]), float(rec["lr"])
+
+
 def cell_from_records(runs: Sequence[str | Path], metric: str, root: Path | None = None) -> dict[str, float]:
-    """Per-seed values of ``metric`` from finished run records (``result.json``), keyed by seed."""
+    """Per-seed values of ``metric`` from finished run records (a sweep's ``result.json``, or a repro's seed record,
+    written only when its seed finished evaluating), keyed by seed."""
     out: dict[str, float] = {}
     for r in runs:
         path = Path(root or ".") / r
         rec = json.loads(path.read_text())
-        if rec.get("status") != "finished":
+        if not _is_repro_seed_record(rec) and rec.get("status") != "finished":
             raise ValueError(f"{r}: run not finished")
-        seed = str(rec["seed"])
+        seed = str(record_seed_lr(rec)[0])
         if seed in out:
             raise ValueError(f"{r}: seed {seed} twice in one cell")
         out[seed] = record_value(rec, metric)
