@@ -288,3 +288,34 @@ def test_repro_echo_smoke_with_the_one_operator_mode(tmp_path):
     assert res["ska_operator"] == "sequence" and set(res["models"]["ssm_ska"]["grids"]) == set(ECHO_TASKS)
     r = res["models"]["ssm_ska"]
     assert r["state_floats@64"] == r["state_floats@4096"]
+
+
+def test_transfer_suite_lr_option_and_validation_record(tmp_path, monkeypatch):
+    """--lr: the training's peak lr, in the record's configuration key and the command; a record written at another
+    lr is refused; every record carries the training mixture's validation accuracy (its validation stream, not the
+    reported examples); a non-positive or non-finite lr is refused."""
+    from seqmem.repro.echo import runner
+
+    args = SimpleNamespace(scale="smoke", out=tmp_path, seed=0, models="ssm_ska", seeds=1, no_mqar=True, lr=2e-3)
+    seen = []
+    real_fit = runner.fit_lm
+
+    def spy_fit(cfg, task, tcfg, **kw):
+        seen.append(tcfg.lr)
+        return real_fit(cfg, task, tcfg, **kw)
+
+    monkeypatch.setattr(runner, "fit_lm", spy_fit)
+    assert echo.run(args) == 0
+    assert seen == [2e-3]
+    rec = json.loads((tmp_path / "seeds" / "seed-0" / "ssm_ska.json").read_text())
+    assert rec["key"]["config"]["lr"] == 2e-3
+    assert 0 <= rec["valid"]["accuracy"] <= 100 and rec["valid"]["n"] == echo.SCALES["smoke"]["eval_n"]
+    assert "--lr 0.002" in (tmp_path / "table2_niah_length.md").read_text()
+    with pytest.raises(ValueError, match="another configuration"):
+        echo.run(SimpleNamespace(**{**vars(args), "lr": 1e-3}))
+    for bad in (0.0, -1e-3, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="--lr must be"):
+            echo.run(SimpleNamespace(**{**vars(args), "lr": bad, "out": tmp_path / "bad"}))
+    # the validation stream is not the reported one
+    mix = EchoMixture(seq_len=64)
+    assert not torch.equal(mix.valid_data(8)[0], mix.eval_data(8)[0])

@@ -178,6 +178,40 @@ def test_the_rule_blocks_are_what_the_builder_writes():
     assert mod.main(["--check"]) == 0
 
 
+def test_echo_table2_tuned_protocol_chooses_on_validation(tmp_path):
+    """echo_niah_tuned_k2's records: pending until every lr has 3 seeds; then the lr with the best mean validation
+    accuracy, its NIAH cell, and an edge lr flagged."""
+    spec = importlib.util.spec_from_file_location("verdict_rules_t2", ROOT / "scripts" / "verdict_rules.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.ROOT = tmp_path
+    base = tmp_path / "docs" / "results" / "echo" / "tuned"
+
+    def write(lr_dir: str, lr: float, seed: int, valid: float, niah: float) -> None:
+        p = base / lr_dir / "seeds" / f"seed-{seed}" / "ssm_ska.json"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps({"key": {"seed": seed, "config": {"lr": lr}}, "valid": {"accuracy": valid},
+                                 "niah": {"64": niah}}))
+
+    proto, pending = mod.tuned_niah("echo/tuned", 64, True)
+    assert proto["status"] == "not run" and pending
+    for lr_dir, lr, v in (("lr3e-4", 3e-4, 40.0), ("lr1e-3", 1e-3, 60.0)):
+        for seed in range(3):
+            write(lr_dir, lr, seed, v + seed, 10.0 * (seed + 1) + lr * 1e4)
+    proto, pending = mod.tuned_niah("echo/tuned", 64, True)
+    assert proto["status"] == "insufficient seeds" and pending
+    for seed in range(3):
+        write("lr3e-3", 3e-3, seed, 50.0, 1.0)
+    proto, pending = mod.tuned_niah("echo/tuned", 64, True)
+    c = proto["cells"]["a"]
+    assert c["lr"] == 1e-3 and not c["lr_at_edge"] and pending == ""
+    assert c["per_seed"] == {"0": 20.0, "1": 30.0, "2": 40.0} and c["n"] == 3
+    for seed in range(3):  # now 3e-3 validates best: at the grid's edge, so not read, and the extension is pending
+        write("lr3e-3", 3e-3, seed, 90.0, 1.0)
+    proto, pending = mod.tuned_niah("echo/tuned", 64, True)
+    assert proto["cells"]["a"]["lr"] == 3e-3 and proto["cells"]["a"]["lr_at_edge"] and "edge" in pending
+
+
 @pytest.mark.parametrize("report", REPORTS, ids=[str(r.parent.relative_to(ROOT / "docs" / "results"))
                                                   for r in REPORTS])
 def test_a_reports_lr_is_one_trained(report):

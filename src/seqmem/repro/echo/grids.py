@@ -54,6 +54,7 @@ def _options(task: Any) -> dict[str, Any]:
     return cfg
 
 
-def accuracy(model, task, n: int) -> float:
-    """Accuracy (%) of ``model`` on ``n`` evaluation examples of ``task``."""
-    return 100.0 * evaluate(model, task, n_examples=n, batch_size=16)["accuracy"]
+def accuracy(model, task, n: int, split: str = "eval") -> float:
+    """Accuracy (%) of ``model`` on ``n`` examples of ``task``'s ``split`` (``"eval"``: the reported examples;
+    ``"valid"``: the validation stream for choosing hyper-parameters)."""
+    return 100.0 * evaluate(model, task, n_examples=n, batch_size=16, split=split)["accuracy"]

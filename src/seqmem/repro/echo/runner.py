@@ -64,6 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "training), and --ska-chunk does not apply",
     )
     parser.add_argument(
+        "--lr", type=float, default=None,
+        help="peak learning rate of the transfer suite's training (default: the scale's; paper: 3e-4, App. G). "
+             "Every record keeps its validation accuracy (the training mixture's validation stream at T = 64, "
+             "separate from every reported example) for choosing an lr across runs of this command",
+    )
+    parser.add_argument(
         "--no-mqar", action="store_true",
         help="skip the §4.2 MQAR grid (the echo_calibrate* / echo_mqar* sweep specs run it with lr selection and "
              "seeds); Tables 2-3 only",
@@ -92,6 +98,11 @@ def run(args) -> int:
                              "all precede the scored positions")
         if chunk != 16:
             raise ValueError(f"--ska-chunk {chunk}: the one-operator mode (--ska-operator sequence) has no chunks")
+    lr = getattr(args, "lr", None)
+    if lr is not None:
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+            raise ValueError(f"--lr must be a positive finite number, got {lr!r}")
+        sc["lr"] = float(lr)
     # only non-default values enter the configuration, so records written before these options keep their key
     sc.update({k: v for k, v, d in (("ska_chunk", chunk, 16), ("ska_power", power, 2), ("action_mask", action_mask,
                                     False), ("ska_operator", operator, "chunk_causal")) if v != d})
@@ -116,7 +127,8 @@ def run(args) -> int:
               "SKA parameter ever gets a gradient (with or without --action-mask): its layers stay untrained")
     command = f"seqmem repro echo --scale {scale}" + (f" --ska-chunk {chunk}" if chunk != 16 else "") \
         + (f" --ska-power {power}" if power != 2 else "") + (" --action-mask" if action_mask else "") \
-        + (f" --ska-operator {operator}" if operator != "chunk_causal" else "")
+        + (f" --ska-operator {operator}" if operator != "chunk_causal" else "") \
+        + (f" --lr {sc['lr']:g}" if sc["lr"] != SCALES[scale]["lr"] else "")
     ska_mode = (f"SKA chunk {chunk}" if operator == "chunk_causal" else
                 "SKA one operator per sequence from the masked tokens (App. F eq. 53, non-causal)")
     scale_note = (
@@ -197,6 +209,9 @@ def _train_and_score(name: str, sc: dict, grids: dict, seed: int, run_dir: Path 
         "state_floats@4096": model.state_size(4096),
     }
     model.eval()
+    # for choosing an lr across runs: the training mixture's validation stream (never a reported example)
+    rec["valid"] = {"task": "echo_mixture T=64", "n": sc["eval_n"],
+                    "accuracy": accuracy(model, EchoMixture(seq_len=64, action_mask=am), sc["eval_n"], split="valid")}
     rec["niah"] = {t: accuracy(model, EchoNIAH(seq_len=t, n_kv=1, action_mask=am), sc["eval_n"]) for t in sc["niah"]}
     rec["grids"] = {tn: {lab: accuracy(model, tk, sc["eval_n"]) for lab, tk in cells} for tn, cells in grids.items()}
     print(f"[echo] seed {seed} {name}: {rec['params']} params, train {rec['train_seconds']:.0f}s, niah {rec['niah']}")
