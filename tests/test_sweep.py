@@ -946,3 +946,34 @@ def test_calibration_gates_are_their_sweeps_reference_runs():
         wanted = {run_identity(p.run_spec) for p in load_spec(sweep).points()}
         pts = load_spec(gate).points()
         assert pts and all(run_identity(p.run_spec) in wanted for p in pts), (gate, sweep)
+
+
+def test_a_row_trained_partly_under_compile_is_flagged(tmp_path):
+    """A row whose runs at its chosen lr were trained partly under --compile (some runs compiled, some eager, or one
+    run resumed in the other mode) says so in the report; a row trained one way says nothing."""
+    from seqmem.sweep.report import _compile_mode, markdown
+
+    spec = load_spec(tiny(mixers=["attention"]))
+    lo, hi = spec.lrs
+    valid = {(lo, 0): 0.3, (lo, 1): 0.3, (hi, 0): 0.9, (hi, 1): 0.9}
+    _fake_results(spec, tmp_path, valid, valid)
+    (row,) = collect(spec, tmp_path)
+    assert row["compile_modes"] == {"eager": 2} and "--compile" not in markdown(spec, [row])
+    p0, p1 = (p for p in spec.points() if p.lr == hi)
+    for p in (p0, p1):
+        f = tmp_path / p.rel_dir / "result.json"
+        r = json.loads(f.read_text())
+        r.pop("seal", None)
+        f.write_text(json.dumps(_sealed(p.run_spec, {**r, "compiled": True})))
+    (row,) = collect(spec, tmp_path)
+    assert row["compile_modes"] == {"compiled": 2} and "--compile" not in markdown(spec, [row])
+    # p1 was resumed: its first part trained eager (log records without the mark)
+    d1 = tmp_path / p1.rel_dir
+    (d1 / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0, "tokens_per_s": 5.0}) + "\n"
+                                      + json.dumps({"step": 2, "loss": 1.0, "eval_loss": 1.0}) + "\n"
+                                      + json.dumps({"step": 3, "loss": 1.0, "tokens_per_s": 5.0, "compiled": True})
+                                      + "\n")
+    assert _compile_mode(d1, json.loads((d1 / "result.json").read_text())) == "mixed"
+    (row,) = collect(spec, tmp_path)
+    assert row["compile_modes"] == {"compiled": 1, "mixed": 1}
+    assert "trained partly under --compile (1 compiled, 1 mixed runs" in markdown(spec, [row])

@@ -67,6 +67,9 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
                 em, esd = mean_std(vals)
                 extra[name] = {"mean": em, "std": esd, "per_seed": vals}
             row["extra"] = extra
+            modes = [_compile_mode(out / q.rel_dir, results[(q.lr, q.seed)]) for q in pts
+                     if q.lr == best_lr and results.get((q.lr, q.seed))]
+            row["compile_modes"] = {k: modes.count(k) for k in ("compiled", "eager", "mixed") if modes.count(k)}
             row.update({"report_mean": m, "report_std": sd, "per_seed": per_seed, "n_seeds": len(per_seed),
                         "diverged_seeds": sum(1 for v in per_seed.values() if math.isnan(v)),
                         "valid_at_best": lr_valid[best_lr], "report_split": split,
@@ -90,6 +93,22 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
         row["mixer_options"] = model["mixer_options"]
         rows.append(row)
     return rows
+
+
+def _compile_mode(run_dir: Path, result: dict[str, Any]) -> str:
+    """``compiled``, ``eager`` or ``mixed``: how a run's training steps ran, from its training log records (each
+    process under ``--compile`` marks its own) and its result (the process that finished it)."""
+    flags = {bool(result.get("compiled"))}
+    log = Path(run_dir) / "metrics.jsonl"
+    if log.is_file():
+        for line in log.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and "tokens_per_s" in rec:  # a training log record, not an evaluation
+                flags.add(bool(rec.get("compiled")))
+    return "mixed" if len(flags) > 1 else ("compiled" if flags == {True} else "eager")
 
 
 def _metric_of(report: dict[str, Any], name: str) -> float | None:
@@ -263,6 +282,10 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
                     "not chosen yet"))
             if r.get("diverged_seeds"):
                 note.append(f"{r['diverged_seeds']} seed(s) diverged")
+            cm = r.get("compile_modes") or {}
+            if len(cm) > 1 or cm.get("mixed"):
+                note.append("trained partly under --compile (" + ", ".join(f"{n} {k}" for k, n in cm.items())
+                            + " runs; the same math, within rounding)")
             if not r["complete"]:
                 note.append("PARTIAL")
             state = "—" if r["state"] is None else f"{r['state']:,}"
