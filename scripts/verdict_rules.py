@@ -230,13 +230,15 @@ def elastic() -> dict[str, Any]:
               "eps 1e-3 for exponential sampling (the paper leaves α open); elastic_paper_lr, seeds 0-2")
     what_t = ("lr chosen on validation with seed 0 from 1e-3 / 2e-3 / 4e-3, extended x2 at the upper edge twice "
               "(8e-3, then 1.6e-2 rounded to 2e-2: the runs trained at 2e-2); 3 seeds at the choice")
-    pending = ("elastic_paper_lr (every model at the paper's lr 2e-3, 3 seeds) and elastic_settle (Elastic exp, "
+    pending = ("elastic_settle (Elastic exp, "
                "eps ∈ {1e-3, 3e-2}, vs uni 1x at 8,000 steps, lrs 2e-3 … 1.6e-2 x 3 seeds; memory-position loss "
                "beside the total), src/seqmem/experiments/")
 
     def claim(name: str, a: str, b: str, pa: float, pb: float) -> dict[str, Any]:
         return finish({
             "claim": name, "kind": "order", "higher_is_better": False, "metric": "test loss, nats per token",
+            "settled_by": ("elastic_paper_lr (src/seqmem/experiments/elastic_paper_lr.toml): every model at the "
+                           "paper's lr 2e-3, seeds 0-2 (the paper's protocol)"),
             "paper": {"a": pa, "b": pb, "source": "Table 2, Proof-Pile PPL (lower is better)"},
             "protocols": {"paper": {"what": what_p, "cells": {"a": p(a), "b": p(b)}},
                           "tuned": {"what": what_t, "cells": {"a": t(a), "b": t(b)}}},
