@@ -102,8 +102,8 @@ run() {
 # Echo's one-operator mode (2026-11-28, load ≈ 4-5): ≈ 1.5-2 CPU-h each for echo_niah_paper_k2/k1; chunk 1's
 # training step costs 5× its, so echo_niah_masked_k2/k1 ≈ 10-13 each (docs/results/README.md)
 ALL=(lattice_matched echo_mqar_paper_lr vla_settle vla_copy_identity elastic_paper_lr echo_niah_paper_k2
-     echo_niah_paper_k1 echo_niah_tuned_k2 echo_niah_masked_k2 echo_niah_masked_k1 elastic_settle vort_settle vort_calibrate_dense
-     vort_settle_dense)
+     echo_niah_paper_k1 echo_niah_tuned_k2 echo_niah_masked_k2 echo_niah_masked_k1 elastic_settle vort_settle
+     vort_calibrate_dense vort_settle_dense)
 for spec in "${@:-${ALL[@]}}"; do
     run "$spec"
 done

@@ -17,7 +17,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seqmem.io import MissingExtra, atomic_write_text, fmt, machine_info, mean_std, pyplot, save_figure, table_lines
+from seqmem.io import (
+    MissingExtra,
+    UnsafePathError,
+    atomic_write_text,
+    fmt,
+    machine_info,
+    mean_std,
+    pyplot,
+    read_bytes_nofollow,
+    save_figure,
+    table_lines,
+)
 from seqmem.sweep.runner import (
     choose_lr,
     plan_rows,
@@ -99,15 +110,17 @@ def _compile_mode(run_dir: Path, result: dict[str, Any]) -> str:
     """``compiled``, ``eager`` or ``mixed``: how a run's training steps ran, from its training log records (each
     process under ``--compile`` marks its own) and its result (the process that finished it)."""
     flags = {bool(result.get("compiled"))}
-    log = Path(run_dir) / "metrics.jsonl"
-    if log.is_file():
-        for line in log.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and "tokens_per_s" in rec:  # a training log record, not an evaluation
-                flags.add(bool(rec.get("compiled")))
+    try:
+        lines = read_bytes_nofollow(Path(run_dir) / "metrics.jsonl").decode("utf-8", "replace").splitlines()
+    except (OSError, UnsafePathError):  # no log, or not a plain file: the result's mark alone
+        lines = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and "tokens_per_s" in rec:  # a training log record, not an evaluation
+            flags.add(bool(rec.get("compiled")))
     return "mixed" if len(flags) > 1 else ("compiled" if flags == {True} else "eager")
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from seqmem.io import mean_std
+from seqmem.mixers.base import check_positive_float
 from seqmem.repro.common import fit_lm, write_json, write_results
 from seqmem.repro.echo.configs import LABEL, MODELS, SCALES
 from seqmem.repro.echo.grids import accuracy, task_grids
@@ -100,9 +101,7 @@ def run(args) -> int:
             raise ValueError(f"--ska-chunk {chunk}: the one-operator mode (--ska-operator sequence) has no chunks")
     lr = getattr(args, "lr", None)
     if lr is not None:
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
-            raise ValueError(f"--lr must be a positive finite number, got {lr!r}")
-        sc["lr"] = float(lr)
+        sc["lr"] = check_positive_float("--lr", lr)  # finite and > 0
     # only non-default values enter the configuration, so records written before these options keep their key
     sc.update({k: v for k, v, d in (("ska_chunk", chunk, 16), ("ska_power", power, 2), ("action_mask", action_mask,
                                     False), ("ska_operator", operator, "chunk_causal")) if v != d})
