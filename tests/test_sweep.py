@@ -425,8 +425,68 @@ def test_lr_grid_is_extended_while_the_best_lr_is_at_an_edge(tmp_path):
     (row,) = collect(spec, tmp_path)
     assert row["best_lr"] == 0.03 and row["per_seed"] == {0: 0.7, 1: 0.75} and row["complete"]
     assert row["runs_total"] == 5 and row["lr_valid"] == {"0.003": 0.5, "0.01": 0.6, "0.03": 0.7, "0.09": 0.65}
-    with pytest.raises(SpecError, match="first_seed"):
-        load_spec({**tiny(), "train": {**tiny()["train"], "lr_extend": 1}})
+
+
+def test_all_seeds_extends_an_edge_lr_by_a_first_seed_probe(tmp_path):
+    """all_seeds with lr_extend: while the best mean-over-seeds lr is the largest tried, lr x factor is probed with
+    the first seed; a probe that loses there is never chosen and makes the best interior (no '(edge)'); one that
+    wins gets the other seeds and joins the choice; at most lr_extend probes per side."""
+    from seqmem.io import atomic_write_text
+    from seqmem.sweep.runner import all_seeds_plan, extension_candidates, wanted_points
+
+    raw = tiny(train__seeds=[0, 1], mixers=["attention"])
+    raw["train"]["lr_extend"] = 2
+    spec = load_spec(raw)
+    lo, hi = spec.lrs  # 3e-3, 1e-2
+    pts = spec.points()
+
+    def fake(lr: float, seed: int, acc: float, out: Path = tmp_path) -> None:
+        p = spec.point_at(pts[0], lr, seed)
+        r = {"status": "finished", "state": 1, "params": 1, "seconds": 1.0, "valid": {"accuracy": acc, "loss": 1.0},
+             "report": {"accuracy": acc, "loss": 1.0}}
+        atomic_write_text(out / p.rel_dir / "run.json", json.dumps(p.run_spec))
+        atomic_write_text(out / p.rel_dir / "result.json", json.dumps(_sealed(p.run_spec, r)))
+
+    def plan() -> tuple[list[tuple[float, int]], bool]:
+        runs, decided = all_seeds_plan(spec, pts, tmp_path)
+        return [(p.lr, p.seed) for p in runs], decided
+
+    grid = [(p.lr, p.seed) for p in pts]
+    assert plan() == (grid, False) and len(wanted_points(spec, tmp_path)) == 4
+    for seed, (a, b) in enumerate([(0.5, 0.6), (0.5, 0.7)]):
+        fake(lo, seed, a)
+        fake(hi, seed, b)  # the best mean (0.65) at the top edge -> probe 3e-2 with seed 0
+    assert plan() == (grid + [(0.03, 0)], False)
+    fake(0.03, 0, 0.55)  # below the best lr's seed 0 (0.6): the best is interior, the probe never chosen
+    assert plan() == (grid + [(0.03, 0)], True)
+    (row,) = collect(spec, tmp_path)
+    assert row["best_lr"] == hi and not row["lr_at_grid_edge"] and row["complete"]
+    assert row["lr_valid"] == {"0.003": 0.5, "0.01": pytest.approx(0.65)} and row["lr_probe"] == {"0.03": 0.55}
+    write_report(spec, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert "0.03: 0.550 (probe, first seed)" in md and "probed with seed 0" in md
+
+    fake(0.03, 0, 0.8)  # the probe now beats seed 0 there: the other seed decides
+    assert plan() == (grid + [(0.03, 0), (0.03, 1)], False)
+    fake(0.03, 1, 0.9)  # mean 0.85, the best, at the edge again -> the second and last probe upwards, 9e-2
+    assert plan() == (grid + [(0.03, 0), (0.03, 1), (0.09, 0)], False)
+    fake(0.09, 0, 0.95)
+    fake(0.09, 1, 0.99)
+    assert plan() == (grid + [(0.03, 0), (0.03, 1), (0.09, 0), (0.09, 1)], True)  # no third probe
+    (row,) = collect(spec, tmp_path)
+    assert row["best_lr"] == 0.09 and row["lr_at_grid_edge"] and "lr_probe" not in row
+    assert row["per_seed"] == {0: 0.95, 1: 0.99} and row["runs_total"] == 8
+    # --reuse may copy every run an extension could ask for: two lrs per side, every seed
+    cands = {(p.lr, p.seed) for p in extension_candidates(spec, pts)}
+    assert cands == {(lr, s) for lr in (0.03, 0.09, 1e-3, 3e-4) for s in (0, 1)}
+    # a row with its own single lr is never extended (as under first_seed)
+    one = load_spec({**raw, "mixers": [{"name": "attention", "lrs": [1e-2]}]})
+    out = tmp_path / "one"
+    for seed in (0, 1):
+        fake(1e-2, seed, 0.9, out)
+    runs, decided = all_seeds_plan(one, one.points(), out)
+    assert decided and [(p.lr, p.seed) for p in runs] == [(1e-2, 0), (1e-2, 1)]
+    assert extension_candidates(one, one.points()) == []
 
 
 def test_the_estimate_counts_only_the_steps_part_trained_runs_have_left(tmp_path, monkeypatch):

@@ -32,6 +32,7 @@ from seqmem.io import (
 from seqmem.sweep.runner import (
     choose_lr,
     plan_rows,
+    probe_lrs,
     read_result,
     selection_lrs,
     valid_value,
@@ -53,6 +54,8 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
         results = {(p.lr, p.seed): read_result(out / p.rel_dir) for p in pts}
         n_done = sum(1 for r in results.values() if valid_value(r, spec.select) is not None)
         best_lr = choose_lr(lr_valid, spec.select)
+        probes = sorted(probe_lrs(spec, pts)) if spec.lr_selection == "all_seeds" and spec.lr_extend else []
+        tried = sorted(set(lr_valid) | set(probes))  # a probe beyond the choice makes it interior
         first = next((r for r in results.values() if r and "state" in r), None)
         row: dict[str, Any] = {
             "setting": setting, "mixer": mixer, "family": pts[0].family, **dict(axes),
@@ -62,6 +65,9 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
             "params": first["params"] if first else None,
             "tune": plan.tune, "tune_chosen": plan.chosen,
         }
+        if probes:  # all_seeds with lr_extend: an extension probed with the first seed only (it did not beat the
+            # choice there, or has not finished): its first-seed validation value; never the chosen lr
+            row["lr_probe"] = {f"{lr:g}": valid_value(results.get((lr, spec.seeds[0])), spec.select) for lr in probes}
         if best_lr is not None:
             per_seed = {}
             for seed in spec.seeds:
@@ -84,7 +90,7 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
             row.update({"report_mean": m, "report_std": sd, "per_seed": per_seed, "n_seeds": len(per_seed),
                         "diverged_seeds": sum(1 for v in per_seed.values() if math.isnan(v)),
                         "valid_at_best": lr_valid[best_lr], "report_split": split,
-                        "lr_at_grid_edge": len(lr_valid) > 1 and best_lr in (min(lr_valid), max(lr_valid))})
+                        "lr_at_grid_edge": len(tried) > 1 and best_lr in (min(tried), max(tried))})
         # why the row may be unable to use its context (per layer, at this setting's length)
         seq_len = next(s.seq_len for s in spec.settings if s.label == setting)
         model = pts[0].run_spec["model"]
@@ -251,6 +257,11 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
         "A diverged run counts as the worst value. *state* is the most numbers per sequence the model holds at any "
         "point of the sequence (all layers). *lr** is the chosen learning rate; '(edge)' marks one at the edge of "
         "the grid." + (
+            f" While a row's best lr is the largest (smallest) tried, lr × {spec.lr_extend_factor:g} "
+            f"(÷ {spec.lr_extend_factor:g}) is probed with seed {spec.seeds[0]}, at most {spec.lr_extend} per side; a "
+            "probe that beats the best lr's first seed gets the other seeds and joins the choice, one that does not "
+            "shows the best is interior and is listed as a probe, never chosen."
+            if spec.lr_extend and spec.lr_selection == "all_seeds" else "") + (
             " Rows that share a **tune group** are one model with a hyperparameter (the rows' options) chosen on "
             "validation as the lr is: every row of the group runs its first seed at each lr, and only the group's "
             "row with the best validation value at its chosen lr gets the other seeds; the others report their "
@@ -277,7 +288,9 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
         body = []
         for r in srows:
             per = ", ".join(_fmt(v) for v in r.get("per_seed", {}).values()) or "—"
-            lrv = ", ".join(f"{lr}: {_fmt(v)}" for lr, v in r["lr_valid"].items()) or "—"
+            lrv = ", ".join([f"{lr}: {_fmt(v)}" for lr, v in r["lr_valid"].items()]
+                            + [f"{lr}: {'…' if v is None else _fmt(v)} (probe, first seed)"
+                               for lr, v in (r.get("lr_probe") or {}).items()]) or "—"
             ms = "—" if r.get("report_mean") is None else \
                 f"{_fmt(r['report_mean'])} ± {_fmt(r['report_std'])}"
             lr = "—" if r["best_lr"] is None else f"{r['best_lr']:g}" + (" (edge)" if r.get("lr_at_grid_edge") else "")

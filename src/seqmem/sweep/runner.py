@@ -664,6 +664,8 @@ def selection_lrs(spec: SweepSpec, pts: list[Point], out: Path) -> dict[float, f
     """Validation value per lr used to choose a row's lr: mean over seeds (``all_seeds``) or the first seed's
     (``first_seed``); lrs with no finished run are absent."""
     by_lr: dict[float, list[float]] = {}
+    if spec.lr_selection == "all_seeds":  # an lr the plan holds with fewer than every seed (a probe) is not chosen
+        pts = [p for p in pts if p.lr not in probe_lrs(spec, pts)]
     for p in pts:
         if spec.lr_selection == "first_seed" and not spec.is_first_stage(p):
             continue
@@ -671,6 +673,72 @@ def selection_lrs(spec: SweepSpec, pts: list[Point], out: Path) -> dict[float, f
         if v is not None:
             by_lr.setdefault(p.lr, []).append(v)
     return {lr: (math.nan if any(math.isnan(v) for v in vs) else sum(vs) / len(vs)) for lr, vs in by_lr.items()}
+
+
+def probe_lrs(spec: SweepSpec, pts: list[Point]) -> set[float]:
+    """Under ``all_seeds`` with ``lr_extend``: the lrs ``pts`` hold with only some of the seeds — an extension's
+    first-seed probe that has not (yet) beaten the chosen lr (:func:`all_seeds_plan`)."""
+    seeds: dict[float, set[int]] = {}
+    for p in pts:
+        seeds.setdefault(p.lr, set()).add(p.seed)
+    return {lr for lr, s in seeds.items() if not s >= set(spec.seeds)}
+
+
+def all_seeds_plan(spec: SweepSpec, pts: list[Point], out: Path) -> tuple[list[Point], bool]:
+    """``(runs, decided)`` of one row under ``all_seeds`` selection with ``lr_extend``: the grid, every lr with
+    every seed; while the lr with the best validation mean over seeds is the largest (smallest) tried, a probe at
+    ``best × factor`` (``/ factor``; :func:`extended_lr`) with the first seed, at most ``lr_extend`` per side.  A
+    probe whose first-seed validation beats the best lr's first seed gets the other seeds too and joins the choice
+    (mean over seeds again); one that does not is the evidence that the best is interior, and is never chosen.
+    ``decided``: every run the row needs has finished.  A row with a single lr is never extended."""
+    plan = list(pts)
+    first, grid = spec.seeds[0], sorted({p.lr for p in pts})  # the row's own grid (a row may set its lrs)
+
+    def first_value(lr: float) -> float | None:
+        return valid_value(read_result(out / spec.point_at(pts[0], lr, first).rel_dir), spec.select)
+
+    while True:
+        if not all(is_finished(out / p.rel_dir) for p in plan):
+            return plan, False
+        vals = selection_lrs(spec, plan, out)
+        best = choose_lr(vals, spec.select)
+        if best is None or math.isnan(vals[best]):
+            return plan, True
+
+        won = [lr for lr in sorted(probe_lrs(spec, plan))
+               if choose_lr({best: first_value(best), lr: first_value(lr)}, spec.select) == lr]
+        if won:  # a probe beat the choice on the first seed: the other seeds decide
+            plan += [spec.point_at(plan[0], lr, s) for lr in won for s in spec.seeds if s != first]
+            continue
+        tried = sorted({p.lr for p in plan})
+        new = None
+        if len(grid) == 1:  # an lr grid of one is never extended
+            return plan, True
+        if best == tried[-1] and sum(lr > max(grid) for lr in tried) < spec.lr_extend:
+            new = extended_lr(best, spec.lr_extend_factor)
+        elif best == tried[0] and sum(lr < min(grid) for lr in tried) < spec.lr_extend:
+            new = extended_lr(best, 1 / spec.lr_extend_factor)
+        if new is None or new in tried:
+            return plan, True
+        plan.append(spec.point_at(plan[0], new, first))
+
+
+def extension_candidates(spec: SweepSpec, points: list[Point]) -> list[Point]:
+    """Every run an lr extension could ask for (each row's lrs beyond its grid, up to ``lr_extend`` per side, with
+    every seed): what ``--reuse`` may copy before the extension is known."""
+    if not spec.lr_extend:
+        return []
+    out = []
+    for pts in group_points(points).values():
+        grid = {p.lr for p in pts}
+        if len(grid) == 1:
+            continue
+        for lr0, factor in ((max(grid), spec.lr_extend_factor), (min(grid), 1 / spec.lr_extend_factor)):
+            lr = lr0
+            for _ in range(spec.lr_extend):
+                lr = extended_lr(lr, factor)
+                out += [spec.point_at(pts[0], lr, s) for s in spec.seeds]
+    return out
 
 
 def extended_lr(best: float, factor: float) -> float:
@@ -767,7 +835,11 @@ def plan_rows(spec: SweepSpec, out: Path, points: list[Point] | None = None) -> 
     plans: dict[tuple, RowPlan] = {}
     for key, pts in groups.items():
         if spec.lr_selection == "all_seeds":
-            plans[key] = RowPlan(pts, [], True, len(pts))
+            if spec.lr_extend:
+                runs, decided = all_seeds_plan(spec, pts, out)
+                plans[key] = RowPlan(runs, [], decided, len(runs))
+            else:
+                plans[key] = RowPlan(pts, [], True, len(pts))
             continue
         tune = spec.tune_of(pts[0].mixer)
         s1, s2, decided = row_plan(spec, pts, out, tuned=tune is not None)
@@ -797,7 +869,7 @@ def wanted_points(spec: SweepSpec, out: Path, points: list[Point] | None = None)
     """The runs the sweep needs now: every point (``all_seeds``), or per row its stage-1 runs and, once they have
     finished, the other seeds at the chosen lr (``first_seed``, see :func:`plan_rows`)."""
     points = spec.points() if points is None else points
-    if spec.lr_selection == "all_seeds":
+    if spec.lr_selection == "all_seeds" and not spec.lr_extend:
         return points
     return [p for plan in plan_rows(spec, out, points).values() for p in plan.points]
 
@@ -853,8 +925,8 @@ def run_sweep(
         log(f"  {why}: not counted as finished; the run {'would be' if dry_run else 'is'} trained again")
     if len(bad) > 5:
         log(f"  ... and {len(bad) - 5} more invalid result.json file(s)")
-    if reuse:
-        reuse_finished(points, out, list(reuse), dry_run=dry_run, log=log)
+    if reuse:  # an lr extension's runs too, before it is known whether the results ask for them
+        reuse_finished(points + extension_candidates(spec, points), out, list(reuse), dry_run=dry_run, log=log)
     groups = group_points(points)
     counts = plan_counts(spec, out, points)
     n_expected = sum(n for n, _ in counts.values())

@@ -23,8 +23,10 @@ A spec (see ``src/seqmem/experiments/*.toml``)::
     lrs = [1e-3, 3e-3, 1e-2]
     seeds = [0, 1, 2]
     valid_examples = 512                   # validation examples (choose the lr); eval_examples: reported ones
-    lr_extend = 2                          # first_seed only: when the best lr is the largest (smallest) tried,
-                                           # also try it x lr_extend_factor (/ factor), at most this many per side
+    lr_extend = 2                          # when the best lr is the largest (smallest) tried, also try it
+                                           # x lr_extend_factor (/ factor), at most this many per side; under
+                                           # all_seeds a probe with the first seed, which gets the other seeds
+                                           # only if it beats the best lr's first seed
 
     [[mixers]]                             # a registered name, or a table (or mixers = "all"):
     name = "mamba2+ska"                    #   a label, with
@@ -490,7 +492,6 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
     select = raw.get("select", "accuracy")
     lr_selection = raw.get("lr_selection", "all_seeds")
     _need(lr_selection in LR_SELECTIONS, w, f"'lr_selection' must be one of {list(LR_SELECTIONS)}")
-    _need(not (lr_extend and lr_selection != "first_seed"), w, "[train] lr_extend needs lr_selection = \"first_seed\"")
     tunes = {r.tune for r in rows if r.tune}
     _need(not (tunes and lr_selection != "first_seed"), w, "'tune' groups need lr_selection = \"first_seed\"")
     clash = tunes & {r.label for r in rows}
