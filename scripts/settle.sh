@@ -80,6 +80,8 @@ run() {
             echo "== $1 -> docs/results/echo/transfer_masked_k$k ($(date -u +%H:%M) UTC)"
             $SEQMEM repro echo --scale paper --seeds 3 --no-mqar --models ssm_ska --ska-chunk 1 --ska-power "$k" \
                 --action-mask --out "docs/results/echo/transfer_masked_k$k" ;;
+        elastic_tuned_small) sweep elastic_tuned_small elastic tuned_small --reuse docs/results/elastic/sampling_small/runs \
+            --reuse docs/results/elastic/paper_lr/runs --compile ;;  # ≈ 2 CPU-h: 11 new grid runs + probes
         elastic_settle) sweep elastic_settle elastic settle --compile ;;  # ≈ 11-16 % less CPU per step
         vort_settle) sweep vort_settle vort settle --reuse docs/results/vort/zipf_tiny/runs --compile ;;
         vort_calibrate_dense) sweep vort_calibrate_dense vort calibrate_dense --compile ;;
@@ -102,8 +104,8 @@ run() {
 # Echo's one-operator mode (2026-11-28, load ≈ 4-5): ≈ 1.5-2 CPU-h each for echo_niah_paper_k2/k1; chunk 1's
 # training step costs 5× its, so echo_niah_masked_k2/k1 ≈ 10-13 each (docs/results/README.md)
 ALL=(lattice_matched echo_mqar_paper_lr vla_settle vla_copy_identity elastic_paper_lr echo_niah_paper_k2
-     echo_niah_paper_k1 echo_niah_tuned_k2 echo_niah_masked_k2 echo_niah_masked_k1 elastic_settle vort_settle
-     vort_calibrate_dense vort_settle_dense)
+     echo_niah_paper_k1 echo_niah_tuned_k2 elastic_tuned_small elastic_settle vort_settle echo_niah_masked_k2
+     echo_niah_masked_k1 vort_calibrate_dense vort_settle_dense)
 for spec in "${@:-${ALL[@]}}"; do
     run "$spec"
 done

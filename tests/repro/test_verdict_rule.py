@@ -212,6 +212,45 @@ def test_echo_table2_tuned_protocol_chooses_on_validation(tmp_path):
     assert proto["cells"]["a"]["lr"] == 3e-3 and proto["cells"]["a"]["lr_at_edge"] and "edge" in pending
 
 
+def test_settling_sweeps_are_read_whole_with_the_unspecified_choice_on_validation(tmp_path):
+    """A settling sweep (elastic_settle, elastic_tuned_small, vort_settle) is read only once every row it needs is
+    complete; of rows differing in an unspecified choice (α, λ) the one best on the validation mean over seeds is
+    read — at the paper's lr, or at each row's chosen lr with the sweep's own edge flag — the others listed."""
+    spec = importlib.util.spec_from_file_location("verdict_rules_sw", ROOT / "scripts" / "verdict_rules.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.ROOT = tmp_path
+    base = tmp_path / "docs" / "results" / "x" / "settle"
+    rows = []
+
+    def row(mixer: str, valid: dict[float, float], best: float, edge: bool, complete: bool = True) -> None:
+        for lr in valid:
+            for seed in range(3):
+                d = base / "runs" / "default" / mixer / "model" / f"lr{lr:g}" / f"seed{seed}"
+                d.mkdir(parents=True, exist_ok=True)
+                (d / "result.json").write_text(json.dumps({
+                    "status": "finished", "setting": "default", "lr": lr, "seed": seed,
+                    "report": {"loss": valid[lr] + 0.01 * seed}}))
+        rows.append({"setting": "default", "mixer": mixer, "complete": complete, "best_lr": best,
+                     "lr_valid": {f"{lr:g}": v for lr, v in valid.items()}, "valid_at_best": valid[best],
+                     "lr_at_grid_edge": edge})
+        (base / "report.json").write_text(json.dumps({"rows": rows}))
+
+    row("exp-a", {2e-3: 1.9, 4e-3: 1.7}, 4e-3, True)
+    row("exp-b", {2e-3: 1.8, 4e-3: 1.75}, 4e-3, False, complete=False)
+    assert mod.settled_rows("x/settle", ["exp-a", "exp-b"]) is None  # not read before every row is complete
+    rows[-1]["complete"] = True
+    (base / "report.json").write_text(json.dumps({"rows": rows}))
+    got = mod.settled_rows("x/settle", ["exp-a", "exp-b"])
+    kw = {"lower": True, "calibrated": True, "name": "exp"}
+    at_paper = mod.swept_cell("x/settle", "default", got, ["exp-a", "exp-b"], "report.loss", lr=2e-3, **kw)
+    assert "exp-b" in at_paper["label"] and at_paper["lr"] == 2e-3 and not at_paper["lr_at_edge"]
+    assert at_paper["per_seed"] == {"0": 1.8, "1": 1.81, "2": 1.82}
+    assert at_paper["variants"]["exp-a"]["valid_mean"] == 1.9
+    tuned = mod.swept_cell("x/settle", "default", got, ["exp-a", "exp-b"], "report.loss", **kw)
+    assert "exp-a" in tuned["label"] and tuned["lr"] == 4e-3 and tuned["lr_at_edge"]  # the report's edge
+
+
 @pytest.mark.parametrize("report", REPORTS, ids=[str(r.parent.relative_to(ROOT / "docs" / "results"))
                                                   for r in REPORTS])
 def test_a_reports_lr_is_one_trained(report):
@@ -235,7 +274,7 @@ def test_a_reports_lr_is_one_trained(report):
 
 
 SETTLE_SPECS = ("lattice_matched", "vort_settle", "vort_settle_dense", "elastic_paper_lr", "elastic_settle",
-                "echo_mqar_paper_lr", "vla_settle", "vla_copy_identity")
+                "elastic_tuned_small", "echo_mqar_paper_lr", "vla_settle", "vla_copy_identity")
 
 
 @pytest.mark.parametrize("name", SETTLE_SPECS)
