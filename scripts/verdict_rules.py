@@ -159,6 +159,7 @@ def tuned_niah(out_dir: str, length: int, calibrated: bool) -> tuple[dict[str, A
     spec = "echo_niah_tuned_k2 (scripts/settle.sh: the paper's protocol at lr 3e-4 / 1e-3 / 3e-3, 3 seeds each)"
     valid: dict[float, dict[str, float]] = {}
     dirs: dict[float, str] = {}
+    kinds = set()  # how each record's validation accuracy was computed: comparable only when all alike
     for d in sorted((ROOT / RES / out_dir).glob("lr*")):
         for p in sorted(d.glob("seeds/seed-*/ssm_ska.json")):
             rec = json.loads(p.read_text())
@@ -166,6 +167,10 @@ def tuned_niah(out_dir: str, length: int, calibrated: bool) -> tuple[dict[str, A
             if dirs.setdefault(lr, d.name) != d.name:
                 raise SystemExit(f"{out_dir}: lr {lr:g} in two folders ({dirs[lr]}, {d.name})")
             valid.setdefault(lr, {})[str(seed)] = float(rec["valid"]["accuracy"])
+            kinds.add(bool(rec["valid"].get("pooled")))
+    if len(kinds) > 1:
+        raise SystemExit(f"{out_dir}: some records pool their validation accuracy over scored tokens and some "
+                         "average it over evaluation batches; retrain one kind so the lrs are compared alike")
     if not valid:
         return {"status": "not run", "why": "no run of the tuned spec yet"}, spec
     short = {lr: len(v) for lr, v in valid.items() if len(v) < 3}
@@ -180,7 +185,9 @@ def tuned_niah(out_dir: str, length: int, calibrated: bool) -> tuple[dict[str, A
     c["lr_at_edge"] = best in (lrs[0], lrs[-1])
     c["lrs_tried"], c["valid_mean_by_lr"] = lrs, {f"{lr:g}": round(m, 3) for lr, m in sorted(means.items())}
     protocol = {"what": "the paper's protocol at each lr of a grid, 3 seeds each; the lr with the best mean "
-                        "validation accuracy (training mixture, its validation stream) over seeds",
+                        "validation accuracy (training mixture, its validation stream) over seeds"
+                        + ("" if kinds == {True} else " (these records' validation accuracy is the mean over "
+                           "evaluation batches of 16 of each batch's token accuracy, alike for every lr)"),
                 "cells": {"a": c}}
     return protocol, ((spec + ": the best lr is at the grid's edge; extend it (LRS=...)") if c["lr_at_edge"]
                       else "")

@@ -129,3 +129,35 @@ def test_compiled_training_is_the_same_training(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(ValueError, match="C\\+\\+ compiler"):
         check_compiler("cpu")
+
+
+def test_evaluate_pools_accuracy_over_scored_positions_whatever_the_batch_size():
+    """echo_mixture scores 1 or 4 tokens per example: evaluate's accuracy is correct / scored over all of them, the
+    same for every evaluation batch size (a task's per-batch accuracy, averaged by batch size, used to replace it,
+    and moved with the batch size)."""
+    from torch import nn
+
+    from seqmem.tasks import build_task
+    from seqmem.tasks.base import split_batch
+
+    task = build_task("echo_mixture")
+    xs, ys, _ = split_batch(task.valid_data(37))
+    counts = (ys != -100).sum(1)
+    assert len(set(counts.tolist())) > 1  # the case: examples score different numbers of tokens
+
+    class Oracle(nn.Module):  # right on the examples scoring one token, wrong on the others
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(1))
+
+        def forward(self, x, **kw):
+            rows = [int((xs == r).all(1).nonzero()[0]) for r in x]
+            y = ys[rows].clamp(min=0)
+            logits = nn.functional.one_hot(y, task.vocab_size).float()
+            wrong = counts[rows] != 1
+            logits[wrong] = nn.functional.one_hot((y[wrong] + 1) % task.vocab_size, task.vocab_size).float()
+            return logits, None
+
+    pooled = float((counts == 1).sum()) / float(counts.sum())
+    got = [evaluate(Oracle(), task, 37, bs, split="valid")["accuracy"] for bs in (37, 16, 3, 1)]
+    assert 0 < pooled < 1 and got == pytest.approx([pooled] * 4, abs=1e-12)

@@ -210,6 +210,13 @@ def test_echo_table2_tuned_protocol_chooses_on_validation(tmp_path):
         write("lr3e-3", 3e-3, seed, 90.0, 1.0)
     proto, pending = mod.tuned_niah("echo/tuned", 64, True)
     assert proto["cells"]["a"]["lr"] == 3e-3 and proto["cells"]["a"]["lr_at_edge"] and "edge" in pending
+    assert "mean over evaluation batches" in proto["what"]  # these records predate the pooled validation score
+    p = base / "lr1e-2" / "seeds" / "seed-0" / "ssm_ska.json"  # an extension scored the pooled way: not comparable
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps({"key": {"seed": 0, "config": {"lr": 1e-2}}, "valid": {"accuracy": 1.0, "pooled": True},
+                             "niah": {"64": 1.0}}))
+    with pytest.raises(SystemExit, match="pool"):
+        mod.tuned_niah("echo/tuned", 64, True)
 
 
 def test_settling_sweeps_are_read_whole_with_the_unspecified_choice_on_validation(tmp_path):

@@ -148,6 +148,8 @@ class Task:
         """Task metrics from ``logits (B, T, V)`` and ``targets (B, T)``.  Default: scored-token accuracy.
 
         Values must be per-example averages (the trainer averages them over batches weighted by batch size).
+        :func:`~seqmem.train.loop.evaluate` reports ``loss`` and ``accuracy`` pooled over every scored position
+        itself; a value of either name returned here is not used by it.
         """
         acc, _ = masked_accuracy(logits, targets)
         return {"accuracy": acc}

@@ -286,7 +286,9 @@ def evaluate(
     if tot_n == 0:
         raise ValueError("evaluation set has no scored positions (targets are all -100)")
     out = {"loss": tot_loss / tot_n, "accuracy": tot_correct / tot_n}
-    out.update({k: extra[k] / extra_w[k] for k in extra})
+    # pooled over every scored position; a task metric of the same name (a per-batch value, weighted by batch size)
+    # would differ where examples score different numbers of tokens (echo_mixture: 1 or 4), and with the batch size
+    out.update({k: extra[k] / extra_w[k] for k in extra if k not in out})
     return out
 
 
