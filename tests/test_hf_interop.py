@@ -131,6 +131,15 @@ def test_config_to_dict_has_transformers_size_names(tmp_path):
     assert SeqmemConfig(hidden_size=32, num_attention_heads=8).n_heads == 8
     with pytest.raises(ValueError, match="hidden_size=32 and d_model=16 disagree"):
         SeqmemConfig(d_model=16, hidden_size=32)
+    # a field given with its default's value disagrees too (it used to lose silently to the alias)
+    for kw in ({"d_model": 128, "hidden_size": 64}, {"n_layers": 2, "num_hidden_layers": 3},
+               {"n_heads": 4, "num_attention_heads": 2}, {"tie_embeddings": False, "tie_word_embeddings": True},
+               {"tie_embeddings": True, "tie_word_embeddings": False}):
+        with pytest.raises(ValueError, match="disagree"):
+            SeqmemConfig(**kw)
+    assert SeqmemConfig(d_model=128, hidden_size=128).d_model == 128  # agreeing is fine
+    assert SeqmemConfig(tie_word_embeddings=False).tie_embeddings is False
+    assert SeqmemConfig(tie_embeddings=False).tie_word_embeddings is False
 
 
 def test_peft_prompt_tuning_trains():

@@ -248,6 +248,24 @@ def test_lm_padded_equals_unpadded(name, left):
             assert_states_equal(rows(st, len(prompts))[i], ws, f"{name}: layer {layer} state of row {i}")
 
 
+@pytest.mark.parametrize("name", list_mixers())
+def test_lm_continues_a_padded_call_without_a_mask(name):
+    """Every registered mixer: the state of a left-padded call continues with a plain call (no attention_mask), each
+    row as if alone — for mixers whose rows' states cannot be batched (KV caches of different lengths) too, which
+    used to be refused with a message about cu_seqlens the caller never passed."""
+    m = _lm(name)
+    prompts = _prompts([3, 9, 6])
+    ids, mask = _pad(prompts, left=True)
+    _, state = m(ids, attention_mask=mask)
+    nxt = torch.randint(1, 32, (len(prompts), 4), generator=torch.Generator().manual_seed(5))
+    logits, state2 = m(nxt, state)
+    for i, p in enumerate(prompts):
+        want, want_state = m(torch.cat([p, nxt[i]])[None])
+        assert_rel_close(logits[i], want[0, -4:], TOL, f"{name}: row {i}")
+        for layer, (st, ws) in enumerate(zip(state2, want_state)):
+            assert_states_equal(rows(st, len(prompts))[i], ws, f"{name}: layer {layer} state of row {i}")
+
+
 def test_lm_position_ids_and_cu_seqlens_packing():
     """Sequences packed in a row (position_ids restarting at 0, or cu_seqlens): each one's logits are its own."""
     m = _lm(["gated_deltanet", "attention"], n_layers=2)

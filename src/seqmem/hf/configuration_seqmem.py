@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import threading
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -9,6 +11,8 @@ from transformers import PretrainedConfig
 from seqmem.models.lm import LMConfig
 
 __all__ = ["SeqmemConfig"]
+
+_given = threading.local()  # the keyword names the current SeqmemConfig(...) call was given (see the end)
 
 
 class SeqmemConfig(PretrainedConfig):
@@ -37,10 +41,15 @@ class SeqmemConfig(PretrainedConfig):
     tie_word_embeddings: bool | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
+        given = getattr(_given, "names", None)  # None: not called through __init__ (then: differs from the default)
+
+        def explicit(field: str) -> bool:
+            return field in given if given is not None else getattr(self, field) != getattr(type(self), field)
+
         for alias, field in self.attribute_map.items():  # transformers' names (config.json carries both)
             if alias in kwargs:
-                value, default = kwargs.pop(alias), getattr(type(self), field)
-                if getattr(self, field) not in (default, value):
+                value = kwargs.pop(alias)
+                if explicit(field) and getattr(self, field) != value:
                     raise ValueError(f"SeqmemConfig: {alias}={value!r} and {field}={getattr(self, field)!r} "
                                      f"disagree ({alias} is transformers' name for {field}); give one of them")
                 setattr(self, field, value)
@@ -50,6 +59,10 @@ class SeqmemConfig(PretrainedConfig):
             self.mixer = list(self.mixer)
         if self.tie_word_embeddings is None:
             self.tie_word_embeddings = bool(self.tie_embeddings)
+        elif explicit("tie_embeddings") and bool(self.tie_embeddings) != bool(self.tie_word_embeddings):
+            raise ValueError(f"SeqmemConfig: tie_word_embeddings={self.tie_word_embeddings!r} and tie_embeddings="
+                             f"{self.tie_embeddings!r} disagree (tie_word_embeddings is transformers' name for "
+                             "tie_embeddings); give one of them")
         self.tie_embeddings = bool(self.tie_word_embeddings)
         self.to_lm_config()  # validate (clear ValueErrors) before anything is built
         super().__post_init__(**kwargs)
@@ -75,3 +88,21 @@ class SeqmemConfig(PretrainedConfig):
         """A ``SeqmemConfig`` with the fields of ``cfg`` (extra ``transformers`` kwargs allowed)."""
         d = cfg.to_dict()
         return cls(**d, tie_word_embeddings=d["tie_embeddings"], **kwargs)
+
+
+_dataclass_init = SeqmemConfig.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init(self: SeqmemConfig, *args: Any, **kwargs: Any) -> None:
+    # __post_init__ must tell a field given with its default's value (d_model=128, hidden_size=64: a conflict)
+    # from one not given (hidden_size=64 alone): the dataclass __init__ cannot, so the names are kept here
+    before = getattr(_given, "names", None)
+    _given.names = set(kwargs)
+    try:
+        _dataclass_init(self, *args, **kwargs)
+    finally:
+        _given.names = before
+
+
+SeqmemConfig.__init__ = _init  # type: ignore[method-assign]

@@ -335,8 +335,9 @@ class LanguageModel(nn.Module):
         (several sequences in a row, restarting at 0) or ``cu_seqlens`` (a batch-1 row of packed sequences) run
         every row's sequences as if each were alone, in one call of every block: no pad enters a state and no
         sequence sees another.  Logits at pads are zeros; the state is each row's, after its last real token (with
-        ``cu_seqlens``: each sequence's).  ``output_final_state=False`` returns ``None`` as the state (cheaper with
-        padding or packing: see :meth:`seqmem.mixers.base.Mixer._forward_varlen`).
+        ``cu_seqlens``: each sequence's); a later call continues it with or without an ``attention_mask``.
+        ``output_final_state=False`` returns ``None`` as the state (cheaper with padding or packing: see
+        :meth:`seqmem.mixers.base.Mixer._forward_varlen`).
 
         ``action_mask`` (batch, time) in {0, 1}, optional: the tokens allowed into the memory of the layers that take
         an action mask (SKA: Echo App. F eq. 53, the oracle "fact-bearing" tokens of App. G.1 / H.1); every other
@@ -361,6 +362,14 @@ class LanguageModel(nn.Module):
                 f"{getattr(positions, 'dtype', type(positions).__name__)} {tuple(getattr(positions, 'shape', ()))}"
             )
         x = self.embed(input_ids.long())
+        if attention_mask is None and position_ids is None and cu_seqlens is None and state is not None \
+                and any(isinstance(s, list) for s in state):
+            # rows continued from a padded call whose states could not be batched (KV caches of different
+            # lengths, rows at different positions): each row as one sequence of a packed call, which takes them
+            if action_mask is not None:
+                raise ValueError("action_mask cannot continue the per-row states of a padded call (padding and "
+                                 "action_mask do not combine): continue without it, or run the rows one at a time")
+            attention_mask = torch.ones(input_ids.shape, dtype=torch.long, device=input_ids.device)
         packing = make_packing(tuple(input_ids.shape), x.device, attention_mask, position_ids, cu_seqlens,
                                continuing=state is not None)
         if packing is not None:
