@@ -34,6 +34,14 @@ def test_generate_with_state_equals_recompute(mixer):
     assert torch.equal(s1, s2)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -0.5, True, "0.8"])
+def test_generate_refuses_a_temperature_that_is_not_a_finite_number(bad):
+    """NaN used to reach torch.multinomial (a RuntimeError), inf sampled uniformly, True passed as 1."""
+    m = tiny("attention").float()
+    with pytest.raises(ValueError, match="temperature"):
+        m.generate(torch.randint(0, 50, (1, 4)), 2, temperature=bad)
+
+
 def test_state_size_sums_layers_and_hybrid_layers_differ():
     m = tiny(["deltanet", "attention"])
     assert m.blocks[0].mixer.registered_name == "deltanet"

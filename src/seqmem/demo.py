@@ -44,7 +44,7 @@ class DemoConfig:
 
 #: ``seqmem demo`` without ``--all``: each mechanism's main mixer, the variant the comparison found to work where the
 #: paper's form does not (``ska`` with ``power=1``, ``vla`` with ``normalizer="none"``; docs/results/compare/) and
-#: the reference baselines: about 8 CPU-minutes, 4-5 min wall on 2 idle cores
+#: the reference baselines: 15.6 CPU-minutes for the committed runs (docs/results/demo/runs), ≈ 8 min on 2 idle cores
 QUICK_ROWS: list[dict[str, Any]] = [
     {"name": "attention", "family": "baseline"},
     {"name": "deltanet", "family": "baseline"},
@@ -174,7 +174,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "demo",
         help="train the main mixers (--all: every registered mixer) on a small MQAR; print a table, write a plot "
-             "(about 5 min on 2 cores; --all about 15 min)",
+             "(the quick tour: about 15 CPU-minutes, ≈ 8 min on 2 idle cores, or seconds where its committed runs "
+             "are reused; --all: every mixer, its estimate printed before it starts)",
         description="A preset of `seqmem sweep`: the packaged `demo` spec (one seed, one lr) with these sizes. "
                     "Without --all or --mixers, the quick tour: " + ", ".join(r["name"] for r in QUICK_ROWS) +
                     ". Resumable: finished runs under OUT/runs are reused (--fresh retrains), so --all after the "
@@ -188,7 +189,8 @@ def add_parser(sub) -> None:
                    help="comma-separated registered mixers (default: the quick tour's rows: " +
                         ", ".join(r["name"] for r in QUICK_ROWS) + ")")
     p.add_argument("--all", action="store_true",
-                   help="every registered mixer (the full tour: about 26 CPU-minutes)")
+                   help="every registered mixer (the full tour: several times the quick tour's ≈ 15 "
+                        "CPU-minutes; its estimate is printed before anything starts)")
     p.add_argument("--yes", action="store_true",
                    help="start even when the estimated cost is above 30 CPU-minutes (without it the demo prints the "
                         "estimate and stops)")

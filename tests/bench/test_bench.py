@@ -121,8 +121,9 @@ def test_mixer_option_reaches_the_mixer_the_record_and_the_command(tmp_path, cap
     assert seen == [(3, 500.0)]  # swa's own default window is 64
     data = json.loads(js.read_text())
     assert [r["mixer_options"] for r in data["records"]] == [{"window": 3, "rope_base": 500}]
-    # the repeat command spells a repeatable option once per value
+    # the repeat command spells a repeatable option once per value, and flags as they are spelled now
     assert "--mixer-option window=3 --mixer-option rope_base=500" in data["command"]
+    assert "--batch-size 1" in data["command"] and "--batch " not in data["command"]
     assert "--mixer-option window=3 --mixer-option rope_base=500" in capsys.readouterr().out
 
 
@@ -148,6 +149,8 @@ def test_bench_train_takes_mixer_options(tmp_path):
     ["bench", "decode", "--dtype", "int8"],
     ["bench", "speed", "--impl", "slow"],
     ["bench", "decode", "--device", "tpu"],
+    ["bench", "speed", "--mixers", "attention", "--heads", "3", "--d-model", "32"],  # refused before any timing
+    ["bench", "speed", "--mixers", "swa", "--mixer-option", "window=0", "--d-model", "32", "--heads", "2"],
     ["bench"],
 ])
 def test_bad_arguments_exit_2(argv, capsys):

@@ -132,6 +132,16 @@ def _setup(args: argparse.Namespace):
     dtype = resolve_dtype(args.dtype)
     mixers = resolve_mixers(args.mixers)
     args.mixer_option_parsed = check_mixer_options(mixers, args.mixer_option)
+    if hasattr(args, "d_model") and hasattr(args, "heads"):  # every layer builds at this width, before any timing
+        from seqmem.registry import build_mixer
+
+        for name in mixers:
+            try:
+                build_mixer(name, args.d_model, n_heads=args.heads, **args.mixer_option_parsed)
+            except ValueError as e:
+                raise ValueError(f"{name} at --d-model {args.d_model} --heads {args.heads}"
+                                 + (f" with --mixer-option {args.mixer_option_parsed}" if args.mixer_option_parsed
+                                    else "") + f": {e}") from None
     if args.json is not None:
         check_writable_file(args.json)
     if args.plot is not None:

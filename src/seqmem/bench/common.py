@@ -83,6 +83,10 @@ def add_output_options(p: Any, tables: str, plot: bool = False) -> None:
                    help=f"write {tables} to this Markdown file (default: printed only)")
 
 
+#: options whose attribute is not their flag's name (the flag a recorded command line spells, not an old alias)
+FLAG_OF_DEST = {"batch": "--batch-size"}
+
+
 def command_line(prefix: str, args: Any) -> str:
     """``prefix`` followed by every option of ``args`` spelled out: the command that repeats the run (also when it
     was called from Python).  Unset (None) and off (False) options, derived ``*_parsed`` values and the raw
@@ -91,8 +95,9 @@ def command_line(prefix: str, args: Any) -> str:
     for k, v in vars(args).items():
         if k in ("func", "cmd", "bench", "argv") or k.endswith("_parsed") or v is None or v is False:
             continue
+        flag = FLAG_OF_DEST.get(k, "--" + k.replace("_", "-"))
         for item in v if isinstance(v, list) else [v]:  # a repeatable option: its flag once per value
-            parts.append("--" + k.replace("_", "-"))
+            parts.append(flag)
             if item is not True:
                 parts.append(shlex.quote(str(item)))
     return " ".join(parts)

@@ -13,7 +13,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmem.mixers._norm import RMSNorm
-from seqmem.mixers.base import State, check_cu_seqlens, check_fields, check_positive_int, split_states, stack_states
+from seqmem.mixers.base import (
+    State,
+    check_cu_seqlens,
+    check_fields,
+    check_positive_float,
+    check_positive_int,
+    split_states,
+    stack_states,
+)
 from seqmem.ops._common import check_action_mask
 from seqmem.registry import build_mixer
 
@@ -406,8 +414,7 @@ class LanguageModel(nn.Module):
         without it the whole prefix is recomputed each step (a slow reference; equal outputs).
         """
         check_positive_int("max_new_tokens", max_new_tokens)
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        temperature = check_positive_float("temperature", temperature, allow_zero=True)  # finite, >= 0, not a bool
         if top_k is not None:
             check_positive_int("top_k", top_k)
         ids = input_ids
