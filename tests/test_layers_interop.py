@@ -102,3 +102,30 @@ def test_assert_matches_reference_catches_a_broken_state_handoff():
     torch.manual_seed(0)
     with pytest.raises(AssertionError, match="continuation"):
         assert_matches_reference(Leaky(hidden_size=16, num_heads=2), seq_len=19)
+
+
+def test_assert_matches_reference_is_never_vacuous():
+    """SKA with its default chunk 64 at seq_len 37: every position is in chunk 0, the reference output is zero, so an
+    output comparison would prove nothing: a ValueError says so (it used to pass). A zero-initialised output
+    projection no longer hides a wrong output: a candidate that differs only there is caught."""
+    import seqmem
+    from seqmem.testing import assert_matches_reference
+
+    with pytest.raises(ValueError, match="identically zero"):
+        assert_matches_reference(seqmem.build_mixer("ska", 32, n_heads=2))
+    assert_matches_reference(seqmem.build_mixer("ska", 32, n_heads=2, chunk_size=8))
+
+    class Scaled(torch.nn.Module):  # the layer's output x 1.5: wrong, but zero while the projection is zero
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = seqmem.build_mixer("ska", 32, n_heads=2, chunk_size=8)
+            self.d_model = 32
+
+        def forward(self, x, state=None):
+            y, st = self.inner(x, state)
+            return 1.5 * y, st
+
+    ref = Scaled()
+    ref.forward = ref.inner.forward  # the reference: the layer itself, same parameter names under .inner
+    with pytest.raises(AssertionError, match="output"):
+        assert_matches_reference(Scaled(), ref)

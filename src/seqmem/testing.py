@@ -16,7 +16,10 @@ check that catches a chunked kernel whose state handoff is wrong even when its o
 
 * **A layer** following seqmem's contract (``y, state = layer(x, state)``): the reference is ``reference`` (a layer
   with the same parameter names, e.g. the same class built with ``impl="reference"``), by default a copy of the
-  layer with ``impl="reference"``; both are run in float64 with the same weights.
+  layer with ``impl="reference"``; both are run in float64 with the same weights.  Weights initialised to zero (an
+  output projection) are given small random values first, so they do not hide what they multiply, and a reference
+  output that is identically zero (a chunk-causal layer whose first chunk covers the whole sequence) is refused
+  with a ``ValueError``: comparing it would prove nothing.
 
 Tolerances scale with each compared tensor's largest magnitude and default by dtype (float64 1e-8, float32 1e-3,
 bfloat16/float16 5e-2).  A failure is an ``AssertionError`` naming what differs (``output``, ``final state``,
@@ -130,6 +133,11 @@ def _check_layer(layer: torch.nn.Module, reference: torch.nn.Module | None, *, b
         reference.impl = "reference"
     ref = copy.deepcopy(reference).to("cpu", torch.float64)
     cand = copy.deepcopy(layer).to(device, dtype)
+    g = torch.Generator().manual_seed(seed + 2)
+    with torch.no_grad():  # a weight initialised to zero (an output projection) would hide what it multiplies
+        for p in cand.parameters():
+            if p.is_floating_point() and p.numel() and not bool(p.any()):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64))
     ref.load_state_dict({k: v.double().cpu() for k, v in cand.state_dict().items()})
     d_model = getattr(layer, "d_model", None)
     if d_model is None:
@@ -139,6 +147,10 @@ def _check_layer(layer: torch.nn.Module, reference: torch.nn.Module | None, *, b
     xr = xc.detach().cpu().double().requires_grad_(grad)
     y, st = cand(xc)
     y_ref, st_ref = ref(xr)
+    if not bool(y_ref.any()):
+        raise ValueError(f"{type(layer).__name__}: the reference output is identically zero at seq_len {seq_len}, "
+                         "so comparing outputs would prove nothing (a chunk-causal layer whose first chunk covers "
+                         "the whole sequence, say): pass a longer seq_len or a smaller chunk")
     _close("output", y, y_ref, tol)
     if set(st) != set(st_ref):
         raise AssertionError(f"final state: keys {sorted(st)}, reference {sorted(st_ref)}")
