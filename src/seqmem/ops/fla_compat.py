@@ -10,7 +10,9 @@ seqmem's own :func:`~seqmem.ops.gated_delta_rule` takes both by keyword), the sa
 * ``scale`` defaults to ``d_k ** -0.5``; q and k are *not* normalised unless ``use_qk_l2norm_in_kernel=True``
   (then ``x / sqrt(sum x^2 + 1e-6)`` on the last dimension, as fla's kernel does);
 * ``initial_state`` and ``final_state`` are bare tensors ``(N, heads, d_k, d_v)``; ``final_state`` is ``None``
-  unless ``output_final_state=True``;
+  unless ``output_final_state=True`` — except linear attention with ``normalize=True``, whose state is a pair
+  ``(S or None, z)`` (``z`` the running key sum its normaliser needs to continue a split sequence; fla keeps none,
+  so its normalised form cannot be continued);
 * ``cu_seqlens`` (``N + 1`` offsets, batch 1): ``N`` packed sequences, each starting from its own initial state
   (zeros or ``initial_state[n]``), the final state one row per sequence.
 
