@@ -161,3 +161,26 @@ def test_evaluate_pools_accuracy_over_scored_positions_whatever_the_batch_size()
     pooled = float((counts == 1).sum()) / float(counts.sum())
     got = [evaluate(Oracle(), task, 37, bs, split="valid")["accuracy"] for bs in (37, 16, 3, 1)]
     assert 0 < pooled < 1 and got == pytest.approx([pooled] * 4, abs=1e-12)
+
+
+def test_logged_lr_is_the_lr_each_step_trained_with():
+    """metrics.jsonl's lr is what the optimizer used at that step (it was the next step's: the log reached the
+    minimum lr, which no step trains at)."""
+    model, task = setup()
+    cfg = TrainConfig(steps=10, batch_size=4, lr=1.0, warmup_frac=0.3, min_lr_frac=0.1, log_every=1,
+                      eval_examples=8, clip=1.0)
+    used: list[float] = []
+    real = torch.optim.AdamW.step
+
+    def spy(self, *a, **kw):
+        used.append(self.param_groups[0]["lr"])
+        return real(self, *a, **kw)
+
+    torch.optim.AdamW.step = spy
+    try:
+        res = train(model, task, cfg)
+    finally:
+        torch.optim.AdamW.step = real
+    logged = [r["lr"] for r in res.history if "loss" in r]
+    assert len(used) == 10 and logged == pytest.approx(used, rel=1e-12)
+    assert min(logged) > 0.1  # the schedule's floor (min_lr_frac) is where it ends, not a step's lr

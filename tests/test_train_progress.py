@@ -49,11 +49,12 @@ def test_resume_extends_a_finished_run_and_relays_the_schedule(tmp_path):
     res = train(model, task, longer, out_dir=tmp_path, resume=True)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 17))
-    # steps 1-8 followed the 8-step schedule, steps 9-16 the 16-step schedule (as if started with 16 steps)
+    # steps 1-8 followed the 8-step schedule, steps 9-16 the 16-step schedule (as if started with 16 steps); each
+    # record logs the lr its step trained with (step s: the schedule at s - 1; it used to log the next step's)
     f8, f16 = _lr_lambda(cfg), _lr_lambda(longer)
     for r in rows:
         f = f8 if r["step"] <= 8 else f16
-        assert math.isclose(r["lr"], 3e-3 * f(r["step"]), rel_tol=1e-9), r
+        assert math.isclose(r["lr"], 3e-3 * f(r["step"] - 1), rel_tol=1e-9), r
     assert res.final and "accuracy" in res.final
     with pytest.raises(ValueError, match="beyond"):
         model, task = _setup()

@@ -375,10 +375,10 @@ def train(
                 # Extension: the warm-up + cosine schedule is laid over the new total, as if the run had been
                 # started with it (LambdaLR's state holds only the step count; the lambda is _lr_lambda(cfg)).
                 lr_old = cfg.lr * _lr_lambda(TrainConfig(**{**old_cfg, "betas": tuple(old_cfg["betas"])}))(
-                    st["step"] - 1)
-                lr_new = cfg.lr * _lr_lambda(cfg)(st["step"] - 1)
+                    st["step"])
+                lr_new = cfg.lr * _lr_lambda(cfg)(st["step"])
                 _say(f"resume: extending the run from {old_cfg.get('steps')} to {cfg.steps} steps; the learning-"
-                     f"rate schedule is laid over the new total (lr at step {st['step']}: {lr_old:.3g} -> "
+                     f"rate schedule is laid over the new total (lr at step {st['step'] + 1}: {lr_old:.3g} -> "
                      f"{lr_new:.3g})")
             gen.set_state(st["data_rng"])
             torch.set_rng_state(st["torch_rng"])
@@ -424,6 +424,12 @@ def train(
         else:
             opt.load_state_dict(opt_state)
         sched.load_state_dict(sched_state)
+        # the optimizer's saved lr is the old schedule's: set the next step's from this run's (an extension lays the
+        # schedule over a new total; for a plain resume the value is the same)
+        lam = _lr_lambda(cfg)
+        for g, base in zip(opt.param_groups, sched.base_lrs):
+            g["lr"] = base * lam(sched.last_epoch)
+        sched._last_lr = [g["lr"] for g in opt.param_groups]
     simple = world == 1 and cfg.grad_accum == 1  # one forward/backward per step (the original single-process path)
     sparse = takes_positions(model)  # the head at the scored positions only (scored_logits)
     fwd = model  # what the training steps call: the model, or its compiled form
@@ -489,6 +495,7 @@ def train(
             loss.backward()
         if cfg.clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        lr_used = opt.param_groups[0]["lr"]  # the lr this step trains with (the scheduler then moves to the next)
         opt.step()
         sched.step()
         record: dict[str, Any] | None = None
@@ -497,7 +504,7 @@ def train(
                 with torch.no_grad():
                     acc = float((logits.argmax(-1) == scored).float().mean()) if scored.numel() else float("nan")
             el = time.perf_counter() - t0
-            record = {"step": step, "loss": float(report.detach()), "accuracy": acc, "lr": sched.get_last_lr()[0],
+            record = {"step": step, "loss": float(report.detach()), "accuracy": acc, "lr": lr_used,
                       "tokens_per_s": tokens / max(el, 1e-9)}
             if compile:
                 record["compiled"] = True
