@@ -152,6 +152,19 @@ def test_config_reproduces_a_run_and_flags_override(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("[1, 2]")
     assert main(["train", "--config", str(tmp_path / "bad.json"), "--out", str(tmp_path / "e")]) == 2
     assert "run specification" in capsys.readouterr().err
+    # a misspelt section or task key is refused, not dropped (the run used to train with the defaults)
+    for typo, word in (({**spec, "trian": spec["train"]}, "trian"),
+                       ({**spec, "task": {"name": spec["task"]["name"], "option": spec["task"]["options"]}}, "option")):
+        (tmp_path / "typo.json").write_text(json.dumps(typo))
+        assert main(["train", "--config", str(tmp_path / "typo.json"), "--out", str(tmp_path / "f")]) == 2
+        assert word in capsys.readouterr().err
+    # a flag of another task is refused, not dropped
+    assert main(["train", "--task", "lm", "--mixer", "attention", "--vocab-size", "100", "--out",
+                 str(tmp_path / "g")]) == 2
+    assert "--task mqar only" in capsys.readouterr().err
+    assert main(["train", "--task", "mqar", "--mixer", "attention", "--corpus", "code", "--out",
+                 str(tmp_path / "h")]) == 2
+    assert "--task lm only" in capsys.readouterr().err
 
 
 def _strip_new_fields(run: Path, fields: tuple[str, ...]) -> None:

@@ -84,6 +84,13 @@ def _fill_task_defaults(args: argparse.Namespace) -> None:
 
 
 def _task_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    # a task flag another task has no use for is an error, not silently dropped from the run
+    own = {"mqar": (("--vocab-size", "vocab"), ("--num-pairs", "num_pairs")), "lm": (("--corpus", "corpus"),)}
+    for task, flags in own.items():
+        given = [flag for flag, dest in flags if getattr(args, dest, None) is not None]
+        if args.task != task and given:
+            raise UsageError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --task {task} only "
+                             f"(this run is --task {args.task}; its own options go in --task-option KEY=VALUE)")
     _fill_task_defaults(args)
     opts = {**getattr(args, "config_task_options", {}), **parse_options(args.task_option)}
     if args.task != "lm" and (getattr(args, "dataset", None) is not None or getattr(args, "tokenizer", None)
@@ -137,7 +144,15 @@ def config_defaults(path: str | Path) -> dict[str, Any]:
         if not isinstance(spec, dict) or not all(isinstance(spec.get(k), dict) for k in ("task", "model")):
             raise UsageError(f"--config {path}: not a run specification with 'task' and 'model' objects")
     out: dict[str, Any] = {}
+    # a misspelt section or task key would otherwise be dropped and the run trained with defaults
+    unknown = sorted(set(spec) - {"task", "model", "train", "sweep"})
+    if unknown:
+        raise UsageError(f"--config {path}: unknown section(s) {unknown} (a run.json has task, model, train and, "
+                         "from a sweep, sweep)")
     task = spec["task"]
+    unknown = sorted(set(task) - {"name", "options"})
+    if unknown:
+        raise UsageError(f"--config {path}: task: unknown key(s) {unknown} (a task has a name and options)")
     name, opts = task.get("name"), dict(task.get("options") or {})
     if not isinstance(name, str):
         raise UsageError(f"--config {path}: task has no name")
