@@ -309,6 +309,15 @@ def test_a_trained_result_is_sealed_and_a_broken_one_is_trained_again(tmp_path):
     (d / "result.json").write_text("{}")
     res = run_sweep(spec, tmp_path, log=lambda s: None, probe=False)
     assert res["ran"] == 1 and is_finished(d)
+    # an edit that also removes the seal is caught too: the result still carries the log's hash, written only
+    # beside a seal (it used to pass as a result from before sealing, and its edited validation chose the lr)
+    for edit in ({"valid": {**r["valid"], "accuracy": 0.9}}, {"status": "diverged"}):
+        forged = {k: v for k, v in {**read_result(d), **edit}.items() if k != "sha256"}
+        (d / "result.json").write_text(json.dumps(forged))
+        assert not is_finished(d)
+        assert "seal" in check_result(d)[1]
+        res = run_sweep(spec, tmp_path, log=lambda s: None, probe=False)
+        assert res["ran"] == 1 and is_finished(d)
 
 
 def test_the_committed_results_are_all_valid():

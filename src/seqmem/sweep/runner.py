@@ -262,7 +262,8 @@ def result_problem(run_dir: Path, r: Any) -> str | None:
     since results were bound to what produced them) must match its own hash, the hash of ``metrics.jsonl`` and,
     where the final checkpoint is there, that checkpoint's weights.  An unsealed result (written before) must be
     consistent with its ``metrics.jsonl``: the log ends at the result's step count with the final evaluation the
-    result reports (on the ``eval`` split)."""
+    result reports (on the ``eval`` split); one that carries a key written only beside a seal (the log's or the
+    weights' hash) has had its seal removed and is refused."""
     if not isinstance(r, dict):
         return f"not a JSON object (a {type(r).__name__})"
     status = r.get("status")
@@ -301,6 +302,9 @@ def result_problem(run_dir: Path, r: Any) -> str | None:
                 if got != w:
                     return "the final checkpoint's weights are not those this result was written with"
         return None
+    marks = [k for k in (METRICS_HASH, WEIGHTS_HASH, "sealed_later") if k in r]
+    if marks:  # written since results were sealed (these keys came with the seal): its seal was removed
+        return f"its seal ({SEAL}) is missing though it carries {marks[0]}: edited after it was written"
     try:  # unsealed: written before results were sealed; must agree with the log
         rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     except FileNotFoundError:
