@@ -66,9 +66,10 @@ def test_resume_without_checkpoint_or_with_other_config(tmp_path):
         train(model, task, TrainConfig(**{**CFG, "lr": 1e-2}), out_dir=tmp_path, resume=True)
 
 
-@pytest.mark.parametrize("kw", [dict(steps=0), dict(lr=0), dict(warmup_frac=1.5), dict(batch_size=-1)])
+@pytest.mark.parametrize("kw", [dict(steps=0), dict(lr=0), dict(warmup_frac=1.5), dict(batch_size=-1),
+                                dict(seed=-5), dict(seed=True), dict(betas=(0.9,)), dict(betas=(0.9, 1.5))])
 def test_bad_train_config(kw):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=next(iter(kw))):
         TrainConfig(**kw)
 
 

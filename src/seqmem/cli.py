@@ -682,13 +682,15 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--log", action="append", choices=["tensorboard", "wandb"], default=None,
                    help="extra metric backend (repeatable; offline; default: none, metrics.jsonl is always written)")
     p.add_argument("--eval-every", type=int, default=0,
-                   help="evaluate every N steps and print the result (0: only at the end)")
+                   help="evaluate every N steps (0: only at the end); each result goes to metrics.jsonl and is "
+                        "printed unless --no-progress")
     p.add_argument("--eval-examples", type=_positive_int, default=512, help="held-out examples per evaluation")
     p.add_argument("--eval-batch-size", type=_positive_int, default=64, help="sequences per evaluation forward pass")
     p.add_argument("--checkpoint-every", type=int, default=None,
                    help="write a checkpoint every N steps (0: only at the end; default: steps/10, at most 1000)")
     p.add_argument("--log-every", type=_positive_int, default=10,
-                   help="write a metrics line every N steps (and, when stderr is not a terminal, print one)")
+                   help="write a metrics line every N steps (when stderr is not a terminal, a progress line is "
+                        "also printed, at most one every 10 s)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps")
     _add_threads(p)
     p.add_argument("--out", type=_out_path, required=True, help="run directory")

@@ -73,8 +73,13 @@ class TrainConfig:
         # reported as such, not later as a diverged run blamed on the learning rate)
         check_fields(self, {"lr": ">0", "weight_decay": ">=0", "warmup_frac": "[0,1)", "min_lr_frac": "[0,1]",
                             "clip": ">=0", "eval_every": ">=0", "checkpoint_every": ">=0"})
-        for b in tuple(self.betas) if isinstance(self.betas, (tuple, list)) and len(self.betas) == 2 else (None,):
+        if not (isinstance(self.betas, (tuple, list)) and len(self.betas) == 2):
+            raise ValueError(f"TrainConfig: betas must be two numbers in [0, 1) (Adam's beta1, beta2), got "
+                             f"{self.betas!r}")
+        for b in self.betas:
             check_option("TrainConfig", "betas", b, float, "[0,1)")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"TrainConfig: seed must be a non-negative integer, got {self.seed!r}")
         for k in ("steps", "batch_size", "eval_examples", "eval_batch_size", "log_every", "grad_accum"):
             v = getattr(self, k)
             if not isinstance(v, int) or v <= 0:
