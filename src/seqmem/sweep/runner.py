@@ -669,7 +669,8 @@ def selection_lrs(spec: SweepSpec, pts: list[Point], out: Path) -> dict[float, f
     (``first_seed``); lrs with no finished run are absent."""
     by_lr: dict[float, list[float]] = {}
     if spec.lr_selection == "all_seeds":  # an lr the plan holds with fewer than every seed (a probe) is not chosen
-        pts = [p for p in pts if p.lr not in probe_lrs(spec, pts)]
+        probes = probe_lrs(spec, pts)
+        pts = [p for p in pts if p.lr not in probes]
     for p in pts:
         if spec.lr_selection == "first_seed" and not spec.is_first_stage(p):
             continue
@@ -714,10 +715,10 @@ def all_seeds_plan(spec: SweepSpec, pts: list[Point], out: Path) -> tuple[list[P
         if won:  # a probe beat the choice on the first seed: the other seeds decide
             plan += [spec.point_at(plan[0], lr, s) for lr in won for s in spec.seeds if s != first]
             continue
-        tried = sorted({p.lr for p in plan})
-        new = None
         if len(grid) == 1:  # an lr grid of one is never extended
             return plan, True
+        tried = sorted({p.lr for p in plan})
+        new = None
         if best == tried[-1] and sum(lr > max(grid) for lr in tried) < spec.lr_extend:
             new = extended_lr(best, spec.lr_extend_factor)
         elif best == tried[0] and sum(lr < min(grid) for lr in tried) < spec.lr_extend:

@@ -431,10 +431,8 @@ def train(
         sched.load_state_dict(sched_state)
         # the optimizer's saved lr is the old schedule's: set the next step's from this run's (an extension lays the
         # schedule over a new total; for a plain resume the value is the same)
-        lam = _lr_lambda(cfg)
-        for g, base in zip(opt.param_groups, sched.base_lrs):
+        for g, base, lam in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas):
             g["lr"] = base * lam(sched.last_epoch)
-        sched._last_lr = [g["lr"] for g in opt.param_groups]
     simple = world == 1 and cfg.grad_accum == 1  # one forward/backward per step (the original single-process path)
     sparse = takes_positions(model)  # the head at the scored positions only (scored_logits)
     fwd = model  # what the training steps call: the model, or its compiled form
