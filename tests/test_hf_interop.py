@@ -142,6 +142,19 @@ def test_config_to_dict_has_transformers_size_names(tmp_path):
     assert SeqmemConfig(tie_embeddings=False).tie_word_embeddings is False
 
 
+def test_config_refuses_misspelt_fields(tmp_path):
+    # transformers keeps unknown keywords as attributes: a misspelt field would build a default-sized model
+    for kw, field in (({"d_modle": 32}, "d_model"), ({"mixers": "vla"}, "mixer"), ({"n_layer": 3}, "n_layers"),
+                      ({"mixer_option": {}}, "mixer_options"), ({"norm_epsilon": 1e-6}, "norm_eps")):
+        with pytest.raises(ValueError, match=f"did you mean '{field}'"):
+            SeqmemConfig(**kw)
+    # transformers' own keys and unrelated extras pass (config.json files carry them)
+    c = SeqmemConfig(d_model=16, architectures=["SeqmemForCausalLM"], auto_map={}, my_note="x", pad_token_id=0)
+    assert c.my_note == "x" and c.d_model == 16
+    c.save_pretrained(tmp_path)
+    assert SeqmemConfig.from_pretrained(tmp_path).to_dict() == c.to_dict()
+
+
 def test_peft_prompt_tuning_trains():
     peft = pytest.importorskip("peft", reason="peft not installed (pip install peft)")
     m = _tiny()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import threading
 from typing import Any
@@ -46,6 +47,7 @@ class SeqmemConfig(PretrainedConfig):
         def explicit(field: str) -> bool:
             return field in given if given is not None else getattr(self, field) != getattr(type(self), field)
 
+        _refuse_misspelt(kwargs)
         for alias, field in self.attribute_map.items():  # transformers' names (config.json carries both)
             if alias in kwargs:
                 value = kwargs.pop(alias)
@@ -88,6 +90,27 @@ class SeqmemConfig(PretrainedConfig):
         """A ``SeqmemConfig`` with the fields of ``cfg`` (extra ``transformers`` kwargs allowed)."""
         d = cfg.to_dict()
         return cls(**d, tie_word_embeddings=d["tie_embeddings"], **kwargs)
+
+
+# seqmem's own fields; a keyword that is none of them nor one of transformers' but reads like one is a typo
+_OWN_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "mixer", "mixer_options", "mlp_ratio", "tie_embeddings",
+               "norm_eps", "init_std")
+
+
+def _refuse_misspelt(kwargs: dict[str, Any]) -> None:
+    """Refuse an unknown keyword that reads like one of seqmem's fields (``d_modle=32``, ``mixers="vla"``).
+
+    ``transformers`` keeps every unknown keyword as an attribute (config.json files carry extra keys such as
+    ``architectures`` or ``auto_map``), so a misspelt field would otherwise be stored and ignored: the model would be
+    built at the default size.  Keywords that ``PretrainedConfig`` knows, and names close to none of the fields, pass.
+    """
+    base = PretrainedConfig()
+    for key in kwargs:
+        if key in SeqmemConfig.attribute_map or hasattr(base, key):
+            continue
+        close = difflib.get_close_matches(key, _OWN_FIELDS, n=1, cutoff=0.8)
+        if close:
+            raise ValueError(f"SeqmemConfig: unknown field {key!r}; did you mean {close[0]!r}?")
 
 
 _dataclass_init = SeqmemConfig.__init__
