@@ -157,20 +157,32 @@ def tuned_niah(out_dir: str, length: int, calibrated: bool) -> tuple[dict[str, A
     from seqmem.repro.verdict import record_seed_lr
 
     spec = "echo_niah_tuned_k2 (scripts/settle.sh: the paper's protocol at lr 3e-4 / 1e-3 / 3e-3, 3 seeds each)"
-    valid: dict[float, dict[str, float]] = {}
+    # each record's validation accuracy by definition: "pooled" (over every scored token; records saying pooled)
+    # and "batch_mean" (the mean over evaluation batches of 16 of each batch's accuracy: older records' accuracy,
+    # newer records' batch_mean_accuracy); the lrs are compared on a definition every record has, pooled first
+    scores: dict[float, dict[str, dict[str, float]]] = {}
     dirs: dict[float, str] = {}
-    kinds = set()  # how each record's validation accuracy was computed: comparable only when all alike
     for d in sorted((ROOT / RES / out_dir).glob("lr*")):
         for p in sorted(d.glob("seeds/seed-*/ssm_ska.json")):
             rec = json.loads(p.read_text())
             seed, lr = record_seed_lr(rec)
             if dirs.setdefault(lr, d.name) != d.name:
                 raise SystemExit(f"{out_dir}: lr {lr:g} in two folders ({dirs[lr]}, {d.name})")
-            valid.setdefault(lr, {})[str(seed)] = float(rec["valid"]["accuracy"])
-            kinds.add(bool(rec["valid"].get("pooled")))
-    if len(kinds) > 1:
+            v = rec["valid"]
+            if v.get("pooled"):
+                got = {"pooled": float(v["accuracy"])}
+                if "batch_mean_accuracy" in v:
+                    got["batch_mean"] = float(v["batch_mean_accuracy"])
+            else:
+                got = {"batch_mean": float(v["accuracy"])}
+            scores.setdefault(lr, {})[str(seed)] = got
+    common = set.intersection(*(set(g) for v in scores.values() for g in v.values())) if scores else {"pooled"}
+    if not common:
         raise SystemExit(f"{out_dir}: some records pool their validation accuracy over scored tokens and some "
-                         "average it over evaluation batches; retrain one kind so the lrs are compared alike")
+                         "average it over evaluation batches, with no definition common to all; retrain one kind "
+                         "so the lrs are compared alike")
+    kind = "pooled" if "pooled" in common else "batch_mean"
+    valid = {lr: {seed: g[kind] for seed, g in v.items()} for lr, v in scores.items()}
     if not valid:
         return {"status": "not run", "why": "no run of the tuned spec yet"}, spec
     short = {lr: len(v) for lr, v in valid.items() if len(v) < 3}
@@ -186,8 +198,8 @@ def tuned_niah(out_dir: str, length: int, calibrated: bool) -> tuple[dict[str, A
     c["lrs_tried"], c["valid_mean_by_lr"] = lrs, {f"{lr:g}": round(m, 3) for lr, m in sorted(means.items())}
     protocol = {"what": "the paper's protocol at each lr of a grid, 3 seeds each; the lr with the best mean "
                         "validation accuracy (training mixture, its validation stream) over seeds"
-                        + ("" if kinds == {True} else " (these records' validation accuracy is the mean over "
-                           "evaluation batches of 16 of each batch's token accuracy, alike for every lr)"),
+                        + ("" if kind == "pooled" else " (compared on the mean over evaluation batches of 16 of "
+                           "each batch's token accuracy, the definition every lr's records carry)"),
                 "cells": {"a": c}}
     return protocol, ((spec + ": the best lr is at the grid's edge; extend it (LRS=...)") if c["lr_at_edge"]
                       else "")

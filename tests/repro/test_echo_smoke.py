@@ -310,6 +310,7 @@ def test_transfer_suite_lr_option_and_validation_record(tmp_path, monkeypatch):
     rec = json.loads((tmp_path / "seeds" / "seed-0" / "ssm_ska.json").read_text())
     assert rec["key"]["config"]["lr"] == 2e-3
     assert 0 <= rec["valid"]["accuracy"] <= 100 and rec["valid"]["n"] == echo.SCALES["smoke"]["eval_n"]
+    assert rec["valid"]["pooled"] is True and 0 <= rec["valid"]["batch_mean_accuracy"] <= 100
     assert "--lr 0.002" in (tmp_path / "table2_niah_length.md").read_text()
     with pytest.raises(ValueError, match="another configuration"):
         echo.run(SimpleNamespace(**{**vars(args), "lr": 1e-3}))
@@ -319,3 +320,26 @@ def test_transfer_suite_lr_option_and_validation_record(tmp_path, monkeypatch):
     # the validation stream is not the reported one
     mix = EchoMixture(seq_len=64)
     assert not torch.equal(mix.valid_data(8)[0], mix.eval_data(8)[0])
+
+
+def test_validation_accuracy_both_definitions():
+    """valid_accuracies: the pooled accuracy and, from the same pass, the older per-batch mean (batches of 16,
+    weighted by batch size) — computed here by hand; they differ on the mixture (examples score 1 or 4 tokens)."""
+    from seqmem.models import LanguageModel, LMConfig
+    from seqmem.repro.echo.grids import valid_accuracies
+    from seqmem.tasks.base import masked_accuracy
+
+    torch.manual_seed(0)
+    mix = EchoMixture(seq_len=64)
+    model = LanguageModel(LMConfig(vocab_size=mix.vocab_size, d_model=16, n_layers=1, n_heads=2, mixer="attention"))
+    got = valid_accuracies(model, mix, 40)
+    x, y = mix.valid_data(40)[:2]
+    with torch.no_grad():
+        logits = model(x)[0]
+    scored = y != -100
+    pooled = float((logits.argmax(-1)[scored] == y[scored]).float().mean())
+    per_batch = [(masked_accuracy(logits[i:i + 16], y[i:i + 16])[0], min(16, 40 - i)) for i in range(0, 40, 16)]
+    batch_mean = sum(a * b for a, b in per_batch) / 40
+    assert got["accuracy"] == pytest.approx(100 * pooled, abs=1e-5)
+    assert got["batch_mean_accuracy"] == pytest.approx(100 * batch_mean, abs=1e-5)
+    assert got["accuracy"] != pytest.approx(got["batch_mean_accuracy"], abs=1e-6)

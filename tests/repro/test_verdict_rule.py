@@ -217,6 +217,28 @@ def test_echo_table2_tuned_protocol_chooses_on_validation(tmp_path):
                              "niah": {"64": 1.0}}))
     with pytest.raises(SystemExit, match="pool"):
         mod.tuned_niah("echo/tuned", 64, True)
+    # newer records carry the older definition too: the grid is then compared on it
+    for seed in range(3):
+        p = base / "lr1e-2" / "seeds" / f"seed-{seed}" / "ssm_ska.json"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps({"key": {"seed": seed, "config": {"lr": 1e-2}}, "niah": {"64": 7.0},
+                                 "valid": {"accuracy": 99.0, "pooled": True, "batch_mean_accuracy": 95.0}}))
+    proto, pending = mod.tuned_niah("echo/tuned", 64, True)
+    c = proto["cells"]["a"]
+    assert c["lr"] == 1e-2 and c["valid_mean_by_lr"]["0.01"] == 95.0 and "mean over evaluation batches" in proto["what"]
+    for seed in range(3):  # an extension below 90 on that definition leaves 3e-3 the best
+        p = base / "lr1e-2" / "seeds" / f"seed-{seed}" / "ssm_ska.json"
+        p.write_text(json.dumps({"key": {"seed": seed, "config": {"lr": 1e-2}}, "niah": {"64": 7.0},
+                                 "valid": {"accuracy": 99.0, "pooled": True, "batch_mean_accuracy": 80.0}}))
+    proto, pending = mod.tuned_niah("echo/tuned", 64, True)
+    assert proto["cells"]["a"]["lr"] == 3e-3 and not proto["cells"]["a"]["lr_at_edge"] and pending == ""
+    # all records pooled: compared pooled
+    for d in base.glob("lr*/seeds/seed-*/ssm_ska.json"):
+        rec = json.loads(d.read_text())
+        rec["valid"] = {"accuracy": 50.0 + (rec["key"]["config"]["lr"] == 1e-3), "pooled": True}
+        d.write_text(json.dumps(rec))
+    proto, _ = mod.tuned_niah("echo/tuned", 64, True)
+    assert proto["cells"]["a"]["lr"] == 1e-3 and "mean over evaluation batches" not in proto["what"]
 
 
 def test_settling_sweeps_are_read_whole_with_the_unspecified_choice_on_validation(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from seqmem.tasks.base import masked_accuracy
 from seqmem.tasks.echo_tasks import EchoCommonWord, EchoMQAR, EchoMultiHop, EchoNIAH, EchoSysPrompt, EchoToolTrace
 from seqmem.train import evaluate
 
@@ -52,6 +53,29 @@ def _options(task: Any) -> dict[str, Any]:
     if task.name == "echo_mqar":
         cfg.pop("seq_len")
     return cfg
+
+
+class _BatchMeanAccuracy:
+    """``task`` whose task metric is each evaluation batch's scored-token accuracy under its own name, so that
+    :func:`~seqmem.train.evaluate` reports it (averaged over batches by batch size) beside the pooled accuracy."""
+
+    def __init__(self, task: Any) -> None:
+        self._task = task
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._task, name)
+
+    def metrics(self, logits, targets) -> dict[str, float]:
+        return {"batch_mean_accuracy": masked_accuracy(logits, targets)[0]}
+
+
+def valid_accuracies(model, task, n: int) -> dict[str, float]:
+    """Validation accuracy (%) of ``model`` on ``n`` examples of ``task``'s validation stream, two ways from one
+    pass: ``accuracy``, pooled over every scored position, and ``batch_mean_accuracy``, the mean over evaluation
+    batches of 16 of each batch's accuracy (weighted by batch size) — how records before the pooled score computed
+    it, kept so that an lr grid spanning both kinds of record is compared on one definition."""
+    out = evaluate(model, _BatchMeanAccuracy(task), n_examples=n, batch_size=16, split="valid")
+    return {"accuracy": 100.0 * out["accuracy"], "batch_mean_accuracy": 100.0 * out["batch_mean_accuracy"]}
 
 
 def accuracy(model, task, n: int, split: str = "eval") -> float:

@@ -18,7 +18,7 @@ from seqmem.io import mean_std
 from seqmem.mixers.base import check_positive_float
 from seqmem.repro.common import fit_lm, write_json, write_results
 from seqmem.repro.echo.configs import LABEL, MODELS, SCALES
-from seqmem.repro.echo.grids import accuracy, task_grids
+from seqmem.repro.echo.grids import accuracy, task_grids, valid_accuracies
 from seqmem.repro.echo.models import submillion_config, train_cfg
 from seqmem.repro.echo.mqar import mqar_grid
 from seqmem.repro.echo.paper import PAPER_TABLE2, PAPER_TABLE3
@@ -209,10 +209,11 @@ def _train_and_score(name: str, sc: dict, grids: dict, seed: int, run_dir: Path 
     }
     model.eval()
     # for choosing an lr across runs: the training mixture's validation stream (never a reported example)
-    # ("pooled": correct / scored over every scored position; records without it hold the mean over evaluation
-    # batches of 16 of each batch's token accuracy, which differs where examples score 1 or 4 tokens)
+    # ("pooled": accuracy is correct / scored over every scored position; records without it hold the mean over
+    # evaluation batches of 16 of each batch's token accuracy, which differs where examples score 1 or 4 tokens:
+    # kept here too as batch_mean_accuracy, so that lrs scored before and after compare on one definition)
     rec["valid"] = {"task": "echo_mixture T=64", "n": sc["eval_n"], "pooled": True,
-                    "accuracy": accuracy(model, EchoMixture(seq_len=64, action_mask=am), sc["eval_n"], split="valid")}
+                    **valid_accuracies(model, EchoMixture(seq_len=64, action_mask=am), sc["eval_n"])}
     rec["niah"] = {t: accuracy(model, EchoNIAH(seq_len=t, n_kv=1, action_mask=am), sc["eval_n"]) for t in sc["niah"]}
     rec["grids"] = {tn: {lab: accuracy(model, tk, sc["eval_n"]) for lab, tk in cells} for tn, cells in grids.items()}
     print(f"[echo] seed {seed} {name}: {rec['params']} params, train {rec['train_seconds']:.0f}s, niah {rec['niah']}")
