@@ -9,9 +9,12 @@
 # Stages, each time-boxed so the whole fits the budget (a stage cut short is reported as such, never hidden):
 #   setup     Python with CUDA torch (PYTHON, default python3); the gpu extra's packages from ./.whl if there,
 #             else pip (which fails quietly where nothing can be reached); versions of what is installed
+#   triton    seqmem's own Triton kernels compiled on CUDA against their references: tests/ops/test_*triton*.py
+#             (the interpreter tests' shapes, then the benchmark's sizes: head dims 128 and 96, T = 300, bfloat16;
+#             a second GPU where there is one) — first, as nothing else checks them on a GPU
 #   contract  SEQMEM_TEST_DEVICE=cuda pytest tests/test_contract.py tests/test_device.py (xdist where installed)
-#   kernels   the GPU kernels against seqmem's references on CUDA: tests/ops/test_backends.py (fla, mamba_ssm,
-#             op and layer level) and any tests/ops/test_*triton*.py
+#   kernels   fla's and mamba_ssm's kernels against seqmem's references on CUDA: tests/ops/test_backends.py (op
+#             and layer level; cold autotuning makes this the slowest to start)
 #   bench     seqmem bench speed at the sizes of the GPU issue (bfloat16, d_model 1024, 8 heads of 128, batch 2,
 #             4k / 16k / 64k, forward+backward) for every mixer, the baselines on PyTorch and on fla / mamba_ssm
 #             side by side; each mixer in turn until the budget is spent (scripts/gpu_bench.py)
@@ -108,6 +111,9 @@ printf 'setup\t0\t%s\t%s\n' "$((SECONDS - start))" "fla: $(grep ^fla "$logs/vers
 # ---------------------------------------------------------------------------------------------------- tests
 xdist=()
 $py -c "import xdist" 2>/dev/null && xdist=(-n 8)
+box=$(( $(left) * 25 / 100 ))
+[ $box -gt 120 ] && box=120
+stage triton "$box" $py -m pytest $(ls tests/ops/test_*triton*.py 2>/dev/null) -rfs -p no:cacheprovider
 box=$(( $(left) * 40 / 100 ))
 [ $box -gt 200 ] && box=200
 export SEQMEM_TEST_DEVICE=cuda
@@ -115,8 +121,7 @@ stage contract "$box" $py -m pytest tests/test_contract.py tests/test_device.py 
     -p no:cacheprovider "${xdist[@]}"
 box=$(( $(left) * 15 / 100 ))
 [ $box -gt 60 ] && box=60
-stage kernels "$box" $py -m pytest tests/ops/test_backends.py $(ls tests/ops/test_*triton*.py 2>/dev/null) -rfs \
-    -p no:cacheprovider
+stage kernels "$box" $py -m pytest tests/ops/test_backends.py -rfs -p no:cacheprovider
 unset SEQMEM_TEST_DEVICE
 
 # ---------------------------------------------------------------------------------------------------- bench
@@ -130,5 +135,5 @@ echo "total $((SECONDS - start)) s"
 if [ -n "${OUT:-}" ]; then
     cp "$res/gpu.md" "$OUT/" 2>/dev/null
     cp "$res/gpu.json" "$OUT/" 2>/dev/null
-    for f in contract kernels bench; do cp "$logs/$f.log" "$OUT/$f.log" 2>/dev/null; done
+    for f in triton contract kernels bench; do cp "$logs/$f.log" "$OUT/$f.log" 2>/dev/null; done
 fi

@@ -15,12 +15,13 @@ through an op's ``backend="triton"``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 
 from torch import Tensor
 
-__all__ = ["set_triton", "triton_available", "use_triton"]
+__all__ = ["device_guard", "set_triton", "triton_available", "use_triton"]
 
 _FORCED: bool | None = None
 _AVAILABLE: bool | None = None
@@ -72,6 +73,15 @@ def check_device(op: str, kernel: object, *tensors: Tensor | None) -> None:
         raise ValueError(f"{op}: the Triton kernel needs CUDA tensors (CPU tensors only under TRITON_INTERPRET=1)")
     if len({t.device for t in ts}) > 1:
         raise ValueError(f"{op}: all tensors must be on one device, got {sorted({str(t.device) for t in ts})}")
+
+
+def device_guard(x: Tensor) -> contextlib.AbstractContextManager:
+    """The context to launch a kernel on ``x``'s device in: Triton launches on the *current* CUDA device and its
+    stream, so a tensor on ``cuda:1`` while ``cuda:0`` is current needs ``torch.cuda.device(x.device)`` around the
+    launch (a CPU tensor under the interpreter: nothing)."""
+    import torch
+
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
 def num_warps(state_elems: int) -> int:

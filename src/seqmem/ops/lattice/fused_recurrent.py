@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from seqmem.ops._triton import check_device, num_warps
+from seqmem.ops._triton import check_device, device_guard, num_warps
 
 __all__ = ["MAX_DIM", "fused_recurrent_lattice"]
 
@@ -136,6 +136,8 @@ def _bwd_kernel(
     base_qk = i_b * T * H * M + i_h * M + o_m
     base_v = i_b * T * H * D + i_h * D + o_d
     base_mu = i_b * T * H + i_h
+    s_mu = i_bh * 0 + H  # a token's strides, 64-bit (t · H · d in 32 bits overflows at long T)
+    s_qk, s_v = s_mu * M, s_mu * D
     p_scr = scratch + (i_bh * n_m + i_m) * C * D * BM + o_blk
     c = n_ck - 1
     while c >= 0:
@@ -146,11 +148,11 @@ def _bwd_kernel(
         t = c0
         while t < c1:
             tl.store(p_scr + (t - c0) * D * BM, S, mask=m_s)
-            k_t = tl.load(k + base_qk + t * H * M, mask=m_m, other=0.0).to(tl.float32)
-            g_t = tl.load(g + base_qk + t * H * M, mask=m_m, other=0.0).to(tl.float32)
-            v_t = tl.load(v + base_v + t * H * D, mask=m_d, other=0.0).to(tl.float32)
+            k_t = tl.load(k + base_qk + t * s_qk, mask=m_m, other=0.0).to(tl.float32)
+            g_t = tl.load(g + base_qk + t * s_qk, mask=m_m, other=0.0).to(tl.float32)
+            v_t = tl.load(v + base_v + t * s_v, mask=m_d, other=0.0).to(tl.float32)
             if HAS_MU:
-                mu_t = tl.load(mu + base_mu + t * H).to(tl.float32)
+                mu_t = tl.load(mu + base_mu + t * s_mu).to(tl.float32)
             else:
                 mu_t = 1.0
             _, _, _, _, _, S = _step(S, k_t, v_t, g_t, mu_t, m_m, OBJ)
@@ -160,19 +162,19 @@ def _bwd_kernel(
         t = c1 - 1
         while t >= c0:
             S_in = tl.load(p_scr + (t - c0) * D * BM, mask=m_s, other=0.0)
-            k_t = tl.load(k + base_qk + t * H * M, mask=m_m, other=0.0).to(tl.float32)
-            q_t = tl.load(q + base_qk + t * H * M, mask=m_m, other=0.0).to(tl.float32)
-            g_t = tl.load(g + base_qk + t * H * M, mask=m_m, other=0.0).to(tl.float32)
-            v_t = tl.load(v + base_v + t * H * D, mask=m_d, other=0.0).to(tl.float32)
-            dy_t = tl.load(dy + base_v + t * H * D, mask=m_d, other=0.0).to(tl.float32)
+            k_t = tl.load(k + base_qk + t * s_qk, mask=m_m, other=0.0).to(tl.float32)
+            q_t = tl.load(q + base_qk + t * s_qk, mask=m_m, other=0.0).to(tl.float32)
+            g_t = tl.load(g + base_qk + t * s_qk, mask=m_m, other=0.0).to(tl.float32)
+            v_t = tl.load(v + base_v + t * s_v, mask=m_d, other=0.0).to(tl.float32)
+            dy_t = tl.load(dy + base_v + t * s_v, mask=m_d, other=0.0).to(tl.float32)
             if HAS_MU:
-                mu_t = tl.load(mu + base_mu + t * H).to(tl.float32)
+                mu_t = tl.load(mu + base_mu + t * s_mu).to(tl.float32)
             else:
                 mu_t = 1.0
             h, p, w, b, rho, S_out = _step(S_in, k_t, v_t, g_t, mu_t, m_m, OBJ)
             # y_t = S_t q_t
             G += dy_t[:, None] * q_t[None, :]
-            tl.store(dq + base_qk + t * H * M, tl.sum(S_out * dy_t[:, None], 0), mask=m_m)
+            tl.store(dq + base_qk + t * s_qk, tl.sum(S_out * dy_t[:, None], 0), mask=m_m)
             # S_t = U / ρ (per column)
             gU = (G - S_out * tl.sum(G * S_out, 0)[None, :]) / rho[None, :]
             gS = gU * b[None, :]  # U = S diag(b) − h wᵀ
@@ -197,11 +199,11 @@ def _bwd_kernel(
                 g_k = g_w * g_t
                 g_g = g_w * k_t
                 g_v = -g_h
-            tl.store(dk + base_qk + t * H * M, g_k, mask=m_m)
-            tl.store(dg + base_qk + t * H * M, g_g, mask=m_m)
-            tl.store(dv + base_v + t * H * D, g_v, mask=m_d)
+            tl.store(dk + base_qk + t * s_qk, g_k, mask=m_m)
+            tl.store(dg + base_qk + t * s_qk, g_g, mask=m_m)
+            tl.store(dv + base_v + t * s_v, g_v, mask=m_d)
             if HAS_MU:
-                tl.store(dmu + base_mu + t * H, tl.sum(g_a, 0))
+                tl.store(dmu + base_mu + t * s_mu, tl.sum(g_a, 0))
             G = gS
             t -= 1
         tl.debug_barrier()
@@ -218,7 +220,7 @@ def _slot_block(objective: str, M: int) -> int:
 
 class _FusedRecurrentLattice(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, mu, s0, objective, chunk):  # noqa: ANN001, ANN205
+    def forward(ctx, q, k, v, g, mu, s0, objective, chunk, grad):  # noqa: ANN001, ANN205
         B, T, H, M = k.shape
         D = v.shape[-1]
         N = B * H
@@ -229,13 +231,14 @@ class _FusedRecurrentLattice(torch.autograd.Function):
         # one slot block writes y directly; several write float32 partial read-outs, summed below
         y = torch.empty(n_m, B, T, H, D, dtype=v.dtype if n_m == 1 else torch.float32, device=v.device)
         s_out = torch.empty(B, H, D, M, dtype=torch.float32, device=v.device)
-        save = any(ctx.needs_input_grad[:6])  # checkpoints only when a backward can follow
+        save = grad and any(ctx.needs_input_grad[:6])  # checkpoints only when a backward can follow
         ckpt = torch.empty(N, n_m, n_ck if save else 1, D, BM, dtype=torch.float32, device=v.device)
-        _fwd_kernel[(N, n_m)](
-            q, k, v, g, mu if mu is not None else g, s0, y, s_out, ckpt, T, H, chunk,
-            D=D, M=M, BD=BD, BM=BM, OBJ=_OBJ[objective], HAS_MU=mu is not None, SAVE=save,
-            num_warps=num_warps(BD * BM),
-        )  # fmt: skip
+        with device_guard(v):
+            _fwd_kernel[(N, n_m)](
+                q, k, v, g, mu if mu is not None else g, s0, y, s_out, ckpt, T, H, chunk,
+                D=D, M=M, BD=BD, BM=BM, OBJ=_OBJ[objective], HAS_MU=mu is not None, SAVE=save,
+                num_warps=num_warps(BD * BM),
+            )  # fmt: skip
         ctx.save_for_backward(q, k, v, g, mu, ckpt)
         ctx.objective, ctx.chunk, ctx.s0_dtype, ctx.BM = objective, chunk, s0.dtype, BM
         return (y[0] if n_m == 1 else y.sum(0).to(v.dtype)), s_out
@@ -256,14 +259,15 @@ class _FusedRecurrentLattice(torch.autograd.Function):
         dmu = torch.empty(n_m, B, T, H, dtype=f32, device=dev) if mu is not None else dq
         ds0 = torch.empty(B, H, D, M, dtype=f32, device=dev)
         scratch = torch.empty(N, n_m, C, D, BM, dtype=f32, device=dev)
-        _bwd_kernel[(N, n_m)](
-            q, k, v, g, mu if mu is not None else g, ckpt, scratch, dy,
-            ds_out.contiguous() if ds_out is not None else ds0, dq, dk, dv, dg, dmu, ds0, T, H, C,
-            D=D, M=M, BD=triton.next_power_of_2(D), BM=BM, OBJ=_OBJ[ctx.objective],
-            HAS_MU=mu is not None, HAS_DS=ds_out is not None, num_warps=num_warps(2 * triton.next_power_of_2(D) * BM),
-        )  # fmt: skip
+        with device_guard(v):
+            _bwd_kernel[(N, n_m)](
+                q, k, v, g, mu if mu is not None else g, ckpt, scratch, dy,
+                ds_out.contiguous() if ds_out is not None else ds0, dq, dk, dv, dg, dmu, ds0, T, H, C,
+                D=D, M=M, BD=triton.next_power_of_2(D), BM=BM, OBJ=_OBJ[ctx.objective], HAS_MU=mu is not None,
+                HAS_DS=ds_out is not None, num_warps=num_warps(2 * triton.next_power_of_2(D) * BM),
+            )  # fmt: skip
         return (dq.to(q.dtype), dk.to(k.dtype), dv.sum(0).to(v.dtype), dg.to(g.dtype),
-                None if mu is None else dmu.sum(0).to(mu.dtype), ds0.to(ctx.s0_dtype), None, None)
+                None if mu is None else dmu.sum(0).to(mu.dtype), ds0.to(ctx.s0_dtype), None, None, None)
 
 
 def fused_recurrent_lattice(
@@ -310,4 +314,5 @@ def fused_recurrent_lattice(
     return _FusedRecurrentLattice.apply(
         q.contiguous(), k.contiguous(), v.contiguous(), gamma.contiguous(),
         None if forget is None else forget.contiguous(), S0.contiguous(), objective, int(chunk_size),
+        torch.is_grad_enabled(),
     )  # fmt: skip

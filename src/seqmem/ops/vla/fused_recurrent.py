@@ -8,7 +8,7 @@ Two kernels, because the two recurrences couple different dimensions:
   (batch, head) holds all of ``A (D×D)`` in registers.  It depends on the keys only.
 * **The residual write** (eq. 10-11): ``e = v − S k̂``, ``S ← g S + e α̂ᵀ`` (``g = 1`` for VLA, the decay β of
   eq. 4 for the paper's DeltaNet), ``o = S φ(q)``.  Every row of ``S (Dv×D)`` evolves on its own, so the grid is
-  (value blocks of ``BV`` rows) × (batch·heads), each program holding ``BV×D`` of the state.
+  (batch·heads) × (value blocks of ``BV`` rows), each program holding ``BV×D`` of the state.
 
 The features (``φ``, ``k̂``, ``u``), ``α̂ = α/‖α‖`` and the normaliser ``max(φ(q)ᵀz, ε)`` are elementwise or cumulative
 sums and stay in PyTorch (autograd differentiates them).
@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from seqmem.ops._triton import check_device, num_warps
+from seqmem.ops._triton import check_device, device_guard, num_warps
 
 __all__ = ["MAX_DIM", "fused_recurrent_vla", "fused_recurrent_vla_paper_delta_rule"]
 
@@ -91,6 +91,7 @@ def _sm_bwd_kernel(
     else:
         G = tl.zeros([BD, BD], dtype=tl.float32)
     base = i_b * T * H * D + i_h * D + o_d
+    sx = (i_bh * 0 + H) * D  # a token's stride, 64-bit (t · H · D in 32 bits overflows at long T)
     p_scr = scratch + i_bh * C * D * D + o_a
     n_ck = tl.cdiv(T, C)
     c = n_ck - 1
@@ -101,7 +102,7 @@ def _sm_bwd_kernel(
         t = c0
         while t < c1:  # re-run the chunk; scratch[j] = A before token c0 + j
             tl.store(p_scr + (t - c0) * D * D, A, mask=m_a)
-            u_t = tl.load(u + base + t * H * D, mask=m_d, other=0.0)
+            u_t = tl.load(u + base + t * sx, mask=m_d, other=0.0)
             z = tl.sum(A * u_t[None, :], 1)
             delta = tl.maximum(1.0 + tl.sum(u_t * z, 0), EPS)
             A = A - z[:, None] * z[None, :] / delta + tl.load(eh + i_b * T + t) * eye
@@ -110,16 +111,16 @@ def _sm_bwd_kernel(
         t = c1 - 1
         while t >= c0:
             A_in = tl.load(p_scr + (t - c0) * D * D, mask=m_a, other=0.0)
-            u_t = tl.load(u + base + t * H * D, mask=m_d, other=0.0)
-            k_t = tl.load(kh + base + t * H * D, mask=m_d, other=0.0)
-            da_t = tl.load(dalpha + base + t * H * D, mask=m_d, other=0.0)
+            u_t = tl.load(u + base + t * sx, mask=m_d, other=0.0)
+            k_t = tl.load(kh + base + t * sx, mask=m_d, other=0.0)
+            da_t = tl.load(dalpha + base + t * sx, mask=m_d, other=0.0)
             z = tl.sum(A_in * u_t[None, :], 1)
             den = 1.0 + tl.sum(u_t * z, 0)
             delta = tl.maximum(den, EPS)
             A_out = A_in - z[:, None] * z[None, :] / delta + tl.load(eh + i_b * T + t) * eye
             # α = A_out k̂
             G += da_t[:, None] * k_t[None, :]
-            tl.store(dkh + base + t * H * D, tl.sum(A_out * da_t[:, None], 0), mask=m_d)
+            tl.store(dkh + base + t * sx, tl.sum(A_out * da_t[:, None], 0), mask=m_d)
             # A_out = A_in − z zᵀ/δ (+ ηI)
             Gz = tl.sum(G * z[None, :], 1)
             dz = -(Gz + tl.sum(G * z[:, None], 0)) / delta
@@ -127,7 +128,7 @@ def _sm_bwd_kernel(
             live = (den >= EPS).to(tl.float32)  # the clamp passes no gradient where it binds
             dz += live * d_delta * u_t
             # z = A_in u, δ = 1 + uᵀz
-            tl.store(du + base + t * H * D, tl.sum(A_in * dz[:, None], 0) + live * d_delta * z, mask=m_d)
+            tl.store(du + base + t * sx, tl.sum(A_in * dz[:, None], 0) + live * d_delta * z, mask=m_d)
             G += dz[:, None] * u_t[None, :]
             t -= 1
         tl.debug_barrier()
@@ -137,18 +138,19 @@ def _sm_bwd_kernel(
 
 class _ShermanMorrison(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, u, kh, eh, a0, chunk, eps):  # noqa: ANN001, ANN205
+    def forward(ctx, u, kh, eh, a0, chunk, eps, grad):  # noqa: ANN001, ANN205
         B, T, H, D = kh.shape
         N = B * H
         chunk = max(1, min(chunk, T))
-        save = any(ctx.needs_input_grad[:4])
+        save = grad and any(ctx.needs_input_grad[:4])  # checkpoints only when a backward can follow
         n_ck = triton.cdiv(T, chunk)
         alpha = torch.empty_like(kh)
         a_out = torch.empty(B, H, D, D, dtype=torch.float32, device=kh.device)
         ckpt = torch.empty(N, n_ck if save else 1, D, D, dtype=torch.float32, device=kh.device)
-        _sm_fwd_kernel[(N,)](u, kh, eh, a0, alpha, a_out, ckpt, T, H, chunk, eps,
-                             D=D, BD=triton.next_power_of_2(D), SAVE=save,
-                             num_warps=num_warps(triton.next_power_of_2(D) ** 2))  # fmt: skip
+        with device_guard(kh):
+            _sm_fwd_kernel[(N,)](u, kh, eh, a0, alpha, a_out, ckpt, T, H, chunk, eps,
+                                 D=D, BD=triton.next_power_of_2(D), SAVE=save,
+                                 num_warps=num_warps(triton.next_power_of_2(D) ** 2))  # fmt: skip
         ctx.save_for_backward(u, kh, eh, ckpt)
         ctx.chunk, ctx.eps = chunk, eps
         return alpha, a_out
@@ -162,12 +164,13 @@ class _ShermanMorrison(torch.autograd.Function):
         du, dkh = torch.empty_like(kh), torch.empty_like(kh)
         da0 = torch.empty(B, H, D, D, dtype=torch.float32, device=kh.device)
         scratch = torch.empty(N, C, D, D, dtype=torch.float32, device=kh.device)
-        _sm_bwd_kernel[(N,)](
-            u, kh, eh, ckpt, scratch, dalpha, da0 if da_out is None else da_out.float().contiguous(), du, dkh, da0,
-            T, H, C, ctx.eps, D=D, BD=triton.next_power_of_2(D), HAS_DA=da_out is not None,
-            num_warps=num_warps(2 * triton.next_power_of_2(D) ** 2),
-        )  # fmt: skip
-        return du, dkh, None, da0, None, None
+        with device_guard(kh):
+            _sm_bwd_kernel[(N,)](
+                u, kh, eh, ckpt, scratch, dalpha, da0 if da_out is None else da_out.float().contiguous(), du, dkh,
+                da0, T, H, C, ctx.eps, D=D, BD=triton.next_power_of_2(D), HAS_DA=da_out is not None,
+                num_warps=num_warps(2 * triton.next_power_of_2(D) ** 2),
+            )  # fmt: skip
+        return du, dkh, None, da0, None, None, None
 
 
 # -------------------------------------------------------------------------------------- the residual write (S)
@@ -177,11 +180,11 @@ def _gdr_fwd_kernel(
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
     SAVE: tl.constexpr,
 ):
-    i_v = tl.program_id(0).to(tl.int64)
-    i_bh = tl.program_id(1).to(tl.int64)
+    i_bh = tl.program_id(0).to(tl.int64)  # batch·heads on axis 0: CUDA caps axis 1 at 65,535 programs
+    i_v = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    n_v = tl.num_programs(0)
+    n_v = tl.num_programs(1)
     o_k = tl.arange(0, BD)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < D
@@ -221,11 +224,11 @@ def _gdr_bwd_kernel(
     D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, HAS_G: tl.constexpr,
     HAS_DS: tl.constexpr,
 ):
-    i_v = tl.program_id(0).to(tl.int64)
-    i_bh = tl.program_id(1).to(tl.int64)
+    i_bh = tl.program_id(0).to(tl.int64)  # batch·heads on axis 0: CUDA caps axis 1 at 65,535 programs
+    i_v = tl.program_id(1).to(tl.int64)
     i_b = i_bh // H
     i_h = i_bh % H
-    n_v = tl.num_programs(0)
+    n_v = tl.num_programs(1)
     o_k = tl.arange(0, BD)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < D
@@ -240,7 +243,9 @@ def _gdr_bwd_kernel(
     base_k = i_b * T * H * D + i_h * D + o_k
     base_v = i_b * T * H * DV + i_h * DV + o_v
     base_g = i_b * T * H + i_h
-    part = i_v * tl.num_programs(1) * T * D  # the value block's slice of the partial-gradient buffers
+    sg = i_bh * 0 + H  # a token's strides, 64-bit (t · H · D in 32 bits overflows at long T)
+    sk, sv = sg * D, sg * DV
+    part = i_v * tl.num_programs(0) * T * D  # the value block's slice of the partial-gradient buffers
     p_scr = scratch + (i_bh * n_v + i_v) * C * BV * D + o_blk
     n_ck = tl.cdiv(T, C)
     c = n_ck - 1
@@ -251,26 +256,26 @@ def _gdr_bwd_kernel(
         t = c0
         while t < c1:  # re-run the chunk; scratch[j] = S before token c0 + j
             tl.store(p_scr + (t - c0) * BV * D, S, mask=m_s)
-            a_t = tl.load(a + base_k + t * H * D, mask=m_k, other=0.0)
-            b_t = tl.load(b + base_k + t * H * D, mask=m_k, other=0.0)
-            v_t = tl.load(v + base_v + t * H * DV, mask=m_v, other=0.0)
+            a_t = tl.load(a + base_k + t * sk, mask=m_k, other=0.0)
+            b_t = tl.load(b + base_k + t * sk, mask=m_k, other=0.0)
+            v_t = tl.load(v + base_v + t * sv, mask=m_v, other=0.0)
             e = v_t - tl.sum(S * a_t[None, :], 1)
             if HAS_G:
-                S = tl.load(g + base_g + t * H) * S
+                S = tl.load(g + base_g + t * sg) * S
             S += e[:, None] * b_t[None, :]
             t += 1
         tl.debug_barrier()
         t = c1 - 1
         while t >= c0:
             S_in = tl.load(p_scr + (t - c0) * BV * D, mask=m_s, other=0.0)
-            a_t = tl.load(a + base_k + t * H * D, mask=m_k, other=0.0)
-            b_t = tl.load(b + base_k + t * H * D, mask=m_k, other=0.0)
-            q_t = tl.load(q + base_k + t * H * D, mask=m_k, other=0.0)
-            v_t = tl.load(v + base_v + t * H * DV, mask=m_v, other=0.0)
-            do_t = tl.load(do + base_v + t * H * DV, mask=m_v, other=0.0)
+            a_t = tl.load(a + base_k + t * sk, mask=m_k, other=0.0)
+            b_t = tl.load(b + base_k + t * sk, mask=m_k, other=0.0)
+            q_t = tl.load(q + base_k + t * sk, mask=m_k, other=0.0)
+            v_t = tl.load(v + base_v + t * sv, mask=m_v, other=0.0)
+            do_t = tl.load(do + base_v + t * sv, mask=m_v, other=0.0)
             e = v_t - tl.sum(S_in * a_t[None, :], 1)
             if HAS_G:
-                g_t = tl.load(g + base_g + t * H)
+                g_t = tl.load(g + base_g + t * sg)
                 S_out = g_t * S_in + e[:, None] * b_t[None, :]
             else:
                 S_out = S_in + e[:, None] * b_t[None, :]
@@ -281,10 +286,10 @@ def _gdr_bwd_kernel(
             # S_out = g S_in + e bᵀ,  e = v − S_in a
             de = tl.sum(G * b_t[None, :], 1)
             tl.store(db + p_kt, tl.sum(G * e[:, None], 0), mask=m_k)
-            tl.store(dv + base_v + t * H * DV, de, mask=m_v)
+            tl.store(dv + base_v + t * sv, de, mask=m_v)
             tl.store(da + p_kt, -tl.sum(S_in * de[:, None], 0), mask=m_k)
             if HAS_G:
-                tl.store(dg + i_v * tl.num_programs(1) * T + base_g + t * H, tl.sum(tl.sum(G * S_in, 1), 0))
+                tl.store(dg + i_v * tl.num_programs(0) * T + base_g + t * sg, tl.sum(tl.sum(G * S_in, 1), 0))
                 G = g_t * G - de[:, None] * a_t[None, :]
             else:
                 G = G - de[:, None] * a_t[None, :]
@@ -302,21 +307,22 @@ class _ResidualWrite(torch.autograd.Function):
     """``S_t = g_t S_{t-1} + (v_t − S_{t-1} a_t) b_tᵀ``, ``o_t = S_t q_t``; tensors (B, T, H, ·), S (B, H, Dv, D)."""
 
     @staticmethod
-    def forward(ctx, q, a, b, v, g, s0, chunk):  # noqa: ANN001, ANN205
+    def forward(ctx, q, a, b, v, g, s0, chunk, grad):  # noqa: ANN001, ANN205
         B, T, H, D = a.shape
         DV = v.shape[-1]
         N, BV = B * H, _block_v(DV)
         n_v = triton.cdiv(DV, BV)
         chunk = max(1, min(chunk, T))
-        save = any(ctx.needs_input_grad[:6])
+        save = grad and any(ctx.needs_input_grad[:6])  # checkpoints only when a backward can follow
         n_ck = triton.cdiv(T, chunk)
         o = torch.empty_like(v)
         s_out = torch.empty(B, H, DV, D, dtype=torch.float32, device=v.device)
         ckpt = torch.empty(N, n_v, n_ck if save else 1, BV, D, dtype=torch.float32, device=v.device)
-        _gdr_fwd_kernel[(n_v, N)](
-            q, a, b, v, g if g is not None else v, s0, o, s_out, ckpt, T, H, chunk,
-            D=D, DV=DV, BD=triton.next_power_of_2(D), BV=BV, HAS_G=g is not None, SAVE=save,
-        )  # fmt: skip
+        with device_guard(v):
+            _gdr_fwd_kernel[(N, n_v)](
+                q, a, b, v, g if g is not None else v, s0, o, s_out, ckpt, T, H, chunk,
+                D=D, DV=DV, BD=triton.next_power_of_2(D), BV=BV, HAS_G=g is not None, SAVE=save,
+            )  # fmt: skip
         ctx.save_for_backward(q, a, b, v, g, ckpt)
         ctx.chunk = chunk
         return o, s_out
@@ -335,18 +341,21 @@ class _ResidualWrite(torch.autograd.Function):
         dg = torch.empty(n_v, B, T, H, dtype=f32, device=dev) if g is not None else dv
         ds0 = torch.empty(B, H, DV, D, dtype=f32, device=dev)
         scratch = torch.empty(N, n_v, C, BV, D, dtype=f32, device=dev)
-        _gdr_bwd_kernel[(n_v, N)](
-            q, a, b, v, g if g is not None else v, ckpt, scratch, do,
-            ds0 if ds_out is None else ds_out.float().contiguous(), dq, da, db, dv, dg, ds0, T, H, C,
-            D=D, DV=DV, BD=triton.next_power_of_2(D), BV=BV, HAS_G=g is not None, HAS_DS=ds_out is not None,
-        )  # fmt: skip
-        return dq.sum(0), da.sum(0), db.sum(0), dv, None if g is None else dg.sum(0), ds0, None
+        with device_guard(v):
+            _gdr_bwd_kernel[(N, n_v)](
+                q, a, b, v, g if g is not None else v, ckpt, scratch, do,
+                ds0 if ds_out is None else ds_out.float().contiguous(), dq, da, db, dv, dg, ds0, T, H, C,
+                D=D, DV=DV, BD=triton.next_power_of_2(D), BV=BV, HAS_G=g is not None, HAS_DS=ds_out is not None,
+            )  # fmt: skip
+        return dq.sum(0), da.sum(0), db.sum(0), dv, None if g is None else dg.sum(0), ds0, None, None
 
 
 # ------------------------------------------------------------------------------------------------- the ops
 def _check(op: str, q: Tensor, k: Tensor, v: Tensor, *others: Tensor | None) -> None:
-    if q.dtype != torch.float32:
-        raise ValueError(f"{op}: the Triton kernel computes in float32, got {q.dtype} (the op casts half inputs)")
+    for x in (q, k, v, *others):  # the kernels load without casting: another dtype does not compile on a GPU
+        if x is not None and x.dtype != torch.float32:
+            raise ValueError(f"{op}: the Triton kernel computes in float32, got {x.dtype} (the op casts half "
+                             "inputs)")
     if max(k.shape[-1], v.shape[-1]) > MAX_DIM:
         raise ValueError(f"{op}: head dims {k.shape[-1]}, {v.shape[-1]} must be <= {MAX_DIM}")
     check_device(op, _gdr_fwd_kernel, q, k, v, *others)
@@ -391,11 +400,12 @@ def fused_recurrent_vla(
         eh = (refresh_eta * (gpos % period == 0)) if period else torch.zeros(B, T, device=dev)
         A0 = st["A"] if "A" in st else (torch.eye(D, device=dev) / lam0).expand(B, H, D, D)
         alpha, A = _ShermanMorrison.apply(u.contiguous(), kh.contiguous(), eh.float().contiguous(),
-                                          A0.float().contiguous(), int(chunk_size), float(eps))  # fmt: skip
+                                          A0.float().contiguous(), int(chunk_size), float(eps),
+                                          torch.is_grad_enabled())  # fmt: skip
     ah = _unit(alpha) if normalize_alpha else alpha  # eq. 10
     S0 = st["S"] if "S" in st else torch.zeros(B, H, Dv, D, device=dev)
     o, S = _ResidualWrite.apply(qf.contiguous(), kh.contiguous(), ah.contiguous(), v.contiguous(), None,
-                                S0.float().contiguous(), int(chunk_size))  # fmt: skip
+                                S0.float().contiguous(), int(chunk_size), torch.is_grad_enabled())  # fmt: skip
     use_z = normalizer == "paper"
     z0 = (st["z"] if "z" in st else torch.zeros(B, H, D, device=dev)) if use_z else None
     o, z = _readout(o, qf, kf, z0, eps)
@@ -421,7 +431,7 @@ def fused_recurrent_vla_paper_delta_rule(
     qf = F.elu(q) + 1.0
     S0 = st["S"] if "S" in st else torch.zeros(B, H, v.shape[-1], D, device=k.device)
     o, S = _ResidualWrite.apply(qf.contiguous(), kh, kh, v.contiguous(), beta.contiguous(), S0.float().contiguous(),
-                                int(chunk_size))  # fmt: skip
+                                int(chunk_size), torch.is_grad_enabled())  # fmt: skip
     z0 = (st["z"] if "z" in st else torch.zeros(B, H, D, device=k.device)) if normalizer == "paper" else None
     o, z = _readout(o, qf, kf, z0, eps)
     state = {"S": S}
