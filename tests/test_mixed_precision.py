@@ -179,3 +179,22 @@ def test_linear_attention_readout_beyond_float16_range_under_autocast():
     r = torch.randn(y.shape, generator=torch.Generator().manual_seed(2))
     (y.float() * r).sum().div(y.numel() ** 0.5).backward()
     assert torch.isfinite(x16.grad).all() and all(torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+@pytest.mark.parametrize("name", seqmem.list_mixers())
+def test_autocast_continues_its_own_state_and_refuses_another_dtype(name):
+    """Under bfloat16 autocast a mixer continues the state it produced; a state in a dtype it never produces there
+    (float64 or float16 for a float32 layer) is refused with the dtype named, where some layers used to fail deep
+    inside with an unclear dtype error and others silently continued in float64."""
+    m = _mixer(name, "fast").eval()
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        _, st = m(x[:, :4])
+        m(x[:, 4:], state=st)  # its own state
+        floats = [k for k, v in st.items() if v.is_floating_point()]
+        if not floats:
+            pytest.skip(f"{name}'s state holds no floating tensor")
+        for bad in (torch.float64, torch.float16):
+            wrong = {k: (v.to(bad) if k in floats else v) for k, v in st.items()}
+            with pytest.raises(ValueError, match=f"has dtype {bad}"):
+                m(x[:, 4:], state=wrong)

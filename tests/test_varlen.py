@@ -308,6 +308,10 @@ def test_lm_padding_errors():
             m(ids, attention_mask=torch.tensor([[bad, 1, 1, 1, 1, 1], [1] * 6]))
     with pytest.raises(ValueError, match="no 1"):
         m(ids, attention_mask=torch.tensor([[0] * 6, [1] * 6]))
+    # wider than the tokens with no state to continue: its extra columns would describe a past that is not there
+    # (the last 6 columns were read, silently dropping row 1's padding at the front)
+    with pytest.raises(ValueError, match="10 columns for 6 tokens and no state"):
+        m(ids, attention_mask=torch.tensor([[1] * 10, [0] * 3 + [1] * 7]))
     with pytest.raises(ValueError, match="count up by one"):
         m(ids, position_ids=torch.tensor([[0, 1, 2, 4, 5, 6], list(range(6))]))
     with pytest.raises(ValueError, match="batch 1"):

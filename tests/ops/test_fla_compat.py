@@ -125,3 +125,32 @@ def test_float32_output_dtype_and_state():
     q, k, v, gate, beta, h0 = (x.float() for x in _inputs())
     o, s = fc.chunk_gated_delta_rule(q, k, v, gate, beta, initial_state=h0, output_final_state=True)
     assert o.dtype == torch.float32 and s.dtype == torch.float32
+
+
+def test_mismatched_tensors_and_states_are_refused():
+    """Every tensor shares q's (batch, time, heads) — a longer k, v or gate was cut to q's length silently — and
+    states, the normaliser's z and cu_seqlens have their documented shape and type."""
+    q, k, v, gate, beta, h0 = _inputs()
+    long = {n: torch.cat([x, x[:, :3]], 1) for n, x in (("k", k), ("v", v), ("gate", gate), ("beta", beta))}
+    for n in long:
+        args = {"k": k, "v": v, "gate": gate, "beta": beta, n: long[n]}
+        with pytest.raises(ValueError, match=f"{'g' if n == 'gate' else n} must have q's"):
+            fc.chunk_gated_delta_rule(q, args["k"], args["v"], args["gate"], args["beta"])
+    with pytest.raises(ValueError, match="k must have q's"):
+        fc.fused_recurrent_linear_attn(q, long["k"], v)
+    with pytest.raises(ValueError, match=r"initial_state must be \(N, heads, d_k, d_v\)"):
+        fc.chunk_delta_rule(q, k, v, beta, initial_state=h0[..., :4])
+    # the normaliser state z: (N, 1, heads, d_k) and floating; a pair only with normalize=True
+    for z in (torch.rand(1, 1, H, K, dtype=q.dtype), torch.rand(K, dtype=q.dtype), torch.ones(B, 1, H, K).long()):
+        with pytest.raises(ValueError, match="normaliser state z"):
+            fc.chunk_linear_attn(q, k, v, initial_state=(h0, z))
+    with pytest.raises(ValueError, match="normalize=False pass S alone"):
+        fc.chunk_linear_attn(q, k, v, initial_state=(h0, torch.rand(B, 1, H, K, dtype=q.dtype)), normalize=False)
+    # packed: z must have one row per sequence
+    cu = torch.tensor([0, 4, 11])
+    q1, k1, v1 = q[:1], k[:1], v[:1]
+    with pytest.raises(ValueError, match="normaliser state z"):
+        fc.chunk_linear_attn(q1, k1, v1, initial_state=(h0, torch.rand(3, 1, H, K, dtype=q.dtype)), cu_seqlens=cu)
+    for bad in ([0, 4, 11], cu.double()):
+        with pytest.raises(ValueError, match="cu_seqlens must be an int32 or int64 tensor"):
+            fc.chunk_delta_rule(q1, k1, v1, beta[:1], cu_seqlens=bad)

@@ -685,10 +685,17 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
                     f"{want} (a state from another mixer or another configuration?); "
                     "pass state=None to start a new sequence"
                 )
-            same = v.dtype == dtype if not amp else v.is_floating_point() == dtype.is_floating_point
+            if not amp:
+                same = v.dtype == dtype
+            elif dtype.is_floating_point:  # under autocast a state is kept in the input's, autocast's or float32
+                same = v.dtype in (dtype, torch.get_autocast_dtype(x.device.type), torch.float32)
+            else:
+                same = not v.is_floating_point()
             if not same:
+                also = (f" (or, under autocast, {torch.get_autocast_dtype(x.device.type)} or float32)"
+                        if amp and dtype.is_floating_point else "")
                 raise ValueError(
-                    f"{name}: state[{k!r}] has dtype {v.dtype} but this mixer produces {dtype} for {x.dtype} "
+                    f"{name}: state[{k!r}] has dtype {v.dtype} but this mixer produces {dtype}{also} for {x.dtype} "
                     "input; cast it with seqmem.state_to(state, dtype=...) or start a new sequence"
                 )
 

@@ -219,9 +219,10 @@ def make_packing(
     """The :class:`Packing` of a batch of ``shape`` (batch, time) from the usual ways of marking its sequences, or
     ``None`` when every row is one whole sequence (nothing to pack).
 
-    * ``attention_mask`` (batch, >= time; its last ``time`` columns are the new tokens): 1 for a real token, 0 for a
-      pad.  Left padding, right padding or both; the real tokens of a row must be one run (a mask with holes is
-      refused), and every row needs at least one.  Values other than 0 and 1 are refused.
+    * ``attention_mask`` (batch, time; when continuing a state, (batch, >= time) with the new tokens in its last
+      ``time`` columns): 1 for a real token, 0 for a pad.  Left padding, right padding or both; the real tokens of
+      a row must be one run (a mask with holes is refused), and every row needs at least one.  Values other than 0
+      and 1 are refused.
     * ``position_ids`` (batch or 1, time): as from ``transformers``' ``DataCollatorWithFlattening``: a new sequence
       starts wherever it is 0, and counts up by one inside a sequence (anything else is refused).
     * ``cu_seqlens``: the sequences of a batch-1 row, given directly (see :mod:`seqmem.mixers.base`); the states
@@ -235,6 +236,10 @@ def make_packing(
                 or attention_mask.shape[1] < T:
             raise ValueError(f"attention_mask must be (batch, >= time) = ({B}, >= {T}) zeros and ones, got "
                              f"{tuple(getattr(attention_mask, 'shape', ()))}")
+        if not continuing and attention_mask.shape[1] != T:
+            raise ValueError(f"attention_mask has {attention_mask.shape[1]} columns for {T} tokens and no state to "
+                             "continue: columns before the new tokens describe a cached past, so without one the "
+                             f"mask must be (batch, time) = ({B}, {T})")
         bad = attention_mask[(attention_mask != 0) & (attention_mask != 1)]
         if bad.numel():
             raise ValueError(f"attention_mask must hold only 0 (a pad) and 1 (a real token), got "

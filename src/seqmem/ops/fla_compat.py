@@ -45,16 +45,29 @@ def _l2norm(x: Tensor) -> Tensor:
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6)
 
 
-def _check(name: str, q: Tensor, initial_state: Tensor | None, cu_seqlens: Tensor | None, head_first: bool) -> int:
-    """The number of sequences ``N`` after fla's checks (clear ``ValueError`` s)."""
+def _check(name: str, q: Tensor, initial_state: Tensor | None, cu_seqlens: Tensor | None, head_first: bool,
+           others: dict[str, Tensor | None] | None = None) -> int:
+    """The number of sequences ``N`` after fla's checks (clear ``ValueError`` s).  ``others``: k, v and the gates,
+    which must share q's batch, time and heads (they are sliced by q's spans: a longer one would be cut silently)."""
     if head_first:
         raise ValueError(f"{name}: head_first=True is not supported; pass (batch, time, heads, dim) tensors "
                          "(fla's default, head_first=False)")
-    if q.dim() != 4:
-        raise ValueError(f"{name}: q must be (batch, time, heads, dim), got shape {tuple(q.shape)}")
+    if not isinstance(q, Tensor) or q.dim() != 4:
+        raise ValueError(f"{name}: q must be a (batch, time, heads, dim) tensor, got "
+                         f"{tuple(q.shape) if isinstance(q, Tensor) else type(q).__name__}")
+    for n_, t in (others or {}).items():
+        if t is None:
+            continue
+        if not isinstance(t, Tensor) or t.dim() < 3 or t.shape[:3] != q.shape[:3]:
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name}: {n_} must have q's (batch, time, heads) = {tuple(q.shape[:3])} in front, "
+                             f"got {got}")
     if cu_seqlens is None:
         n = q.shape[0]
     else:
+        if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dtype not in (torch.int32, torch.int64):
+            got = cu_seqlens.dtype if isinstance(cu_seqlens, Tensor) else type(cu_seqlens).__name__
+            raise ValueError(f"{name}: cu_seqlens must be an int32 or int64 tensor of offsets (as in fla), got {got}")
         if q.shape[0] != 1:
             raise ValueError(f"{name}: with cu_seqlens the batch size must be 1 (packed sequences), got {q.shape[0]}")
         cu = cu_seqlens.tolist()
@@ -63,9 +76,12 @@ def _check(name: str, q: Tensor, initial_state: Tensor | None, cu_seqlens: Tenso
             raise ValueError(f"{name}: cu_seqlens must be non-decreasing offsets from 0 to the length "
                              f"{q.shape[1]}, got {cu}")
         n = len(cu) - 1
-    if initial_state is not None and (initial_state.dim() != 4 or initial_state.shape[0] != n):
-        raise ValueError(f"{name}: initial_state must be (N={n}, heads, d_k, d_v) for {n} sequence(s), got shape "
-                         f"{tuple(initial_state.shape)}")
+    if initial_state is not None:
+        want = (n, q.shape[2], q.shape[3], (others or {}).get("v", q).shape[-1])
+        if not isinstance(initial_state, Tensor) or tuple(initial_state.shape) != want:
+            got = tuple(initial_state.shape) if isinstance(initial_state, Tensor) else type(initial_state).__name__
+            raise ValueError(f"{name}: initial_state must be (N, heads, d_k, d_v) = {want} for {n} sequence(s), "
+                             f"got {got}")
     return n
 
 
@@ -75,7 +91,7 @@ def _run(name: str, fn, tensors: dict[str, Tensor | None], scale: float | None, 
     """``fn(q, k, v, **gates, scale=, initial_state=, mode=)`` (a seqmem op) per sequence of ``cu_seqlens`` (or on
     the whole batch), returned the fla way."""
     q, k, v = tensors.pop("q"), tensors.pop("k"), tensors.pop("v")
-    _check(name, q, initial_state, cu_seqlens, head_first)
+    _check(name, q, initial_state, cu_seqlens, head_first, {"k": k, "v": v, **tensors})
     if l2norm:
         q, k = _l2norm(q), _l2norm(k)
     if scale is None:
@@ -162,8 +178,19 @@ def _linear_attn(name: str, mode: str, q: Tensor, k: Tensor, v: Tensor, scale: f
     (fla's default) divided by ``scale q_t · z_t + 1e-10``, ``z_t = z_0 + Σ_{i≤t} k_i``; then the initial and final
     states are ``(S, z)`` pairs, ``z`` (N, 1, heads, d_k)."""
     z0 = None
-    if normalize and isinstance(initial_state, tuple):
+    if isinstance(initial_state, tuple):
+        if not normalize:
+            raise ValueError(f"{name}: initial_state is an (S, z) pair, the state of normalize=True; with "
+                             "normalize=False pass S alone")
+        if len(initial_state) != 2:
+            raise ValueError(f"{name}: initial_state must be S or an (S, z) pair, got a tuple of {len(initial_state)}")
         initial_state, z0 = initial_state
+        n = _check(name, q, None, cu_seqlens, head_first, {"k": k, "v": v})
+        want = (n, 1, k.shape[2], k.shape[3])
+        if z0 is not None and (not isinstance(z0, Tensor) or not z0.is_floating_point() or tuple(z0.shape) != want):
+            got = (f"{tuple(z0.shape)} {z0.dtype}" if isinstance(z0, Tensor) else type(z0).__name__)
+            raise ValueError(f"{name}: the normaliser state z must be a floating (N, 1, heads, d_k) = {want} tensor "
+                             f"for {n} sequence(s), got {got}")
     o, S = _run(name, _linear_attention, {"q": q, "k": k, "v": v}, scale, initial_state,
                 output_final_state or normalize, cu_seqlens, head_first, False, mode)
     if not normalize:
@@ -175,7 +202,7 @@ def _linear_attn(name: str, mode: str, q: Tensor, k: Tensor, v: Tensor, scale: f
     for i, (a, b) in enumerate(spans):
         kk = k[:, a:b].to(cd)
         zc = kk.cumsum(1)
-        base = None if z0 is None else (z0[i : i + 1] if cu_seqlens is not None else z0).to(cd)
+        base = None if z0 is None else (z0[i : i + 1] if cu_seqlens is not None else z0).to(cd)  # (n, 1, H, K)
         if base is not None:
             zc = zc + base
         den = (q[:, a:b].to(cd) * sc * zc).sum(-1, keepdim=True) + 1e-10
