@@ -42,6 +42,7 @@ def test_fla_constructor_names():
     for kw, match in ((dict(hidden_size=32, d_model=16), "hidden_size=32 and d_model=16 disagree"),
                       (dict(hidden_size=32, num_heads=4, n_heads=2), "num_heads=4 and n_heads=2 disagree"),
                       (dict(hidden_size=32, head_dim=5), "head_dim=5 must be a positive divisor"),
+                      (dict(hidden_size=32, head_dim=True), "head_dim=True must be a positive divisor"),
                       (dict(hidden_size=32, num_heads=2, head_dim=8), r"head_dim=8 × n_heads=2 must equal"),
                       (dict(head_dim=8), "needs hidden_size")):
         with pytest.raises(ValueError, match=match):

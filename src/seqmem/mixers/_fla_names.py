@@ -54,7 +54,7 @@ def translate(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
         d = args[0] if args else kwargs.get("d_model")
         if d is None:
             raise ValueError(f"{cls.__name__}: head_dim={head_dim} needs hidden_size (or d_model)")
-        if not isinstance(head_dim, int) or head_dim <= 0 or d % head_dim:
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or d % head_dim:
             raise ValueError(f"{cls.__name__}: head_dim={head_dim!r} must be a positive divisor of d_model={d} "
                              "(seqmem's heads split d_model: head_dim = d_model / n_heads)")
         if "n_heads" in kwargs and kwargs["n_heads"] * head_dim != d:
