@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seqmem.ops import delta_rule, gated_delta_rule, lattice_scan, linear_attention
+from seqmem.ops import delta_rule, gated_delta_rule, lattice_scan, linear_attention, ssd
 from seqmem.ops.lattice import _cpp as _lattice_cpp
 
 HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -47,6 +47,13 @@ def _inputs(op: str, g: torch.Generator, B: int = 2, T: int = 19, H: int = 2, d:
             else:
                 o, st = gated_delta_rule(q, k, v, beta=beta, g=g, mode=mode, chunk_size=8)
             return o, st["S"]
+    elif op == "ssd":  # x third: the upstream gradient takes its shape (y's)
+        t = [r(B, T, H, d - 2), r(B, T, H, d - 2), r(B, T, H, d), torch.nn.functional.softplus(r(B, T, H)),
+             -torch.exp(r(H))]
+
+        def fn(mode, Bm, Cm, x, dt, A):
+            y, st = ssd(x, dt, A, Bm, Cm, mode=mode, chunk_size=8)
+            return y, st["S"]
     else:  # lattice_<objective>[_forget]
         parts = op.split("_")
         objective, forget = parts[1], parts[-1] == "forget"
@@ -67,7 +74,7 @@ def _inputs(op: str, g: torch.Generator, B: int = 2, T: int = 19, H: int = 2, d:
     return t, fn
 
 
-OPS = ["linear", "delta", "gated_delta", "lattice_dec", "lattice_enc", "lattice_sim", "lattice_dec_forget",
+OPS = ["linear", "delta", "gated_delta", "ssd", "lattice_dec", "lattice_enc", "lattice_sim", "lattice_dec_forget",
        "lattice_delta_forget"]
 
 
@@ -128,3 +135,23 @@ def test_linear_attention_sums_do_not_overflow_under_float16_autocast():
     assert torch.isfinite(o).all() and torch.isfinite(s["S"]).all()
     o_ref, _ = linear_attention(q.half().float(), k.half().float(), v, chunk_size=64)
     assert torch.equal(o, o_ref)
+
+
+@pytest.mark.parametrize("mode", ["chunk", "recurrent"])
+def test_ssd_under_bfloat16_autocast_keeps_float32_accuracy(mode):
+    """float32 inputs under bfloat16 autocast: ssd ran its chunk maths (the segment-sum decays, the block matmuls)
+    in bfloat16, a relative error of ~4e-3 to 4e-2 against float64 where the other ops stay at float32's ~1e-7;
+    it turns autocast off now, as they do."""
+    g = torch.Generator().manual_seed(1)
+    B, T, H, P, N = 2, 50, 3, 8, 6
+    x, Bm, Cm = torch.randn(B, T, H, P, generator=g), torch.randn(B, T, H, N, generator=g), \
+        torch.randn(B, T, H, N, generator=g)
+    dt, A = torch.nn.functional.softplus(torch.randn(B, T, H, generator=g)), -torch.exp(torch.randn(H, generator=g))
+    y64, s64 = ssd(*(z.double() for z in (x, dt, A, Bm, Cm)), mode="recurrent")
+    s64 = s64["S"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, st = ssd(x, dt, A, Bm, Cm, mode=mode, chunk_size=16)
+    assert y.dtype == torch.float32 and st["S"].dtype == torch.float32
+    for got, ref, what in ((y, y64, "y"), (st["S"], s64, "S")):
+        err = float((got.double() - ref).norm() / ref.norm())
+        assert err < 1e-5, f"{mode} {what}: {err:.1e}"

@@ -335,6 +335,45 @@ def test_bad_inputs_raise():
         lattice_scan(q, k, v, gam, objective="dec", l1=0.1, backend="cpp")
 
 
+@pytest.mark.parametrize("mode", ["recurrent", "scan"])
+def test_l1_gamma_and_eps_are_checked_as_numbers_and_as_tensors(mode):
+    """A negative l1 was refused as a float but taken as a tensor (eq. 18's threshold γλ < 0 grows every entry
+    instead of shrinking it); NaN / inf γ or λ numbers, inf γ or λ tensors, and eps <= 0 or non-finite (the norm
+    clamp) passed silently.  A NaN in a γ or λ tensor propagates (the library's NaN policy for data)."""
+    q, k, v, gam, _, S0 = (x if x is None else x.detach() for x in _inputs(1, 5, 1, 4, 4, D64))
+    lam = torch.full((1, 5, 1), 0.1, dtype=D64)
+    for bad, got in ((-0.2, r"values in \[-0.2, 0.1\]"), (float("inf"), "inf"), (-float("inf"), "inf")):
+        lb = lam.clone()
+        lb[0, 2, 0] = bad
+        with pytest.raises(ValueError, match=rf"lattice_scan: l1 must be finite and >= 0 \(eq. 18's λ_t\), "
+                                             rf"got .*{got}"):
+            lattice_scan(q, k, v, gam, l1=lb, mode=mode)
+        if bad != -0.2:
+            gb = gam.clone()
+            gb[0, 2, 0] = bad
+            with pytest.raises(ValueError, match=r"lattice_scan: gamma must be finite, got .*inf"):
+                lattice_scan(q, k, v, gb, mode=mode)
+    gb, lb = gam.clone(), lam.clone()
+    gb[0, 2, 0] = lb[0, 3, 0] = float("nan")
+    assert lattice_scan(q, k, v, gb, l1=lb, mode=mode)[0].isnan().any()  # NaN data: propagated, not refused
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=rf"lattice_scan: l1 must be a finite number >= 0, got {bad!r}"):
+            lattice_scan(q, k, v, gam, l1=bad, mode=mode)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=rf"lattice_scan: gamma must be a finite number, got {bad!r}"):
+            lattice_scan(q, k, v, bad, mode=mode)
+    for bad in (0.0, -1e-12, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=rf"lattice_scan: eps must be a finite number > 0, got {bad!r}"):
+            lattice_scan(q, k, v, gam, eps=bad, mode=mode)
+    with pytest.raises(ValueError, match=r"lattice_scan: l1 must be a floating-point tensor"):
+        lattice_scan(q, k, v, gam, l1=torch.zeros(1, 5, 1, dtype=torch.long), mode=mode)
+    with pytest.raises(ValueError, match=r"lattice_minibatch: gamma must be finite"):
+        lattice_minibatch(q, k, v, torch.full_like(gam, float("inf")), _mb_state(S0), chunk_size=2)
+    y0, _ = lattice_scan(q, k, v, gam, l1=torch.zeros_like(lam), mode=mode)  # λ = 0 is allowed: no shrinkage
+    y1, _ = lattice_scan(q, k, v, gam, mode=mode)
+    assert_rel_close(y0, y1, 1e-12, "l1 = 0 is no L1 step")
+
+
 @pytest.mark.parametrize("objective", ["dec", "enc", "sim"])
 @pytest.mark.parametrize("dtype,tol", [(D64, 1e-11), (torch.float32, 2e-4)])
 def test_minibatch_recurrent_reference_equals_chunk_form(objective, dtype, tol):

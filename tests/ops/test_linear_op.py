@@ -115,3 +115,16 @@ def test_bad_inputs_raise():
         linear_attention(q, k, v, initial_state=s0[:, :, :, :2])
     with pytest.raises(ValueError, match="torch.Tensor"):
         linear_attention(q.numpy(), k, v)
+
+
+def test_scale_must_be_finite():
+    """scale = nan / inf passed (every output NaN, or inf·0 = NaN); the ops that share check_scale refuse it."""
+    q, k, v, _ = make(6)
+    beta = torch.sigmoid(q[..., 0]).detach()
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ValueError, match=rf"linear_attention: scale must be a finite number or None, got {bad!r}"):
+            linear_attention(q, k, v, scale=bad)
+        with pytest.raises(ValueError, match=r"delta_rule: scale must be a finite number or None"):
+            _ops.delta_rule(q, k, v, beta, scale=bad)
+    for ok in (None, 0.5, 2):
+        linear_attention(q, k, v, scale=ok)

@@ -450,6 +450,55 @@ def test_bad_inputs_raise():
         ska_statistics(k, v, mask=torch.ones(3, 3))
 
 
+@pytest.mark.parametrize("mode", ["chunk", "recurrent"])
+def test_the_state_is_shape_checked(mode):
+    """A batch-1 state with a batch-2 input broadcast silently in the recurrent form (every sequence got the one
+    state) and failed with a bare RuntimeError in the chunked one: each key's shape and dtype is checked now."""
+    q, k, v = qkv(B=2, T=9, H=2, r=4, P=6)
+    _, st = spectral_koopman_attention(q, k, v, chunk_size=4, mode=mode)
+    one = {key: val[:1] for key, val in st.items()}
+    with pytest.raises(ValueError, match=r"spectral_koopman_attention: initial_state\['G'\] must have shape "
+                                         r"\(batch, heads, r, r\) = \(2, 2, 4, 4\), got \(1, 2, 4, 4\)"):
+        spectral_koopman_attention(q, k, v, chunk_size=4, mode=mode, initial_state=one)
+    for key, want in (("Cv_pend", r"\(batch, heads, P, r\) = \(2, 2, 6, 4\)"), ("z_prev", r"\(batch, heads, r\)"),
+                      ("m_pend", r"\(batch, heads\) = \(2, 2\)")):
+        bad = {**st, key: st[key][..., :1]}
+        with pytest.raises(ValueError, match=rf"initial_state\['{key}'\] must have shape {want}"):
+            spectral_koopman_attention(q, k, v, chunk_size=4, mode=mode, initial_state=bad)
+    with pytest.raises(ValueError, match=r"initial_state\['M'\] must be a floating-point tensor, got dtype "
+                                         r"torch.int64"):
+        spectral_koopman_attention(q, k, v, chunk_size=4, mode=mode, initial_state={**st, "M": st["M"].long()})
+    with pytest.raises(ValueError, match=r"initial_state\['pos'\] must be an integer tensor of shape \(batch,\) = "
+                                         r"\(2,\), got shape \(1,\)"):
+        spectral_koopman_attention(q, k, v, chunk_size=4, mode=mode, initial_state={**st, "pos": st["pos"][:1]})
+    with pytest.raises(ValueError, match=r"spectral_koopman_attention: initial_state must be a dict with keys"):
+        spectral_koopman_attention(q, k, v, chunk_size=4, mode=mode, initial_state={"G": st["G"]})
+    spectral_koopman_attention(q, k, v, chunk_size=4, mode=mode, initial_state=st)  # its own state: fine
+
+
+def test_eps_must_be_finite_and_the_statistics_mask_0_or_1():
+    """eps = inf passed the ``eps > 0`` check (G̃ = G + inf·I: every read silently 0); a mask of 2.0 silently
+    weighted ska_statistics' sums (eq. 53's m_t is 0 or 1)."""
+    q, k, v = qkv(T=9)
+    for bad in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(ValueError, match=rf"spectral_koopman_attention: eps must be a finite number > 0, got "
+                                             rf"{bad!r}"):
+            spectral_koopman_attention(q, k, v, eps=bad)
+        with pytest.raises(ValueError, match=rf"ska_statistics: eps must be a finite number > 0, got {bad!r}"):
+            ska_statistics(k, v, eps=bad)
+    mask = torch.ones(2, 9)
+    mask[1, 4] = 2.0
+    with pytest.raises(ValueError, match=r"ska_statistics: the action mask must hold only 0 and 1"):
+        ska_statistics(k, v, mask=mask)
+    with pytest.raises(ValueError, match=r"ska_statistics: the action mask must have shape \(batch, time\)"):
+        ska_statistics(k, v, mask=torch.ones(2, 8))
+    ok = torch.ones(2, 9, dtype=torch.bool)
+    ok[0, 2] = False
+    for m in (ok, ok.long(), ok.double()):  # bool, integer or floating 0/1: the same statistics
+        for a, b in zip(ska_statistics(k, v, mask=m), ska_statistics(k, v, mask=ok.double())):
+            assert torch.equal(a, b)
+
+
 # ------------------------------------------------------------------------------------- errata (docs/echo.md)
 def _flops(fn) -> int:
     from torch.utils.flop_counter import FlopCounterMode

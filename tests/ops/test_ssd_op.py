@@ -121,3 +121,29 @@ def test_bad_inputs_raise():
         ssd(x, dt, A, Bm, Cm[..., :2])
     with pytest.raises(ValueError, match="initial_state"):
         ssd(x, dt, A, Bm, Cm, initial_state=s0.transpose(-1, -2))
+
+
+@pytest.mark.parametrize("mode", ["recurrent", "chunk"])
+def test_a_non_negative_A_or_negative_dt_is_refused(mode):
+    """A < 0 and dt > 0 were documented but unchecked: Mamba's A_log passed for -exp(A_log) gave |y| ~ 1e6 with no
+    error.  Each is one reduction now; dt = 0 stays allowed (a saturated softplus), and a NaN propagates."""
+    x, dt, A, Bm, Cm, s0 = make(40)
+    a_log = torch.log(torch.arange(1, H + 1, dtype=torch.float64))  # Mamba-2's A_log init: log 1 .. log H
+    with pytest.raises(ValueError, match=r"ssd: A must be < 0 \(the log decay rate per head: pass -exp\(A_log\), not "
+                                         r"A_log\), got values in \[0, 1.09861\]"):
+        _ops.ssd(x, dt, a_log, Bm, Cm, mode=mode)
+    with pytest.raises(ValueError, match=r"ssd: A must be < 0 .*got .*inf"):
+        _ops.ssd(x, dt, torch.full_like(A, float("inf")), Bm, Cm, mode=mode)
+    for bad in (-1e-3, -0.5, -float("inf")):
+        d = dt.clone()
+        d[1, 7, 2] = bad
+        with pytest.raises(ValueError, match=r"ssd: dt must be >= 0 \(a step size"):
+            _ops.ssd(x, d, A, Bm, Cm, mode=mode)
+    d = dt.clone()
+    d[1, 7, 2] = float("nan")  # a NaN propagates (the library's NaN policy: set_check_finite names it)
+    assert _ops.ssd(x, d, A, Bm, Cm, mode=mode)[0].isnan().any()
+    d = dt.clone()
+    d[:, 5:9] = 0.0  # a softplus saturated at 0 (large inputs): those tokens neither decay nor write; allowed
+    assert_rel_close(_ops.ssd(x, d, A, Bm, Cm, mode=mode)[0], semiseparable_ref(x, d, A, Bm, Cm, None), 1e-12)
+    y, _ = _ops.ssd(x, dt, -torch.exp(a_log), Bm, Cm, mode=mode)  # what was meant: a bounded output
+    assert y.abs().max() < 1e3

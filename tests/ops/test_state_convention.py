@@ -334,9 +334,19 @@ def test_hippo_compress_former_tensor_and_t0_warn_and_agree(mode):
         old = ops.hippo_compress(f[:, cut:], 4, mode=mode, block_len=3, t0=cut)
     zero = {"c": torch.zeros_like(c1), "t": st["t"]}
     _close(old, ops.hippo_compress(f[:, cut:], 4, mode=mode, block_len=3, initial_state=zero), "t0 alone")
-    with pytest.warns(DeprecationWarning, match=match):  # a bare tensor with no t0 was ignored (t0 = 0)
-        old = ops.hippo_compress(f, 4, mode=mode, block_len=3, initial_state=c1)
-    _close(old, ops.hippo_compress(f, 4, mode=mode, block_len=3), "a bare tensor at t0 = 0 is ignored")
+    with pytest.warns(DeprecationWarning, match=match):  # a bare tensor at an explicit t0 = 0: an empty history
+        old = ops.hippo_compress(f, 4, mode=mode, block_len=3, initial_state=c1, t0=0)
+    _close(old, ops.hippo_compress(f, 4, mode=mode, block_len=3), "a bare tensor at t0 = 0 is an empty history")
+    # a bare tensor with no t0 was ignored (the history restarted at 0): continuing from it silently gave the
+    # coefficients of the new tokens alone; now refused, pointing at the state dict
+    with pytest.raises(ValueError, match=r"hippo_compress: a bare coefficient tensor as initial_state needs the "
+                                         r"tokens it summarises; pass the state dict \{'c'.*no t0"):
+        ops.hippo_compress(f[:, cut:], 4, mode=mode, block_len=3, initial_state=c1)
+    with pytest.raises(ValueError, match=r"hippo_compress: initial_state\['c'\] must have shape \(batch, N, "
+                                         r"channels\) = \(2, 4, 2\), got \(1, 4, 2\)"):
+        ops.hippo_compress(f[:, cut:], 4, mode=mode, initial_state={"c": c1[:1], "t": st["t"]})
+    with pytest.raises(ValueError, match=r"initial_state\['c'\] must be a floating-point tensor"):
+        ops.hippo_compress(f[:, cut:], 4, mode=mode, initial_state={"c": c1.long(), "t": st["t"]})
     with pytest.raises(ValueError, match="not as t0"):
         ops.hippo_compress(f, 4, initial_state=st, t0=cut)
     with pytest.raises(ValueError, match="one non-negative position"):

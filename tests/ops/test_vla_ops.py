@@ -224,3 +224,75 @@ def test_bad_input_raises():
         vla_attention(q[0], k[0], v[0], w_u)
     with pytest.raises(ValueError, match="beta"):
         vla_paper_delta_rule(q, k, v, torch.rand(B, 5))
+
+
+@pytest.mark.parametrize("mode", ["recurrent", "chunk"])
+def test_paper_delta_rule_refuses_a_beta_outside_0_1(mode):
+    """β is eq. 4's decay, in [0, 1]: the chunked form read a negative β through log(max(β, tiny)) while the recurrent
+    one took it as given, so the two modes silently disagreed; both refuse it now, and β > 1 with it.  A NaN
+    propagates (the library's NaN policy: set_check_finite names it)."""
+    q, k, v, _ = (x.detach() for x in _inputs(torch.float64, t=5))
+    beta = torch.full((B, 5, H), 0.5, dtype=torch.float64)
+    for bad, got in ((-0.3, r"values in \[-0.3, 0.5\]"), (1.5, r"values in \[0.5, 1.5\]"),
+                     (-float("inf"), r"values in \[0.5, 0.5\] and inf")):
+        b = beta.clone()
+        b[1, 3, 0] = bad
+        with pytest.raises(ValueError, match=rf"vla_paper_delta_rule: beta must be in \[0, 1\] \(eq. 4: a per-step "
+                                             rf"decay\), got .*{got}"):
+            vla_paper_delta_rule(q, k, v, b, mode=mode)
+    with pytest.raises(ValueError, match="vla_paper_delta_rule: beta must be a floating-point tensor, got dtype "
+                                         "torch.int64"):
+        vla_paper_delta_rule(q, k, v, torch.ones(B, 5, H, dtype=torch.long), mode=mode)
+    b = beta.clone()
+    b[1, 3, 0] = float("nan")
+    assert vla_paper_delta_rule(q, k, v, b, mode=mode)[0].isnan().any()  # NaN: propagated, not refused
+
+
+def test_paper_delta_rule_beta_0_and_1_agree_across_modes():
+    """The ends of the range are allowed: β = 1 keeps the state, β = 0 (a sigmoid saturated at 0, as at large
+    inputs) forgets it; the chunked form, which reads log max(β, tiny), equals the recurrent one there."""
+    q, k, v, _ = (x.detach() for x in _inputs(torch.float64, t=9))
+    beta = torch.rand(B, 9, H, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    beta[:, 3] = 0.0
+    beta[0, 5, 1] = 0.0
+    beta[:, 7] = 1.0
+    (o1, s1), (o2, s2) = (vla_paper_delta_rule(q, k, v, beta, mode=m, chunk_size=4) for m in ("recurrent", "chunk"))
+    assert_rel_close(o2, o1, 1e-12)
+    assert_rel_close(s2["S"], s1["S"], 1e-12)
+
+
+@pytest.mark.parametrize("mode", ["recurrent", "chunk"])
+def test_paper_delta_rule_checks_the_state_shapes(mode):
+    """A batch-1 state with a batch-2 input broadcast silently in the recurrent mode; each key's shape and dtype is
+    checked now, as vla_attention's are."""
+    q, k, v, _ = (x.detach() for x in _inputs(torch.float64, t=5))
+    beta = torch.full((B, 5, H), 0.5, dtype=torch.float64)
+    _, st = vla_paper_delta_rule(q, k, v, beta, mode=mode)
+    with pytest.raises(ValueError, match=r"vla_paper_delta_rule: initial_state\['S'\] must have shape \(batch, heads, "
+                                         rf"d_v, d\) = \({B}, {H}, {D}, {D}\), got \(1, {H}, {D}, {D}\)"):
+        vla_paper_delta_rule(q, k, v, beta, mode=mode, initial_state={"S": st["S"][:1], "z": st["z"]})
+    with pytest.raises(ValueError, match=r"vla_paper_delta_rule: initial_state\['z'\] must have shape \(batch, heads, "
+                                         rf"d\) = \({B}, {H}, {D}\), got \({B}, {H}, 1\)"):
+        vla_paper_delta_rule(q, k, v, beta, mode=mode, initial_state={"S": st["S"], "z": st["z"][..., :1]})
+    with pytest.raises(ValueError, match=r"initial_state\['S'\] must be a floating-point tensor"):
+        vla_paper_delta_rule(q, k, v, beta, mode=mode, initial_state={"S": st["S"].long(), "z": st["z"]})
+    with pytest.raises(ValueError, match=r"vla_paper_delta_rule: initial_state must be a dict with keys \['S', 'z'\], "
+                                         r"got \['S'\]"):
+        vla_paper_delta_rule(q, k, v, beta, mode=mode, initial_state={"S": st["S"]})
+
+
+def test_vla_attention_checks_the_state_dtypes_and_finite_scalars():
+    q, k, v, w_u = (x.detach() for x in _inputs(torch.float64, t=5))
+    _, st = vla_attention(q, k, v, w_u)
+    with pytest.raises(ValueError, match=r"vla_attention: initial_state\['A'\] must have shape \(batch, heads, d, d\) "
+                                         rf"= \({B}, {H}, {D}, {D}\), got \(1, {H}, {D}, {D}\)"):
+        vla_attention(q, k, v, w_u, initial_state={**st, "A": st["A"][:1]})
+    with pytest.raises(ValueError, match=r"vla_attention: initial_state\['pos'\] must be an integer tensor"):
+        vla_attention(q, k, v, w_u, initial_state={**st, "pos": st["pos"].double()})
+    for bad in (float("inf"), float("nan"), 0.0, -1e-4):
+        with pytest.raises(ValueError, match=rf"vla_attention: eps must be a finite number > 0, got {bad!r}"):
+            vla_attention(q, k, v, w_u, eps=bad)
+        with pytest.raises(ValueError, match=rf"vla_paper_delta_rule: eps must be a finite number > 0, got {bad!r}"):
+            vla_paper_delta_rule(q, k, v, torch.full((B, 5, H), 0.5, dtype=torch.float64), eps=bad)
+    with pytest.raises(ValueError, match=r"vla_attention: lam0 must be a finite number > 0, got inf"):
+        vla_attention(q, k, v, w_u, lam0=float("inf"))  # A_0 = I/inf = 0: every write silently zero

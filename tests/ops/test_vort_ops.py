@@ -131,6 +131,55 @@ def test_bad_inputs():
         local_window_attention(q, k, v, 0)
 
 
+@pytest.mark.parametrize("mode", ["recurrent", "chunk", "parallel"])
+def test_soe_retention_checks_its_state(mode):
+    """A batch-1 state with a batch-2 input broadcast silently in the recurrent form (a bare RuntimeError in the
+    chunked one); an unknown key was dropped and a missing "G" was a KeyError.  Each is a named error now."""
+    q, k, v, a = data(t=9)
+    c, xi, cn = soe_coefficients(a, 6, 64)
+    S = xi.shape[0]
+    _, st = soe_retention(q, k, v, c, xi, cn, mode=mode, chunk_size=4)
+    with pytest.raises(ValueError, match=rf"soe_retention: initial_state\['G'\] must have shape \(batch, heads, S', "
+                                         rf"F, Dv\) = \({B}, {H}, {S}, {F}, {D}\), got \(1, {H}, {S}, {F}, {D}\)"):
+        soe_retention(q, k, v, c, xi, cn, mode=mode, initial_state={"G": st["G"][:1], "b": st["b"][:1]})
+    with pytest.raises(ValueError, match=rf"initial_state\['b'\] must have shape \(batch, heads, S', F\) = "
+                                         rf"\({B}, {H}, {S}, {F}\)"):
+        soe_retention(q, k, v, c, xi, cn, mode=mode, initial_state={"G": st["G"], "b": st["b"][:, :, :-1]})
+    with pytest.raises(ValueError, match=r"initial_state\['b'\] must be a floating-point tensor"):
+        soe_retention(q, k, v, c, xi, cn, mode=mode, initial_state={"G": st["G"], "b": st["b"].long()})
+    with pytest.raises(ValueError, match=r"soe_retention: initial_state has no 'G'; it needs the keys \['G', 'b'\], "
+                                         r"got \['b'\]"):
+        soe_retention(q, k, v, c, xi, cn, mode=mode, initial_state={"b": st["b"]})
+    with pytest.raises(ValueError, match=r"soe_retention: initial_state has keys \['B'\] this call does not read"):
+        soe_retention(q, k, v, c, xi, cn, mode=mode, initial_state={**st, "B": st["b"]})
+    with pytest.raises(ValueError, match=r"initial_state has keys \['m'\] this call does not read \('m' is the key "
+                                         r"scale of a state built with k_log_scale; pass k_log_scale\)"):
+        soe_retention(q, k, v, c, xi, cn, mode=mode, initial_state={**st, "m": torch.zeros(B, H, dtype=q.dtype)})
+    with pytest.raises(ValueError, match=r"initial_state has no 'z' \(normalizer='plain' reads its undecayed key "
+                                         r"sum\)"):
+        soe_retention(q, k, v, c, xi, cn, mode=mode, normalizer="plain", initial_state=st)
+    _, st_p = soe_retention(q, k, v, c, xi, cn, mode=mode, normalizer="plain", chunk_size=4)
+    with pytest.raises(ValueError, match=rf"initial_state\['z'\] must have shape \(batch, heads, F\) = "
+                                         rf"\({B}, {H}, {F}\), got \(1, {H}, {F}\)"):
+        soe_retention(q, k, v, c, xi, cn, mode=mode, normalizer="plain", initial_state={**st_p, "z": st_p["z"][:1]})
+    with pytest.raises(ValueError, match=r"initial_state has keys \['z'\] this call does not read"):
+        soe_retention(q, k, v, c, xi, cn, mode=mode, initial_state=st_p)
+    beta = torch.zeros(B, 9, H, dtype=q.dtype)
+    with pytest.raises(ValueError, match=rf"initial_state\['m'\] must have shape \(batch, heads\) = \({B}, {H}\)"):
+        soe_retention(q, k, v, c, xi, cn, mode=mode, k_log_scale=beta, initial_state={**st, "m": beta[:, 0, :1]})
+    soe_retention(q, k, v, c, xi, cn, mode=mode, k_log_scale=beta, initial_state={**st, "m": beta[:, 0]})  # fine
+
+
+def test_refine_alpha_refuses_a_non_finite_step():
+    """lr = nan passed ``lr <= 0`` and made every α NaN (clamp keeps NaN); lr = inf jumped to the box's corners."""
+    a0 = torch.full((1, 4), 0.5, dtype=torch.float64)
+    for bad in (float("nan"), float("inf"), 0.0):
+        with pytest.raises(ValueError, match=rf"refine_alpha: lr must be a finite number > 0, got {bad!r}"):
+            refine_alpha(a0, lambda a: (a**2).sum(), lr=bad)
+    with pytest.raises(ValueError, match=r"refine_alpha: min_alpha must be in \(0, 1\], got nan"):
+        refine_alpha(a0, lambda a: (a**2).sum(), min_alpha=float("nan"))
+
+
 def test_local_window_attention_and_entropy():
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(B, T, H, 4, generator=g, dtype=torch.float64) for _ in range(3))

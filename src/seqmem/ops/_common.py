@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from typing import Any
 
@@ -35,9 +36,11 @@ def _where(op: str | None) -> str:
     return f"{op}: " if op else ""
 
 
-def check_action_mask(mask: object, shape: tuple[int, int], device: torch.device, owner: str) -> Tensor:
+def check_action_mask(mask: object, shape: tuple[int, int], device: torch.device, owner: str,
+                      values: bool = True) -> Tensor:
     """``mask`` as given, after checking it is a (B, T) = ``shape`` tensor on ``device`` whose values are all 0 or 1
-    (bool, integer or floating); a ValueError naming ``owner`` otherwise."""
+    (bool, integer or floating); a ValueError naming ``owner`` otherwise.  ``values=False`` skips the (one
+    reduction) check of the values, the only one that reads the data."""
     if not isinstance(mask, Tensor):
         raise ValueError(f"{owner}: the action mask must be a (batch, time) tensor of 0/1, got {type(mask).__name__}")
     if tuple(mask.shape) != tuple(shape):
@@ -47,7 +50,7 @@ def check_action_mask(mask: object, shape: tuple[int, int], device: torch.device
         raise ValueError(f"{owner}: the action mask must be bool, integer or floating, got {mask.dtype}")
     if mask.device != device:
         raise ValueError(f"{owner}: the action mask is on {mask.device} but the input is on {device}")
-    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+    if values and mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError(f"{owner}: the action mask must hold only 0 and 1 (eq. 53: m_t in {{0, 1}})")
     return mask
 
@@ -65,6 +68,61 @@ def check_tensor(op: str, name: str, x, shape: tuple, dims: str) -> Tensor:
             want_s = tuple("?" if w is None else w for w in shape)
             raise ValueError(f"{op}: {name} must have shape ({dims}) = {want_s}, got {tuple(x.shape)}")
     return x
+
+
+def check_state_tensor(op: str, key: str, x, shape: tuple, dims: str) -> Tensor:
+    """``initial_state[key]``: a floating tensor of shape ``shape`` (its dims named by ``dims``), on no particular
+    device (the op checks devices); a ValueError naming ``op``, the key, the expected and the given shape
+    otherwise.  A state of another batch size is refused here: broadcast, it would give every sequence of the
+    batch the one state (a batch-1 state with a batch-2 input)."""
+    if not isinstance(x, Tensor):
+        raise ValueError(f"{op}: initial_state[{key!r}] must be a tensor of shape ({dims}) = {shape}, got "
+                         f"{type(x).__name__}")
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{op}: initial_state[{key!r}] must have shape ({dims}) = {tuple(shape)}, got "
+                         f"{tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{op}: initial_state[{key!r}] must be a floating-point tensor, got dtype {x.dtype}")
+    return x
+
+
+def check_number(op: str | None, name: str, value, *, positive: bool = False, nonnegative: bool = False) -> float:
+    """``value`` as a float after checking it is a finite real number (``> 0`` with ``positive``, ``>= 0`` with
+    ``nonnegative``): NaN and ±inf pass a bare ``value > 0`` test (``inf > 0``) or fail it without saying why."""
+    try:
+        f = None if isinstance(value, (bool, str, complex)) else float(value)
+    except (TypeError, ValueError):
+        f = None
+    want = "a finite number" + (" > 0" if positive else " >= 0" if nonnegative else "")
+    if f is None or not math.isfinite(f) or (positive and not f > 0) or (nonnegative and not f >= 0):
+        raise ValueError(f"{_where(op)}{name} must be {want}, got {value!r}")
+    return f
+
+
+def values_checked() -> bool:
+    """Whether the checks that read a tensor's values (one reduction each) run: not inside ``torch.compile``'s
+    tracing, where each would be a graph break and a device sync (the convention of
+    :func:`seqmem.models.lm.check_ids`; shapes and dtypes are checked there all the same)."""
+    return not torch.compiler.is_compiling()
+
+
+def check_values(op: str, name: str, x: Tensor, ok: Tensor, want: str) -> None:
+    """Raise unless ``ok`` (a bool tensor computed from ``x``) holds everywhere: "``op``: ``name`` must be ``want``,
+    got values in [min, max]" (NaN / inf named).  One reduction on the good path; the caller skips it under
+    ``torch.compile`` (:func:`values_checked`).  The ops write ``ok`` as "not a definite violation" (``~(A >= 0)``),
+    so a NaN passes: a NaN in the data propagates, as documented (docs/reliability.md, NaN / Inf), and the finite
+    checks of :func:`seqmem.mixers.base.set_check_finite` name it; these checks catch finite wrong values."""
+    if bool(ok.all()):
+        return
+    xd = x.detach()
+    finite = torch.isfinite(xd)
+    got = []
+    if bool(finite.any()):
+        got.append(f"values in [{float(xd[finite].min()):.6g}, {float(xd[finite].max()):.6g}]")
+    for label, bad in (("NaN", torch.isnan(xd)), ("inf", torch.isinf(xd))):
+        if bool(bad.any()):
+            got.append(label)
+    raise ValueError(f"{op}: {name} must be {want}, got {' and '.join(got) or 'an empty tensor'}")
 
 
 def check_same_device(op: str, **tensors: Tensor | None) -> None:
@@ -119,8 +177,8 @@ def floor(value: float, dtype: torch.dtype) -> float:
 def check_scale(op: str, scale, dk: int) -> float:
     if scale is None:
         return dk**-0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise ValueError(f"{op}: scale must be a number or None, got {scale!r}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"{op}: scale must be a finite number or None, got {scale!r}")
     return float(scale)
 
 

@@ -262,8 +262,9 @@ def hippo_compress(
     The state is opt-in rather than always returned: every existing caller takes the coefficients themselves
     (which *are* the compressed history), and a pair by default would break them; the dict adds only the position
     the continuation needs.  The former form, a bare coefficient tensor as ``initial_state`` and/or the position as
-    ``t0``, is read as ``{"c": tensor, "t": t0}`` with a DeprecationWarning (a bare tensor with no ``t0`` is
-    ignored, as before: the history starts at 0).  Modes:
+    ``t0``, is read as ``{"c": tensor, "t": t0}`` with a DeprecationWarning (``t0`` alone: a zero history of ``t0``
+    tokens).  A bare tensor with no ``t0`` is refused: it does not say how many tokens it summarises (it was
+    formerly ignored, so a continuation from it silently restarted the history).  Modes:
 
     * ``"recurrent"``: the per-token ZOH recurrence ``c_k = Ā_k c_{k−1} + B̄_k f_k`` (Eq. 4) with
       ``Ā_k = (k/(k+1))^A``, ``B̄_k = A^{-1}(I − Ā_k)B`` (the reference, ``naive.py``);
@@ -305,6 +306,13 @@ def hippo_compress(
 def _compress_start(initial_state, t0, b: int, N: int, ch: int) -> tuple[Tensor | None, int]:
     """``(c, t0)`` where :func:`hippo_compress` starts: ``c`` None for an empty history (zero coefficients)."""
     op = "hippo_compress"
+    if t0 is None and isinstance(initial_state, Tensor):
+        # a bare tensor says nothing of the tokens it summarises: read at t0 = 0 it was dropped (the history
+        # restarted), so a continuation from it was silently the output of the new tokens alone
+        raise ValueError(f"{op}: a bare coefficient tensor as initial_state needs the tokens it summarises; pass "
+                         "the state dict {'c': coefficients, 't': tokens seen (batch,) int64} (the form "
+                         "return_state=True returns), or (deprecated) t0=<tokens seen>; got a tensor of shape "
+                         f"{tuple(initial_state.shape)} and no t0")
     if t0 is not None or isinstance(initial_state, Tensor):  # the former form
         if isinstance(initial_state, dict):
             raise ValueError(f"{op}: give the position in initial_state['t'], not as t0")
@@ -329,8 +337,10 @@ def _compress_start(initial_state, t0, b: int, N: int, ch: int) -> tuple[Tensor 
     if c is None or t0 == 0:
         return None, t0
     if not isinstance(c, Tensor) or c.shape != (b, N, ch):
-        raise ValueError(f"initial_state must have shape {(b, N, ch)}, got "
+        raise ValueError(f"{op}: initial_state['c'] must have shape (batch, N, channels) = {(b, N, ch)}, got "
                          f"{tuple(c.shape) if isinstance(c, Tensor) else type(c).__name__}")
+    if not c.is_floating_point():
+        raise ValueError(f"{op}: initial_state['c'] must be a floating-point tensor, got dtype {c.dtype}")
     return c, t0
 
 

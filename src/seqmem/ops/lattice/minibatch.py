@@ -123,7 +123,8 @@ def _lattice_minibatch_checks(q, k, v, gamma, initial_state, objective, chunk_si
     """The public op's input checks (both modes); returns ``(B, T, H, m, d)``."""
     if objective not in _OSR:
         raise ValueError(f"lattice_minibatch supports objectives {list(_OSR)}, got {objective!r}")
-    B, T, H, m, d = _check(q, k, v, gamma, initial_state, objective, True, None, None, "scan", chunk_size)
+    B, T, H, m, d = _check(q, k, v, gamma, initial_state, objective, True, None, None, "scan", chunk_size,
+                           op="lattice_minibatch")
     if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < chunk_size:
         raise ValueError(f"offset must be an integer in [0, chunk_size={chunk_size}), got {offset!r}")
     if initial_update is not None and (

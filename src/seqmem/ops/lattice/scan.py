@@ -14,7 +14,14 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from seqmem.ops import _backends
-from seqmem.ops._common import backward_without_autocast, check_state_keys, compute_dtype, full_precision, state_dict
+from seqmem.ops._common import (
+    backward_without_autocast,
+    check_number,
+    check_state_keys,
+    compute_dtype,
+    full_precision,
+    state_dict,
+)
 from seqmem.ops.lattice import _cpp as _lattice_cpp
 from seqmem.ops.lattice.naive import lattice_naive
 from seqmem.ops.lattice.step import _OSR, _check, _prepare, lattice_step, sphere_retract
@@ -71,6 +78,7 @@ def lattice_scan(
     check_state_keys("lattice_scan", state, ("S",))
     S_in = None if state is None else state["S"]
     B, T, H, m, d = _check(q, k, v, gamma, S_in, objective, normalize, forget, l1, mode, chunk_size)
+    eps = check_number("lattice_scan", "eps", eps, positive=True)
     if backend not in ("auto", "cpp", "torch", "triton"):
         raise ValueError(f"backend must be 'auto', 'cpp', 'torch' or 'triton', got {backend!r}")
     # half inputs or autocast: float32 with autocast off (a backward outside the autocast region then recomputes

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from seqmem.io import check_int
-from seqmem.ops._common import floor
+from seqmem.ops._common import check_number, check_values, floor, values_checked
 
 __all__ = ["LATTICE_OBJECTIVES", "lattice_step", "orthonormal_slots", "soft_threshold", "sphere_retract"]
 
@@ -114,7 +114,7 @@ def lattice_step(
 # ------------------------------------------------------------------------------------------------------------
 # argument handling
 # ------------------------------------------------------------------------------------------------------------
-def _check(q, k, v, gamma, initial_state, objective, normalize, forget, l1, mode, chunk_size):
+def _check(q, k, v, gamma, initial_state, objective, normalize, forget, l1, mode, chunk_size, op="lattice_scan"):
     if objective not in LATTICE_OBJECTIVES:
         raise ValueError(f"objective must be one of {list(LATTICE_OBJECTIVES)}, got {objective!r}")
     if mode not in _MODES:
@@ -139,16 +139,28 @@ def _check(q, k, v, gamma, initial_state, objective, normalize, forget, l1, mode
     if isinstance(gamma, Tensor):
         if gamma.shape not in ((B, T, H), (B, T, H, m)):
             raise ValueError(f"gamma must be (B, T, H)=({B}, {T}, {H}) or (B, T, H, m), got {gamma.shape}")
+        if not gamma.is_floating_point():
+            raise ValueError(f"{op}: gamma must be a floating-point tensor, got dtype {gamma.dtype}")
+        if values_checked():  # one reduction; skipped inside torch.compile (a graph break); NaN propagates
+            check_values(op, "gamma", gamma, ~torch.isinf(gamma), "finite")
     elif not isinstance(gamma, (int, float)) or isinstance(gamma, bool):
         raise ValueError(f"gamma must be a tensor or a number, got {gamma!r}")
+    else:
+        check_number(op, "gamma", gamma)
     if forget is not None and (not isinstance(forget, Tensor) or forget.shape != (B, T, H)):
         raise ValueError(f"forget must be a (B, T, H)=({B}, {T}, {H}) tensor or None, got {forget!r:.80}")
     if l1 is not None:
         if isinstance(l1, Tensor):
             if l1.shape != (B, T, H):
-                raise ValueError(f"l1 must be (B, T, H)=({B}, {T}, {H}) or a float, got {tuple(l1.shape)}")
-        elif isinstance(l1, bool) or not isinstance(l1, (int, float)) or l1 < 0:
-            raise ValueError(f"l1 must be a non-negative float or a tensor, got {l1!r}")
+                raise ValueError(f"{op}: l1 must be (B, T, H)=({B}, {T}, {H}) or a float, got {tuple(l1.shape)}")
+            if not l1.is_floating_point():
+                raise ValueError(f"{op}: l1 must be a floating-point tensor, got dtype {l1.dtype}")
+            if values_checked():  # the threshold γλ of eq. 18: a negative λ grows every entry instead
+                check_values(op, "l1", l1, ~((l1 < 0) | torch.isinf(l1)), "finite and >= 0 (eq. 18's λ_t)")
+        elif isinstance(l1, bool) or not isinstance(l1, (int, float)):
+            raise ValueError(f"{op}: l1 must be a non-negative float or a tensor, got {l1!r}")
+        else:
+            check_number(op, "l1", l1, nonnegative=True)
     if initial_state is not None and (
         not isinstance(initial_state, Tensor) or initial_state.shape != (B, H, d, m)
     ):

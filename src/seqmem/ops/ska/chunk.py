@@ -14,7 +14,15 @@ import torch
 from torch import Tensor
 
 from seqmem.io import check_int
-from seqmem.ops._common import check_action_mask, check_choice, check_mode, floor
+from seqmem.ops._common import (
+    check_action_mask,
+    check_choice,
+    check_mode,
+    check_number,
+    check_state_tensor,
+    floor,
+    values_checked,
+)
 from seqmem.ops.ska.naive import ska_naive
 
 __all__ = [
@@ -127,17 +135,19 @@ def ska_statistics(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Prefix / masked statistics, eqs. (4)–(6) and (53): ``(G̃, M, C_v)`` over all (masked) tokens.
 
-    ``k`` (B, T, H, r), ``v`` (B, T, H, P), ``mask`` (B, T) in {0, 1} (None: all ones).  Keys are used as
-    given
-    (normalise them first if wanted).  Returns ``G̃`` (B, H, r, r), ``M`` (B, H, r, r), ``C_v`` (B, H, P, r).
+    ``k`` (B, T, H, r), ``v`` (B, T, H, P), ``mask`` (B, T) in {0, 1} (bool, integer or floating; None: all
+    ones; any other value is refused: it would weight the statistics silently).  Keys are used as given
+    (normalise them first if wanted).  ``eps`` > 0, finite: the ridge of ``G̃ = G + εI``.  Returns ``G̃``
+    (B, H, r, r), ``M`` (B, H, r, r), ``C_v`` (B, H, P, r).
     """
     if k.dim() != 4 or v.dim() != 4 or k.shape[:3] != v.shape[:3]:
         raise ValueError(
             f"ska_statistics: k (B,T,H,r) and v (B,T,H,P) must agree, got {tuple(k.shape)}, {tuple(v.shape)}"
         )
+    eps = check_number("ska_statistics", "eps", eps, positive=True)
+    if mask is not None:  # eq. 53: m_t in {0, 1} (the values are read outside torch.compile only)
+        check_action_mask(mask, tuple(k.shape[:2]), k.device, "ska_statistics", values=values_checked())
     w = torch.ones(k.shape[:2], dtype=k.dtype, device=k.device) if mask is None else mask.to(k.dtype)
-    if w.shape != k.shape[:2]:
-        raise ValueError(f"ska_statistics: mask must have shape {tuple(k.shape[:2])}, got {tuple(w.shape)}")
     r = k.shape[-1]
     G = torch.einsum("bt,bthr,bths->bhrs", w, k, k) + eps * torch.eye(r, dtype=k.dtype, device=k.device)
     M = torch.einsum("bt,bthr,bths->bhrs", w[:, 1:] * w[:, :-1], k[:, 1:], k[:, :-1])
@@ -187,12 +197,35 @@ def _validate(q, k, v, chunk_size, power, eps, norm, spec_iters, operator_form, 
         )
     check_int("chunk_size", chunk_size)
     check_int("power (K)", power, 0)
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps!r}")
+    check_number("spectral_koopman_attention", "eps", eps, positive=True)
     check_int("spec_iters", spec_iters)
     check_choice(None, "norm", norm, NORMS)
     check_choice(None, "operator_form", operator_form, OPERATOR_FORMS)
     check_mode(None, mode, MODES)
+
+
+_STATE_DIMS = {"G": "batch, heads, r, r", "M": "batch, heads, r, r", "Cv": "batch, heads, P, r",
+               "z_prev": "batch, heads, r", "m": "batch, heads"}
+
+
+def _check_state(state, B: int, T: int, H: int, r: int, P: int) -> None:
+    """Raise unless ``state`` is a dict of exactly :data:`STATE_KEYS`, each a tensor of the shape
+    :func:`ska_init_state` gives (B, H, ...) (floating point; ``"pos"`` (B,) integer): a state of another batch
+    size broadcast silently in the recurrent form (and failed with a bare RuntimeError in the chunked one)."""
+    op = "spectral_koopman_attention"
+    if not isinstance(state, dict) or set(state) != set(STATE_KEYS):
+        got = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"{op}: initial_state must be a dict with keys {sorted(STATE_KEYS)}, got {got}")
+    want = {"G": (B, H, r, r), "M": (B, H, r, r), "Cv": (B, H, P, r), "z_prev": (B, H, r), "m": (B, H)}
+    for key in STATE_KEYS:
+        if key == "pos":
+            continue
+        base = key.removesuffix("_pend")
+        check_state_tensor(op, key, state[key], want[base], _STATE_DIMS[base])
+    pos = state["pos"]
+    if not isinstance(pos, Tensor) or pos.shape != (B,) or pos.is_floating_point() or pos.is_complex():
+        got = f"shape {tuple(pos.shape)}, dtype {pos.dtype}" if isinstance(pos, Tensor) else type(pos).__name__
+        raise ValueError(f"{op}: initial_state['pos'] must be an integer tensor of shape (batch,) = {(B,)}, got {got}")
 
 
 def spectral_koopman_attention(
@@ -243,8 +276,7 @@ def spectral_koopman_attention(
     if mask is not None:
         mask = check_action_mask(mask, tuple(k.shape[:2]), k.device, "spectral_koopman_attention")
     if initial_state is not None:
-        if set(initial_state) != set(STATE_KEYS):
-            raise ValueError(f"initial_state must have keys {sorted(STATE_KEYS)}, got {sorted(initial_state)}")
+        _check_state(initial_state, *k.shape, v.shape[-1])
         p = initial_state["pos"]
         if p.numel() and bool((p != p.reshape(-1)[0]).any()):
             raise ValueError("spectral_koopman_attention: all sequences in a batch must be at the same position")

@@ -18,11 +18,14 @@ from seqmem.ops._common import (
     check_mode,
     check_same_device,
     check_tensor,
+    check_values,
     compute_dtype,
     from_chunks,
+    full_precision,
     segsum,
     state_tensor,
     to_chunks,
+    values_checked,
 )
 from seqmem.ops.state_space.naive import ssd_naive
 
@@ -43,7 +46,10 @@ def ssd(
 
     Args:
         x: ``(batch, time, heads, p)``; dt: ``(batch, time, heads)`` (already positive, e.g. after softplus);
-        A: ``(heads,)`` (negative); B, C: ``(batch, time, heads, n)`` (expand groups to heads before calling).
+        A: ``(heads,)`` (negative, e.g. Mamba's ``-exp(A_log)``); B, C: ``(batch, time, heads, n)`` (expand
+        groups to heads before calling).  ``A >= 0`` or ``dt < 0`` is refused: a decay ``exp(dt A)``
+        above 1 grows the state without bound (``A_log`` passed for ``-exp(A_log)`` gave outputs of ~1e6);
+        ``dt = 0`` (a softplus saturated at 0) is a token that neither decays nor writes the state.
         initial_state: the state dict below, or None (zeros); a bare ``S`` tensor (the former form) still works,
             with a DeprecationWarning.
         mode: ``"recurrent"`` (per-token loop) or ``"chunk"`` (exact block decomposition).
@@ -53,6 +59,9 @@ def ssd(
         ``(y (batch, time, heads, p), state)`` with the state
 
         * ``"S"``: the SSM state ``h_t`` (batch, heads, p, n), in the compute dtype.
+
+    Precision: float16 / bfloat16 inputs, and any inputs under ``torch.autocast``, are computed in float32 with
+    autocast off (float64 stays float64); ``y`` is in ``x``'s dtype.
     """
     op = "ssd"
     initial_state = state_tensor(op, initial_state)
@@ -68,14 +77,29 @@ def ssd(
     if initial_state is not None:
         check_tensor(op, "initial_state['S']", initial_state, (b, h, p, n), "batch, heads, p, n")
     check_same_device(op, x=x, dt=dt, A=A, B=B, C=C, initial_state=initial_state)
+    if values_checked():  # one reduction each; skipped inside torch.compile (a graph break); NaN propagates
+        check_values(op, "A", A, ~(A >= 0), "< 0 (the log decay rate per head: pass -exp(A_log), not A_log)")
+        # dt = 0 is allowed: a token that neither decays nor writes (a saturated softplus at large inputs is 0)
+        check_values(op, "dt", dt, ~(dt < 0), ">= 0 (a step size, e.g. softplus(dt_raw + dt_bias))")
     if mode == "chunk" and (be := _backends.select("ssd", x, dt, A, B, C, initial_state)) is not None:
         _backends.note_form(op, be.name)
         y, S = be.fn(x, dt, A, B, C, initial_state, chunk_size)  # a GPU kernel (seqmem.backends)
         return y, {"S": S}
-    if mode == "recurrent":
-        y, S = ssd_naive(x, dt, A, B, C, initial_state)
-        return y, {"S": S}
-    _backends.note_form(op, "pytorch")
+    # autocast off: the chunk maths (segment sums, exp, the block products) in the compute dtype, as the other ops
+    # (under bfloat16 autocast its matmuls ran in bfloat16: a relative error of ~4e-2 against float64)
+    with full_precision(x.device):
+        if mode == "recurrent":
+            y, S = ssd_naive(x, dt, A, B, C, initial_state)
+            return y, {"S": S}
+        _backends.note_form(op, "pytorch")
+        return _ssd_chunk(x, dt, A, B, C, initial_state, chunk_size)
+
+
+def _ssd_chunk(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, initial_state: Tensor | None,
+               chunk_size: int) -> tuple[Tensor, dict[str, Tensor]]:
+    """The block decomposition of :func:`ssd` on checked inputs (autocast off)."""
+    b, t, h, p = x.shape
+    n = B.shape[-1]
     cd = compute_dtype(x, dt, A, B, C, initial_state)
 
     xh = x.to(cd).transpose(1, 2)  # (b, h, t, p)

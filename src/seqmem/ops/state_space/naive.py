@@ -22,10 +22,11 @@ def ssd_naive(
     h = torch.zeros(b, H, P, B.shape[-1], dtype=cd, device=x.device) if initial_state is None \
         else initial_state.to(cd)
     ys = []
+    Ac = A.to(cd)  # cast once: a cast per step summed A's gradient over the steps in a half A's own dtype
     # unbind once: slicing inside the loop would make autograd scatter into a full-size zero tensor per step
     for xt, dtt, Bt, Ct in zip(x.to(cd).unbind(1), dt.to(cd).unbind(1), B.to(cd).unbind(1), C.to(cd).unbind(1)):
         # 1. Ā_t = exp(Δ_t A)                                            (zero-order hold of A)
-        a = torch.exp(dtt * A.to(cd))
+        a = torch.exp(dtt * Ac)
         # 2. h_t = Ā_t h_{t-1} + Δ_t x_t B_tᵀ                            (eq. 1a)
         h = a[..., None, None] * h + (xt * dtt[..., None])[..., :, None] * Bt[..., None, :]
         # 3. y_t = h_t C_t                                                (eq. 1b)

@@ -46,7 +46,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqmem.ops import _backends, _triton
-from seqmem.ops._common import check_chunk_size, check_mode, floor
+from seqmem.ops._common import (
+    check_chunk_size,
+    check_mode,
+    check_number,
+    check_state_tensor,
+    check_values,
+    floor,
+    values_checked,
+)
 from seqmem.ops._common import compute_dtype as _compute_dtype
 from seqmem.ops._common import full_precision as _full_precision
 from seqmem.ops.vla.naive import vla_attention_naive, vla_paper_delta_rule_naive
@@ -201,26 +209,41 @@ def _check_inputs(
     check_chunk_size(fn, chunk_size)
     if normalizer not in NORMALIZERS:
         raise ValueError(f"{fn}: normalizer must be one of {list(NORMALIZERS)}, got {normalizer!r}")
-    if not eps > 0:
-        raise ValueError(f"{fn}: eps must be > 0, got {eps!r}")
+    check_number(fn, "eps", eps, positive=True)
     return k.shape
+
+
+_STATE_DIMS = {"S": "batch, heads, d_v, d", "A": "batch, heads, d, d", "z": "batch, heads, d", "pos": "batch"}
+
+
+def _check_state_dict(fn: str, initial_state, want: dict[str, tuple[int, ...]]) -> None:
+    """Raise unless ``initial_state`` is None or a dict with exactly the keys of ``want``, each a tensor of that
+    shape (floating point; ``"pos"`` an integer tensor)."""
+    if initial_state is None:
+        return
+    if not isinstance(initial_state, dict) or set(initial_state) != set(want):
+        got = sorted(initial_state) if isinstance(initial_state, dict) else type(initial_state).__name__
+        raise ValueError(f"{fn}: initial_state must be a dict with keys {sorted(want)}, got {got}")
+    for name, shape in want.items():
+        t = initial_state[name]
+        if name != "pos":
+            check_state_tensor(fn, name, t, shape, _STATE_DIMS[name])
+        elif not isinstance(t, Tensor) or t.shape != shape or t.is_floating_point() or t.is_complex():
+            got = f"shape {tuple(t.shape)}, dtype {t.dtype}" if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{fn}: initial_state['pos'] must be an integer tensor of shape (batch,) = {shape}, "
+                             f"got {got}")
 
 
 def _check_state(
     initial_state, B: int, H: int, D: int, Dv: int, fixed_A: bool, use_z: bool,
 ) -> None:
     """Raise unless ``initial_state`` is None or a dict with exactly the keys and shapes this call needs."""
-    if initial_state is None:
-        return
-    need = {"S", "pos"} | ({"z"} if use_z else set()) | (set() if fixed_A else {"A"})
-    if not isinstance(initial_state, dict) or set(initial_state) != need:
-        got = sorted(initial_state) if isinstance(initial_state, dict) else type(initial_state).__name__
-        raise ValueError(f"vla_attention: initial_state must be a dict with keys {sorted(need)}, got {got}")
-    want = {"S": (B, H, Dv, D), "pos": (B,), "A": (B, H, D, D), "z": (B, H, D)}
-    for name in ("S", "pos", "A", "z"):
-        if name in initial_state and initial_state[name].shape != want[name]:
-            raise ValueError(f"vla_attention: initial_state[{name!r}] has shape {tuple(initial_state[name].shape)}, "
-                             f"expected {want[name]}")
+    want = {"S": (B, H, Dv, D), "pos": (B,)}
+    if not fixed_A:
+        want["A"] = (B, H, D, D)
+    if use_z:
+        want["z"] = (B, H, D)
+    _check_state_dict("vla_attention", initial_state, want)
 
 
 def _vla_init_state(
@@ -248,8 +271,7 @@ def _check_vla_args(
     B, T, H, D = _check_inputs(q, k, v, mode, chunk_size, normalizer, eps, fn)
     if not isinstance(w_u, Tensor) or w_u.shape != (H, D, D):
         raise ValueError(f"{fn}: w_u must have shape (heads, dim, dim) = {(H, D, D)}")
-    if not lam0 > 0:
-        raise ValueError(f"{fn}: lam0 must be > 0, got {lam0!r}")
+    check_number(fn, "lam0", lam0, positive=True)
     if refresh_period is not None and (isinstance(refresh_period, bool) or not isinstance(refresh_period, int)
                                        or refresh_period < 0):
         raise ValueError(f"{fn}: refresh_period must be None or an integer >= 0, got {refresh_period!r}")
@@ -419,9 +441,13 @@ def vla_paper_delta_rule(
 ):
     """The VLA paper's DeltaNet baseline, eq. (4): ``S_t = β_t S_{t-1} + (v_t − S_{t-1} k̂_t) k̂_tᵀ``.
 
-    β_t ∈ (0, 1) (B, T, H) is a per-step *decay* of the old state (as the paper defines it; canonical
-    DeltaNet uses β as a write strength instead).  Keys k̂ = L2norm(ELU(k)+1) (with unnormalised keys eq. 4
-    diverges), readout as VLA: ``S_t φ(q_t) / max(φ(q_t)ᵀ Σ φ(k_s), ε)``.
+    β_t ∈ [0, 1] (B, T, H), floating point, is a per-step *decay* of the old state (as the paper defines it;
+    canonical DeltaNet uses β as a write strength instead; the paper's range is (0, 1)): β = 1 keeps the state,
+    β = 0 (a sigmoid saturated at 0) forgets it.  A β outside [0, 1] is refused (a NaN propagates): the chunked
+    form reads β through log max(β, tiny), the recurrent one as given, so the two disagreed on a negative β, and
+    β > 1 grows the state without bound.  At β = 0 exactly the chunked form's gradient with respect to β is 0 (the
+    clamp; a saturated sigmoid's derivative is 0 there too).  Keys k̂ = L2norm(ELU(k)+1) (with unnormalised keys
+    eq. 4 diverges), readout as VLA: ``S_t φ(q_t) / max(φ(q_t)ᵀ Σ φ(k_s), ε)``.
     State (``initial_state`` and the returned one; None = zeros):
 
     * ``"S"``: the memory ``S_t`` (B, H, Dv, D);
@@ -433,10 +459,18 @@ def vla_paper_delta_rule(
     fn = "vla_paper_delta_rule"
     B, T, H, D = _check_inputs(q, k, v, mode, chunk_size, normalizer, eps, fn)
     if not isinstance(beta, Tensor) or beta.shape != (B, T, H):
-        raise ValueError(f"{fn}: beta must have shape (batch, time, heads) = {(B, T, H)}")
-    need = {"S"} | ({"z"} if normalizer == "paper" else set())
-    if initial_state is not None and (not isinstance(initial_state, dict) or set(initial_state) != need):
-        raise ValueError(f"{fn}: initial_state must be a dict with keys {sorted(need)}")
+        got = tuple(beta.shape) if isinstance(beta, Tensor) else type(beta).__name__
+        raise ValueError(f"{fn}: beta must have shape (batch, time, heads) = {(B, T, H)}, got {got}")
+    if not beta.is_floating_point():
+        raise ValueError(f"{fn}: beta must be a floating-point tensor, got dtype {beta.dtype}")
+    if values_checked():
+        # a decay: below 0 the chunked form (log β, clamped at the dtype's tiny) and the recurrent one (β as given)
+        # silently disagree, and β > 1 grows the state without bound; β = 0, a saturated sigmoid, is exact in both
+        check_values(fn, "beta", beta, ~((beta < 0) | (beta > 1)), "in [0, 1] (eq. 4: a per-step decay)")
+    want = {"S": (B, H, v.shape[-1], D)}
+    if normalizer == "paper":
+        want["z"] = (B, H, D)
+    _check_state_dict(fn, initial_state, want)
     if mode == "recurrent":
         return vla_paper_delta_rule_naive(q, k, v, beta, eps=eps, normalizer=normalizer, initial_state=initial_state)
     body = _triton_form("paper_delta_rule", q, k, v, beta, initial_state) or _vla_paper_delta_rule

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from seqmem.ops import _backends, _triton
-from seqmem.ops._common import check_choice, floor
+from seqmem.ops._common import check_choice, check_number, check_state_tensor, floor
 from seqmem.ops.fractional import gl_weights, soe_coefficients
 from seqmem.ops.local_attention.chunk import join_past, window_cache, window_state, windowed_softmax
 from seqmem.ops.vort.gla import soe_retention_gla
@@ -99,7 +99,9 @@ def soe_retention(
     * ``"m"``: the running maximum of β (batch, heads); only with ``k_log_scale``.
 
     With ``k_log_scale``, G, b, z are in units of e^{m} (a state without ``m`` is read as m = 0), and the read-out
-    is o_t = φ(q_t)·G̃_t / (φ(q_t)·b̃_t + ε0) with ε0 added in those units.
+    is o_t = φ(q_t)·G̃_t / (φ(q_t)·b̃_t + ε0) with ε0 added in those units.  Each key's shape is checked against
+    (batch, heads, ...) above, and a key this call would not read (``"m"`` without ``k_log_scale``, ``"z"`` with
+    ``normalizer="kernel"``, an unknown one) is refused rather than dropped.
     """
     check_choice(None, "mode", mode, MODES)
     check_choice(None, "normalizer", normalizer, NORMALIZERS)
@@ -134,8 +136,7 @@ def soe_retention(
         coef_now = coef_now[:, :, None].expand(B, T, H)
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-    if initial_state is not None and normalizer == "plain" and initial_state.get("z") is None:
-        raise ValueError("normalizer='plain' needs initial_state['z']")
+    _check_soe_state(initial_state, B, H, S, F, v.shape[-1], normalizer, k_log_scale is not None)
     scaled = k_log_scale is not None
     if (shared is not None and normalizer == "kernel" and mode == "chunk" and initial_state is None
             and not output_final_state and T > 1 and lag_form_applies(T, S, F, v.shape[-1])
@@ -180,6 +181,39 @@ def soe_retention(
     if scaled:
         state["m"] = m
     return o.transpose(1, 2), (state if output_final_state else None)
+
+
+_SOE_DIMS = {"G": "batch, heads, S', F, Dv", "b": "batch, heads, S', F", "z": "batch, heads, F", "m": "batch, heads"}
+
+
+def _check_soe_state(state, B: int, H: int, S: int, F: int, Dv: int, normalizer: str, scaled: bool) -> None:
+    """Raise unless ``state`` is None or a dict with the keys this call reads — ``"G"``, ``"b"``, ``"z"`` with
+    ``normalizer="plain"``, optionally ``"m"`` with ``k_log_scale`` — and no other, each a floating tensor of its
+    (batch, heads, ...) shape.  A key this call would not read is refused rather than dropped: ``"m"`` without
+    ``k_log_scale`` (G and b are then in units of e^m, read as units of 1), ``"z"`` with the kernel normaliser
+    (a state of another configuration), or a misspelt one."""
+    op = "soe_retention"
+    if state is None:
+        return
+    if not isinstance(state, dict):
+        raise ValueError(f"{op}: initial_state must be None or a dict of tensors, got {type(state).__name__}")
+    need = ["G", "b"] + (["z"] if normalizer == "plain" else [])
+    allowed = need + (["m"] if scaled else [])
+    for key in need:
+        if key not in state:
+            why = " (normalizer='plain' reads its undecayed key sum)" if key == "z" else ""
+            raise ValueError(f"{op}: initial_state has no {key!r}{why}; it needs the keys {need}"
+                             f"{' (and optionally m)' if scaled else ''}, got {sorted(state)}")
+    extra = sorted(set(state) - set(allowed))
+    if extra:
+        why = {"m": " ('m' is the key scale of a state built with k_log_scale; pass k_log_scale)",
+               "z": " ('z' belongs to normalizer='plain')"}
+        hint = "".join(why.get(key, "") for key in extra)
+        raise ValueError(f"{op}: initial_state has keys {extra} this call does not read{hint}; expected "
+                         f"{allowed}, got {sorted(state)}")
+    want = {"G": (B, H, S, F, Dv), "b": (B, H, S, F), "z": (B, H, F), "m": (B, H)}
+    for key in state:
+        check_state_tensor(op, key, state[key], want[key], _SOE_DIMS[key])
 
 
 def lag_form_applies(T: int, S: int, F: int, Dv: int) -> bool:
@@ -571,10 +605,11 @@ def refine_alpha(
     ``loss_fn(alpha) -> scalar`` (e.g. a closure over :func:`retrieval_loss`).  Returns the refined α
     (detached) and the loss history (``steps + 1`` values, the last one at the returned α).
     """
-    if not (0 < min_alpha <= 1):
-        raise ValueError(f"min_alpha must be in (0, 1], got {min_alpha!r}")
-    if lr <= 0 or not isinstance(steps, int) or steps < 0:
-        raise ValueError("lr must be > 0 and steps a non-negative integer")
+    if not (0 < min_alpha <= 1):  # NaN fails too
+        raise ValueError(f"refine_alpha: min_alpha must be in (0, 1], got {min_alpha!r}")
+    check_number("refine_alpha", "lr", lr, positive=True)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"refine_alpha: steps must be a non-negative integer, got {steps!r}")
     a = alpha.detach().clamp(min_alpha, 1.0).clone()
     hist = []
     for _ in range(steps):
