@@ -47,8 +47,9 @@ def ssd(
     Args:
         x: ``(batch, time, heads, p)``; dt: ``(batch, time, heads)`` (already positive, e.g. after softplus);
         A: ``(heads,)`` (negative, e.g. Mamba's ``-exp(A_log)``); B, C: ``(batch, time, heads, n)`` (expand
-        groups to heads before calling).  ``A >= 0`` or ``dt < 0`` is refused: a decay ``exp(dt A)``
+        groups to heads before calling).  ``A > 0`` or ``dt < 0`` is refused: a decay ``exp(dt A)``
         above 1 grows the state without bound (``A_log`` passed for ``-exp(A_log)`` gave outputs of ~1e6);
+        ``A = 0`` (no decay; ``-exp(A_log)`` underflowed) is allowed;
         ``dt = 0`` (a softplus saturated at 0) is a token that neither decays nor writes the state.
         initial_state: the state dict below, or None (zeros); a bare ``S`` tensor (the former form) still works,
             with a DeprecationWarning.
@@ -78,7 +79,8 @@ def ssd(
         check_tensor(op, "initial_state['S']", initial_state, (b, h, p, n), "batch, heads, p, n")
     check_same_device(op, x=x, dt=dt, A=A, B=B, C=C, initial_state=initial_state)
     if values_checked():  # one reduction each; skipped inside torch.compile (a graph break); NaN propagates
-        check_values(op, "A", A, ~(A >= 0), "< 0 (the log decay rate per head: pass -exp(A_log), not A_log)")
+        # A = 0 is allowed: no decay (-exp(A_log) underflows to -0.0 once A_log is very negative)
+        check_values(op, "A", A, ~(A > 0), "<= 0 (the log decay rate per head: pass -exp(A_log), not A_log)")
         # dt = 0 is allowed: a token that neither decays nor writes (a saturated softplus at large inputs is 0)
         check_values(op, "dt", dt, ~(dt < 0), ">= 0 (a step size, e.g. softplus(dt_raw + dt_bias))")
     if mode == "chunk" and (be := _backends.select("ssd", x, dt, A, B, C, initial_state)) is not None:
