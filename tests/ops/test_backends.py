@@ -188,6 +188,44 @@ def test_fla_gets_half_precision_only(fake_fla, dtype):
     assert [c[0] for c in fake_fla] == (["delta_rule", "gated_delta_rule", "linear_attention"] if half else [])
 
 
+def test_float16_linear_attention_stays_on_pytorch(fake_fla):
+    """fla keeps linear attention's undecayed per-chunk states in the input's dtype: float16 overflows near 65k
+    tokens there, so float16 linear attention runs the PyTorch form (float32 sums); the delta rules go to fla."""
+    q, k, v, beta, g = _qkv(dtype=torch.float16)
+    _ops.linear_attention(q, k, v)
+    delta_rule(q, k, v, beta=beta)
+    assert [c[0] for c in fake_fla] == ["delta_rule"]
+
+
+def test_vort_fla_kernel_follows_the_backend_switch(monkeypatch):
+    """VORT's fla kernel (simple GLA) is a backend like the others: SEQMEM_BACKENDS / use_backends("pytorch") turn
+    it off (it used to follow only the Triton switch)."""
+    from seqmem.ops._triton import use_triton  # noqa: F401 — the name patched below
+    from seqmem.ops.vort import chunk as vort_chunk
+
+    monkeypatch.setattr(vort_chunk._triton, "use_triton", lambda *a: True)
+    monkeypatch.setattr(vort_chunk, "_fla_gla_importable", lambda: True)
+    x = torch.rand(1, 4, 2, 3)
+    args = (x, x, x, x, x, {}, None)
+    assert vort_chunk._gla_applies(*args)
+    with backends.backends("pytorch"):
+        assert not vort_chunk._gla_applies(*args)
+    with backends.backends(["mamba_ssm"]):
+        assert not vort_chunk._gla_applies(*args)
+    assert not vort_chunk._gla_applies(x.double(), *args[1:])
+
+
+def test_mamba_gets_one_group_for_an_expanded_B_and_C():
+    """Mamba-2's B and C are one group expanded over the heads (stride 0): the kernel gets that one group, not a
+    copy per head (it would compute C Bᵀ once per head); a per-head B keeps its heads."""
+    one = torch.randn(2, 5, 1, 16)
+    expanded = one.expand(2, 5, 4, 16)
+    assert _backends._shared_group(expanded).shape == (2, 5, 1, 16)
+    torch.testing.assert_close(_backends._shared_group(expanded), one)
+    per_head = torch.randn(2, 5, 4, 16)
+    assert _backends._shared_group(per_head) is per_head
+
+
 def test_fla_gets_head_sizes_it_takes_only(fake_fla):
     q, k, v, beta, g = _qkv(d=300, t=5, dtype=torch.bfloat16)
     delta_rule(q, k, v, beta)  # d_k = 300 > 256: the PyTorch form
@@ -278,10 +316,72 @@ def test_mamba_ssd_matches_reference():
     A = -torch.rand(4, device="cuda", generator=g)
     B, C = (torch.randn(2, 300, 4, 16, device="cuda", generator=g) for _ in range(2))
     ref_y, ref_s = ssd(x.double(), dt.double(), A.double(), B.double(), C.double(), mode="recurrent")
-    with backends.backends(["mamba_ssm"]):
+    with backends.backends(["mamba_ssm"]), backends.record_forms() as forms:
         y, s = ssd(x, dt, A, B, C)
+    assert forms == {"ssd": {"mamba_ssm": 1}}, forms  # the kernel ran (a broken install falls back silently)
+    # float32 on the kernel: TF32 matmuls (about 1e-3 relative)
     assert (y.double() - ref_y).abs().max() <= 2e-3 * ref_y.abs().max()
     assert (s.double() - ref_s).abs().max() <= 2e-3 * ref_s.abs().max()
+
+
+@pytest.mark.skipif(not (_cuda and importlib.util.find_spec("mamba_ssm")), reason="needs CUDA and mamba_ssm")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mamba_ssd_initial_state_one_group_and_gradients(dtype):
+    """mamba's kernel from an initial state (P = 64 ≠ N = 16, so a transposed state layout fails), B and C one
+    group expanded over the heads (Mamba-2's layout), bfloat16 too; outputs, final state and the gradients of every
+    input, the initial state and A included, against the float64 reference."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(2, 300, 4, 64, device="cuda", generator=g)
+    dt = torch.rand(2, 300, 4, device="cuda", generator=g) * 0.1
+    A = -torch.rand(4, device="cuda", generator=g)
+    B1, C1 = (torch.randn(2, 300, 1, 16, device="cuda", generator=g) for _ in range(2))
+    s0 = torch.randn(2, 4, 64, 16, device="cuda", generator=g)
+    leaves = [t.to(dtype if i in (0, 3, 4) else torch.float32).requires_grad_()
+              for i, t in enumerate((x, dt, A, B1, C1, s0))]
+    ref = [t.detach().double().requires_grad_() for t in leaves]
+
+    def run(xx, dd, aa, bb, cc, ss):
+        return ssd(xx, dd, aa, bb.expand(-1, -1, 4, -1), cc.expand(-1, -1, 4, -1), initial_state=ss,
+                   mode="chunk" if xx.dtype != torch.float64 else "recurrent")
+
+    with backends.backends(["mamba_ssm"]), backends.record_forms() as forms:
+        y, st = run(*leaves)
+    assert forms == {"ssd": {"mamba_ssm": 1}}, forms
+    y_r, st_r = run(*ref)
+    tol = 3e-2 if dtype == torch.bfloat16 else 3e-3
+    assert _rel(y, y_r) <= tol and _rel(st["S"], st_r["S"]) <= tol
+    w = torch.randn(y.shape, device="cuda", generator=g)
+    ws = torch.randn(st["S"].shape, device="cuda", generator=g)
+    ga = torch.autograd.grad((y.float() * w).sum() + (st["S"].float() * ws).sum(), leaves)
+    gb = torch.autograd.grad((y_r * w.double()).sum() + (st_r["S"] * ws.double()).sum(), ref)
+    for name, a, b in zip(("x", "dt", "A", "B", "C", "initial_state"), ga, gb):
+        assert _rel(a, b) <= 2 * tol, f"grad {name}: {_rel(a, b):.1e}"
+
+
+@pytest.mark.skipif(not (_cuda and importlib.util.find_spec("fla")), reason="needs CUDA and fla")
+def test_fla_gradients_from_an_initial_state():
+    """fla's backward from an initial state (its dh0) and through β and g, in bfloat16, against float64."""
+    q, k, v, beta, g = _qkv(b=2, t=300, h=4, d=64, device="cuda", dtype=torch.bfloat16)
+    s0 = torch.randn(2, 4, 64, 64, device="cuda")
+    cases = ((delta_rule, {"beta": beta}), (gated_delta_rule, {"beta": beta, "g": g}))
+    for op, gates in cases:
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, *gates.values(), s0)]
+        ref = [t.detach().double().requires_grad_() for t in leaves]
+        names = ("q", "k", "v", *gates, "initial_state")
+
+        def call(ts, mode, op=op, gates=gates):
+            kw = dict(zip(gates, ts[3:-1]))
+            return op(*ts[:3], **kw, initial_state=ts[-1], mode=mode)
+
+        with backends.backends(["fla"]), backends.record_forms() as forms:
+            o, st = call(leaves, "chunk")
+        assert set(forms[op.__name__]) == {"fla"}, forms
+        o_r, st_r = call(ref, "recurrent")
+        w = torch.randn(o.shape, device="cuda")
+        ga = torch.autograd.grad((o.float() * w).sum() + st["S"].float().sum(), leaves)
+        gb = torch.autograd.grad((o_r * w.double()).sum() + st_r["S"].sum(), ref)
+        for n, a, b in zip(names, ga, gb):
+            assert _rel(a, b) <= 1e-1, f"{op.__name__} grad {n}: {_rel(a, b):.1e}"
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -314,4 +414,6 @@ def test_layer_on_the_gpu_kernels_matches_pytorch(name, backend):
         assert _rel(s1[k], s0[k]) <= 3e-2, f"{name}: state[{k}] {_rel(s1[k], s0[k]):.1e}"
     with backends.record_forms() as forms:
         m.float()(x.detach().float())
-    assert {f for fs in forms.values() for f in fs} == {"pytorch"}, f"{name} float32: {forms}"
+    # fla's kernels refuse float32 (the PyTorch form runs); mamba_ssm takes it (TF32 matmuls)
+    want = {"mamba_ssm"} if backend == "mamba_ssm" else {"pytorch"}
+    assert {f for fs in forms.values() for f in fs} == want, f"{name} float32: {forms}"

@@ -20,6 +20,13 @@ forms the ops chose inside a block (``seqmem bench speed`` prints them in its ``
 here call flash-linear-attention's Triton kernels (``fla``: ``chunk_linear_attn``, ``chunk_delta_rule``,
 ``chunk_gated_delta_rule``) and Mamba-2's (``mamba_ssm``: ``mamba_chunk_scan_combined``); all follow seqmem's
 tensor conventions (``(batch, time, heads, dim)``, state ``(batch, heads, d_k, d_v)``, ``scale`` on ``q``).
+
+Precision on a backend is its kernels', not the PyTorch forms': Triton's ``tl.dot`` on float32 inputs runs in TF32
+on NVIDIA GPUs (a relative error of about 1e-3 where the float32 PyTorch form has about 1e-6; mamba_ssm takes
+float32 calls), and the kernels keep their per-chunk states in the input's dtype.  For that reason float16
+linear attention stays on the PyTorch form (its undecayed state overflows float16 near 65k tokens there);
+bfloat16 goes to fla.  ``seqmem.backends.use_backends("pytorch")`` (or ``SEQMEM_BACKENDS=pytorch``) turns every
+backend off, VORT's fla kernel included.
 """
 
 from __future__ import annotations
@@ -269,10 +276,12 @@ def _fla_supports(*tensors: Any, float32_values: bool = False) -> bool:
 
 
 def _fla_linear_supports(q: Any, k: Any, v: Any, s0: Any) -> bool:
-    """As :func:`_fla_supports`; also a float32 ``v`` with bfloat16 ``q``/``k`` (the linear-attention mixer's
-    undecayed sums ask for a float32 output): the kernel gets ``v`` in bfloat16 and returns the output in float32.
-    The mixer's ``v`` is a bfloat16 projection widened to float32, so narrowing it back is exact."""
-    return _fla_supports(q, k, v, s0, float32_values=True)
+    """As :func:`_fla_supports`, bfloat16 only (fla keeps the undecayed per-chunk states in the input's dtype,
+    which overflows float16 near 65k tokens; the PyTorch form sums in float32); also a float32 ``v`` with bfloat16
+    ``q``/``k`` (the linear-attention mixer's undecayed sums ask for a float32 output): the kernel gets ``v`` in
+    bfloat16 and returns the output in float32.  The mixer's ``v`` is a bfloat16 projection widened to float32, so
+    narrowing it back is exact; another caller's float32 ``v`` is rounded to bfloat16 (as the kernel's output is)."""
+    return getattr(q, "dtype", None) == torch.bfloat16 and _fla_supports(q, k, v, s0, float32_values=True)
 
 
 def _mamba_supports(x: Any, dt: Any, A: Any, B: Any, C: Any, s0: Any) -> bool:  # noqa: N803
@@ -312,11 +321,19 @@ def _fla_gated_delta_rule(q, k, v, beta, g, scale, initial_state, chunk_size):  
                                   output_final_state=True, **_head_first_false(chunk_gated_delta_rule))
 
 
+def _shared_group(t: Tensor) -> Tensor:
+    """``B`` or ``C`` (batch, time, heads, n) as mamba's (batch, time, groups, n): one group when every head holds
+    the same values by construction (expanded, stride 0 over the heads: Mamba-2's single group), so the kernel
+    computes ``C Bᵀ`` once rather than once per head; else one group per head."""
+    return t[:, :, :1] if t.shape[2] > 1 and t.stride(2) == 0 else t
+
+
 def _mamba_ssd(x, dt, A, B, C, initial_state, chunk_size):  # noqa: ANN001, ANN202, N803
     from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 
-    return mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, initial_states=initial_state,
-                                     return_final_states=True)
+    # dt is already positive (seqmem's ssd takes softplus'd steps): dt_softplus stays False, no dt_bias, D or z
+    return mamba_chunk_scan_combined(x, dt, A, _shared_group(B), _shared_group(C), chunk_size,
+                                     initial_states=initial_state, return_final_states=True)
 
 
 register_backend("linear_attention", "fla", _fla_linear, _installed("fla", "fla.ops.linear_attn"),

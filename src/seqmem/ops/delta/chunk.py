@@ -146,7 +146,8 @@ def delta_rule(
           else float32).
 
         Float16 / bfloat16 inputs, and any inputs under ``torch.autocast``, are computed in float32 with autocast
-        off (both modes; an opt-in GPU kernel of :mod:`seqmem.backends` keeps its own precision).
+        off (both modes; a GPU kernel of :mod:`seqmem.backends`, on by default on CUDA where installed, keeps its
+        own precision).
     """
     initial_state = state_tensor("delta_rule", initial_state)
     return _run("delta_rule", q, k, v, beta, None, scale, initial_state, mode, chunk_size)

@@ -50,7 +50,8 @@ def linear_attention(
           for float64 inputs, else float32).
 
         Float16 / bfloat16 inputs, and any inputs under ``torch.autocast``, are computed in float32 with autocast
-        off (both modes).
+        off (both modes) by the PyTorch forms; on CUDA a GPU kernel of :mod:`seqmem.backends` (on by default where
+        installed; bfloat16 only here) computes as its kernels do (per-chunk states in bfloat16).
     """
     op = "linear_attention"
     initial_state = state_tensor(op, initial_state)

@@ -62,7 +62,9 @@ def ssd(
         * ``"S"``: the SSM state ``h_t`` (batch, heads, p, n), in the compute dtype.
 
     Precision: float16 / bfloat16 inputs, and any inputs under ``torch.autocast``, are computed in float32 with
-    autocast off (float64 stays float64); ``y`` is in ``x``'s dtype.
+    autocast off (float64 stays float64) by the PyTorch forms; ``y`` is in ``x``'s dtype.  On CUDA with
+    ``mamba_ssm`` installed (:mod:`seqmem.backends`, on by default) ``mode="chunk"`` runs its kernel, float32
+    calls included: TF32 matmuls (about 1e-3 relative) and per-chunk states in the input's dtype.
     """
     op = "ssd"
     initial_state = state_tensor(op, initial_state)

@@ -27,6 +27,8 @@ gradient descent on per-token α (Section 5; our reading, see docs/vort.md).
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
 import math
 
@@ -277,11 +279,24 @@ def _final(wanted: bool, o: Tensor, state: dict[str, Tensor]) -> tuple[Tensor, d
 
 def _gla_applies(q, k, v, coef, coef_now, initial_state, k_log_scale) -> bool:
     """Whether ``mode="chunk"`` runs as fla's chunked simple-GLA kernel with the channels as heads (``gla.py``):
-    CUDA tensors with Triton kernels on (:func:`seqmem.ops._triton.use_triton`), fla installed, no float64."""
+    CUDA tensors with Triton kernels on (:func:`seqmem.ops._triton.use_triton`), the ``fla`` backend enabled
+    (:func:`seqmem.backends.use_backends` / ``SEQMEM_BACKENDS``), fla's kernel importable, no float64."""
     ts = [q, k, v, coef, coef_now, k_log_scale, *(initial_state or {}).values()]
     ts = [t for t in ts if t is not None]
-    return (_triton.use_triton(*ts) and importlib.util.find_spec("fla") is not None
+    return (_triton.use_triton(*ts) and "fla" in _backends.enabled_backends() and _fla_gla_importable()
             and all(t.dtype != torch.float64 for t in ts))
+
+
+@functools.cache
+def _fla_gla_importable() -> bool:
+    """fla installed and its simple-GLA kernels import (a broken install falls back to PyTorch, checked once)."""
+    if importlib.util.find_spec("fla") is None:
+        return False
+    try:
+        importlib.import_module("fla.ops.simple_gla")
+    except Exception:  # noqa: BLE001 — a broken install is an unavailable backend
+        return False
+    return True
 
 
 def _one_token(q, k, v, coef, xi, coef_now, eps0, normalizer, strict, initial_state, k_log_scale):
