@@ -126,5 +126,6 @@ def test_fla_kernel_matches_loop():
     o, s = vort_gla.soe_retention_gla(q, k, v, coef, xi.cuda(), cn, eps0=1e-3, normalizer="kernel",
                                       initial_state=None, k_log_scale=beta)  # fmt: skip
     o_r, s_r = _run_gla(q, k, v, coef, xi.cuda(), cn, beta, None, "kernel")
-    assert_rel_close(o, o_r, 1e-3, "o (fla vs loop)")
-    assert_rel_close(s["G"], s_r["G"], 1e-3, "G (fla vs loop)")
+    # float32 through fla's kernel: TF32 matmuls on NVIDIA GPUs (about 1e-3 relative), hence 5e-3
+    assert_rel_close(o, o_r, 5e-3, "o (fla vs loop)")
+    assert_rel_close(s["G"], s_r["G"], 5e-3, "G (fla vs loop)")
