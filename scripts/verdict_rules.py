@@ -156,7 +156,7 @@ def tuned_niah(out_dir: str, length: int, calibrated: bool) -> tuple[dict[str, A
     and the NIAH cell at ``length`` there. Returns the protocol and what is still pending ("" when nothing)."""
     from seqmem.repro.verdict import record_seed_lr
 
-    spec = "echo_niah_tuned_k2 (scripts/settle.sh: the paper's protocol at lr 3e-4 / 1e-3 / 3e-3, 3 seeds each)"
+    spec = "echo_niah_tuned_k2 (scripts/settle.sh: the paper's protocol at lr 1e-4 / 3e-4 / 1e-3 / 3e-3, 3 seeds each)"
     # each record's validation accuracy by definition: "pooled" (over every scored token; records saying pooled)
     # and "batch_mean" (the mean over evaluation batches of 16 of each batch's accuracy: older records' accuracy,
     # newer records' batch_mean_accuracy); the lrs are compared on a definition every record has, pooled first
