@@ -1,29 +1,45 @@
 """The layer speed table of scripts/gpu_check.sh, and docs/results/bench/gpu.md.
 
     python scripts/gpu_bench.py --budget S --json gpu.json [--lengths 4k,16k,64k] [--mixers a,b]
-    python scripts/gpu_bench.py --write-md gpu.md --json gpu.json [--stages stages.tsv] [--versions v.txt]
+    python scripts/gpu_bench.py --write-md gpu.md --json gpu.json [--stages stages.tsv] [--versions v.txt] [--logs D]
     python scripts/gpu_bench.py --write-md gpu.md --not-run      # the page before any run
 
 The first form runs ``seqmem bench speed`` (one layer, forward+backward, bfloat16, d_model 1024, 8 heads of 128,
 batch 2; the sizes of the GPU issue) mixer by mixer in a fixed order — attention, the baselines on PyTorch and on
 their GPU kernels (fla; mamba_ssm for mamba2) side by side, then the five mechanisms, then the rest — until the
-budget is spent, writing the JSON after every mixer (so a run cut short keeps what it measured).  Mixers the budget
-did not reach are listed as not run.  Each measurement is capped (``--max-seconds``); nothing is extrapolated.
-The second form writes the Markdown page from that JSON and the check's stage outcomes.
+budget is spent.  Before a row is timed, one untimed, uncapped forward+backward at the shortest length pays its
+kernels' compilation and autotuning (fla's autotune keys leave out the length, so one call covers every length;
+its seconds: ``warmup_s``), so no capped measurement counts them.  A ``[fla]`` row whose kernels are not installed
+(``seqmem.backends.which_form`` says the PyTorch form would run) is recorded "not installed", not measured again.
+A mixer is started only while 3 x its rows x the cap (``--max-seconds``) seconds are left.  The JSON lists every
+mixer in ``not_reached`` from the start and drops each once it is done, and is rewritten (atomically) after every
+mixer: a run cut short keeps what it measured and says what it never ran.  Nothing is extrapolated.
+
+The second form writes the Markdown page from that JSON (a truncated or missing one is reported, not fatal), the
+check's stage outcomes, versions and logs (failed tests named from pytest's lines); it imports neither torch nor
+seqmem, so the page is written even where they cannot be imported.  The commit comes from git, or where the tree
+travelled without ``.git`` from ``.whl/COMMIT`` (written by ``gpu_check.sh prepare``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-FIRST = ["attention", "linear_attention", "deltanet", "gated_deltanet", "mamba2"]  # run with --backend both
+ROOT = Path(__file__).resolve().parents[1]
+FIRST = ["attention", "linear_attention", "deltanet", "gated_deltanet", "mamba2"]  # baselines: PyTorch and [fla]
 MECHANISMS = ["ska", "vort", "vla", "lattice", "lattice_minibatch", "elastic"]
+KERNEL_OP = {"linear_attention": "linear_attention", "deltanet": "delta_rule", "gated_deltanet": "gated_delta_rule",
+             "mamba2": "ssd"}  # the op whose GPU kernel a baseline's [fla] row runs
+TEST_STAGES = ("triton", "contract", "kernels")  # the stages whose pytest logs name failures
 NOT_RUN = ("Not run yet: no GPU was at hand when `scripts/gpu_check.sh` was written, so this page holds no "
            "numbers. Run `bash scripts/gpu_check.sh` on a CUDA machine (after `bash scripts/gpu_check.sh prepare` "
            "where pip can reach PyPI, if that machine cannot) and commit the page it writes.")
@@ -32,6 +48,74 @@ NOT_RUN = ("Not run yet: no GPU was at hand when `scripts/gpu_check.sh` was writ
 def _order(mixers: list[str]) -> list[str]:
     head = [m for m in FIRST + MECHANISMS if m in mixers]
     return head + [m for m in mixers if m not in head]
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """``text`` to ``path`` through a temporary file in the same folder and ``os.replace``: a reader (or a run
+    killed mid-write) sees the old file or the new one, never half of one.  (``seqmem.io.atomic_write_text`` does
+    the same; this copy keeps the page writer free of seqmem's imports.)"""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would outlive the rename
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ------------------------------------------------------------------------------------------------ the bench
+def variants(name: str) -> list[tuple[str, str]]:
+    """``[(row suffix, --backend choice)]``: the baselines on PyTorch and on their kernels, the rest as is."""
+    return [("", "pytorch"), ("[fla]", "fla")] if name in KERNEL_OP else [("", "default")]
+
+
+def kernel_missing(name: str, device: Any, head_dim: int) -> tuple[str, str] | None:
+    """Why ``name``'s ``[fla]`` row would run seqmem's PyTorch form anyway, as (status, note); None where a GPU
+    kernel takes its calls (``seqmem.backends.which_form``)."""
+    import torch
+
+    from seqmem.backends import DEFAULT, backends, list_backends, which_form
+
+    op = KERNEL_OP[name]
+    with backends(list(DEFAULT)):
+        if which_form(op, device, torch.bfloat16, head_dim=head_dim) != "pytorch":
+            return None
+    missing = [b.split(" ")[0] for b in list_backends().get(op, []) if b.endswith("(missing)")]
+    if missing:
+        return "not installed", f"{', '.join(missing)} does not import here: the row would rerun PyTorch"
+    return "no kernel", f"which_form: pytorch for {op} on {device}, bfloat16, head size {head_dim}"
+
+
+def warm_up(name: str, backend: str, ns: argparse.Namespace, device: Any, dtype: Any, n: int) -> float:
+    """One untimed, uncapped forward+backward of ``name`` with ``backend`` at length ``n``: the kernels'
+    compilation and autotuning, paid before anything is timed.  Returns its seconds."""
+    import torch
+
+    from seqmem.backends import use_backends
+    from seqmem.bench.common import synchronize
+    from seqmem.bench.speed import backend_variants, build
+
+    chosen = backend_variants(backend)[0][1]
+    prev = use_backends(None)
+    use_backends(prev if chosen is None else chosen)  # as run_speed sets it for the row
+    try:
+        t0 = time.perf_counter()
+        m = build(name, ns, "fast", device, dtype)
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(ns.batch, n, ns.d_model, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+        g = torch.randn(ns.batch, n, ns.d_model, generator=gen).to(device=device, dtype=dtype)
+        y, _ = m(x)
+        y.backward(g)
+        synchronize(device)
+        return time.perf_counter() - t0
+    finally:
+        use_backends(prev)
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -49,36 +133,76 @@ def run_bench(args: argparse.Namespace) -> int:
     machine = machine_info()
     payload: dict[str, Any] = {"bench": "speed", "card": device_name(device), "machine": machine,
                                "settings": {"dtype": "bfloat16", "d_model": args.d_model, "heads": args.heads,
-                                            "batch": 2,
-                                            "lengths": lengths, "max_seconds": args.max_seconds,
-                                            "repeats": args.repeats, "warmup": 1},
-                               "records": [], "not_reached": []}
+                                            "batch": 2, "lengths": lengths, "max_seconds": args.max_seconds,
+                                            "repeats": args.repeats, "warmup": 1, "budget_s": args.budget},
+                               "records": [], "warmup_s": {}, "skipped": {}, "not_reached": list(mixers)}
     out = Path(args.json)
-    for i, name in enumerate(mixers):
-        left = t_end - time.monotonic()
-        # a mixer needs at most 3 lengths x (warm-up + repeats) within the cap, twice with both backends
-        need = 2 * args.max_seconds if name not in FIRST else 4 * args.max_seconds
-        if left < min(need, 20):
-            payload["not_reached"] = mixers[i:]
-            break
-        ns = argparse.Namespace(d_model=args.d_model, heads=args.heads, batch=2, seed=0, impl="fast",
-                                repeats=args.repeats, warmup=1, ref_repeats=None, ref_warmup=None,
-                                max_seconds=args.max_seconds, no_flops=True, no_floor=True,
-                                gemm_sizes_parsed=[4096] if device.type == "cuda" else [64],
-                                backend="both" if name in FIRST and name != "attention" else "default",
-                                mixer_option_parsed={})
-        try:
-            res = run_speed(ns, device, dtype, [name], lengths, lengths, machine,
-                            lambda msg: print(msg, file=sys.stderr, flush=True))
-            payload["records"] += res["records"]
-            payload.setdefault("gemm_peak", res["peak"])
-        except Exception as e:  # noqa: BLE001 — one mixer's failure is recorded, the table goes on
-            payload["records"].append({"mixer": name, "status": "error", "note": f"{type(e).__name__}: {e}"[:300]})
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        out.write_text(json.dumps(payload, indent=1, default=str) + "\n")
-    out.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+
+    def save() -> None:
+        write_atomic(out, json.dumps(payload, indent=1, default=str) + "\n")
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    save()
+    name = None
+    try:
+        for name in mixers:
+            rows, absent = [], []  # (row name, --backend choice) to time; records of the rows with no kernel
+            for suffix, backend in variants(name):
+                why = kernel_missing(name, device, args.d_model // args.heads) if suffix == "[fla]" else None
+                if why is None:
+                    rows.append((name + suffix, backend))
+                    continue
+                log(f"{name + suffix}: {why[0]} ({why[1]})")
+                absent += [{"mixer": name + suffix, "impl": "fast", "seq_len": n, "status": why[0], "note": why[1],
+                            "median_ms": None} for n in lengths]
+            need = 3 * len(rows) * args.max_seconds
+            left = t_end - time.monotonic()
+            if left < need:
+                log(f"{name}: not started ({left:.0f} s left, {need:g} s needed: 3 x {len(rows)} row(s) x the cap)")
+                payload["skipped"][name] = f"{left:.0f} s of the budget left, {need:g} s needed"
+                continue
+            for row, backend in rows:
+                ns = argparse.Namespace(d_model=args.d_model, heads=args.heads, batch=2, seed=0, impl="fast",
+                                        repeats=args.repeats, warmup=1, ref_repeats=None, ref_warmup=None,
+                                        max_seconds=args.max_seconds, no_flops=True, no_floor=True,
+                                        gemm_sizes_parsed=[4096] if device.type == "cuda" else [64],
+                                        backend=backend, mixer_option_parsed={})
+                try:
+                    payload["warmup_s"][row] = round(warm_up(name, backend, ns, device, dtype, lengths[0]), 3)
+                    log(f"{row}: untimed warm-up at T={lengths[0]}: {payload['warmup_s'][row]:.1f} s")
+                    res = run_speed(ns, device, dtype, [name], lengths, lengths, machine, log)
+                    for r in res["records"]:
+                        r["mixer"] = row  # run_speed labels by the mixer; the row says which backends
+                    payload["records"] += res["records"]
+                    payload.setdefault("gemm_peak", res["peak"])
+                except Exception as e:  # noqa: BLE001 — one row's failure is recorded, the table goes on
+                    note = f"{type(e).__name__}: {e}"[:300]
+                    if row not in payload["warmup_s"]:
+                        note = "warm-up failed: " + note
+                    log(f"{row}: error ({note})")
+                    payload["records"].append({"mixer": row, "status": "error", "note": note})
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+            payload["records"] += absent
+            payload["not_reached"].remove(name)
+            save()
+    except KeyboardInterrupt:  # the stage's time box ran out (SIGINT): keep what was measured
+        payload["interrupted"] = name
+        print(f"bench: interrupted during {name}; not reached: {', '.join(payload['not_reached'])}", flush=True)
+        save()
+        return 130
+    save()
+    done = len(mixers) - len(payload["not_reached"])
+    print(f"bench: {done} of {len(mixers)} mixers done"
+          + (f"; not reached: {', '.join(payload['not_reached'])}" if payload["not_reached"] else ""), flush=True)
     return 0
+
+
+# ------------------------------------------------------------------------------------------------ the page
+def fmt_len(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
 def _fmt(v: float | None) -> str:
@@ -88,10 +212,8 @@ def _fmt(v: float | None) -> str:
 
 
 def table(payload: dict[str, Any]) -> str:
-    from seqmem.bench.common import fmt_len
-
-    recs = [r for r in payload.get("records", []) if r.get("impl", "fast") == "fast"]
-    lengths = payload["settings"]["lengths"]
+    recs = [r for r in payload.get("records", []) if r.get("impl", "fast") == "fast" and r.get("mixer")]
+    lengths = payload.get("settings", {}).get("lengths") or sorted({r["seq_len"] for r in recs if r.get("seq_len")})
     attn = {r["seq_len"]: r["median_ms"] for r in recs if r["mixer"] == "attention" and r.get("status") == "ok"}
     names = list(dict.fromkeys(r["mixer"] for r in recs))
     head = (["layer"] + [f"{fmt_len(n)} ms" for n in lengths]
@@ -102,45 +224,98 @@ def table(payload: dict[str, Any]) -> str:
         cells, ratios, forms = [], [], set()
         for n in lengths:
             r = by_n.get(n)
-            if r is None or r.get("status") != "ok":
+            if r is None or r.get("status") != "ok" or r.get("median_ms") is None:
                 cells.append("–" if r is None else str(r.get("status", "–")))
                 ratios.append("–")
                 continue
             cells.append(_fmt(r["median_ms"]))
             ratios.append(f"{attn[n] / r['median_ms']:.2f}" if n in attn else "–")
-            forms.add(r.get("form", "pytorch"))
+            forms.add(r.get("form") or "pytorch")
         if all(c == "–" for c in cells) and any(r.get("status") == "error" for r in by_n.values()):
             note = next(r.get("note", "") for r in by_n.values() if r.get("status") == "error")
             cells = [f"error: {note[:80]}"] + ["–"] * (len(lengths) - 1)
         form = "; ".join(sorted(forms)) or "–"
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {' · '.join(ratios)} | {form} |")
+        lines.append(f"| {name} | " + " | ".join(c.replace("|", "/") for c in cells)
+                     + f" | {' · '.join(ratios)} | {form} |")
     return "\n".join(lines) + "\n"
+
+
+_NODE = re.compile(r"\S+\.py(?:::\S+)?")
+_KIND = re.compile(r"\b(FAILED|ERROR)\b")
+
+
+def failures(text: str) -> list[str]:
+    """Each failed or erroring test of a pytest log once, in order: from ``-v``'s progress lines (``path::test
+    FAILED``, ``[gw0] [ 3%] FAILED path::test``), which are there even when the run was cut, and ``-rfE``'s
+    summary (``FAILED path::test - message``), whose message is kept."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        kind = _KIND.search(line)
+        node = _NODE.search(line) if kind else None
+        if node is None:
+            continue
+        entry = f"{kind.group(1)} {node.group(0)}"
+        if " - " in line[node.end():]:
+            entry += " - " + line[node.end():].split(" - ", 1)[1].strip()
+        if node.group(0) not in found or len(entry) > len(found[node.group(0)]):
+            found[node.group(0)] = entry
+    return list(found.values())
+
+
+def commit_text(commit_file: Path | None) -> str:
+    """The checked-out commit (and whether the tree differs from it), from git; where git has no repository here
+    (the tree travelled without ``.git``), from ``commit_file``, which ``gpu_check.sh prepare`` wrote."""
+    try:
+        p = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10,
+                           cwd=ROOT)
+        if p.returncode == 0 and p.stdout.strip():
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                   text=True, timeout=10, cwd=ROOT).stdout.strip()
+            return p.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    if commit_file is not None and Path(commit_file).is_file():
+        info = dict(ln.split("\t", 1) for ln in Path(commit_file).read_text().splitlines() if "\t" in ln)
+        c, d = info.get("commit", "unknown").strip(), info.get("dirty", "").strip()
+        changes = "" if d in ("", "0") else f", then with {d} changed or untracked file(s)"
+        return f"{c[:12]} (no git here: from {Path(commit_file).name}, written by `gpu_check.sh prepare`{changes})"
+    return "unknown (no git here, and no .whl/COMMIT)"
+
+
+def _read_json(path: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """The bench's JSON, or None and why not (missing: no reason; truncated or unreadable: the error)."""
+    if not path or not Path(path).exists():
+        return None, None
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        return None, f"{type(e).__name__}: {e}"
+    return (data, None) if isinstance(data, dict) else (None, f"not a JSON object: {type(data).__name__}")
 
 
 def write_md(args: argparse.Namespace) -> int:
     path = Path(args.write_md)
-    path.parent.mkdir(parents=True, exist_ok=True)
     title = "# GPU check: correctness on CUDA and layer speed (`scripts/gpu_check.sh`)\n\n"
     if args.not_run:
-        path.write_text(title + NOT_RUN + "\n")
+        write_atomic(path, title + NOT_RUN + "\n")
         return 0
-    payload = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).exists() else None
-    info = {}
+    payload, json_error = _read_json(args.json)
+    info: dict[str, str] = {}
     if args.versions and Path(args.versions).exists():
-        info = dict(line.split("\t", 1) for line in Path(args.versions).read_text().splitlines() if "\t" in line)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip() or "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, timeout=10).stdout.strip()
-        commit += " (with uncommitted changes)" if dirty else ""
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown (no git)"
+        info = dict(line.split("\t", 1) for line in Path(args.versions).read_text().splitlines()
+                    if "\t" in line and not line.startswith("#"))
     text = title
     text += (f"Card: {info.get('card', 'unknown')}; driver {info.get('driver', 'unknown')}; torch "
-             f"{info.get('torch', 'unknown')}; triton {info.get('triton', '—')}; fla {info.get('fla', '—')}; "
-             f"mamba_ssm {info.get('mamba_ssm', '—')}; Python {info.get('python', '—')}. Date "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; commit {commit}.\n\n")
+             f"{info.get('torch', 'unknown')}; triton {info.get('triton', '—')}; fla {info.get('fla', '—')[:120]}; "
+             f"mamba_ssm {info.get('mamba_ssm', '—')[:120]}; numpy {info.get('numpy', '—')[:120]}; Python "
+             f"{info.get('python', '—')}. Date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; commit "
+             f"{commit_text(Path(args.commit_file) if args.commit_file else None)}.\n\n")
+    if info.get("numpy", "").startswith("not"):
+        text += ("**numpy is missing on this machine's Python**: seqmem imports it at module level, so every stage "
+                 "that imports seqmem failed on that, not on CUDA. Bring numpy (a wheel for this Python) and run "
+                 "again.\n\n")
+    if info.get("fla_error"):
+        text += f"fla did not import: `{info['fla_error'][:400]}` (full traceback: versions.txt).\n\n"
     text += "## Stages\n\n| stage | exit | seconds | outcome |\n|---|---:|---:|---|\n"
     if args.stages and Path(args.stages).exists():
         for line in Path(args.stages).read_text().splitlines():
@@ -149,31 +324,41 @@ def write_md(args: argparse.Namespace) -> int:
                 text += "| " + " | ".join(p.replace("|", "/") for p in parts) + " |\n"
     if args.logs:
         fails = []
-        for stage in ("contract", "kernels"):
+        for stage in TEST_STAGES:
             log = Path(args.logs) / f"{stage}.log"
             if log.exists():
-                fails += [f"{stage}: {ln.strip()}" for ln in log.read_text().splitlines()
-                          if ln.startswith(("FAILED", "ERROR"))]
+                fails += [f"{stage}: {f}" for f in failures(log.read_text(errors="replace"))]
         if fails:
-            text += "\nFailures (first 40):\n\n" + "".join(f"* `{f[:200]}`\n" for f in fails[:40])
+            text += (f"\nFailed tests ({len(fails)}" + ("; the first 40" if len(fails) > 40 else "") + "):\n\n"
+                     + "".join(f"* `{f[:200].replace('`', chr(39))}`\n" for f in fails[:40]))
     text += "\n## Layer speed: one layer forward+backward\n\n"
+    if json_error:
+        text += (f"The bench's records could not be read ({json_error[:200]}): the stage was probably cut while "
+                 "writing them. Nothing below is from them.\n\n")
     if payload is None or not payload.get("records"):
         text += "Not measured in this run (the bench stage wrote no records; see its outcome above).\n"
     else:
-        s = payload["settings"]
+        s = payload.get("settings", {})
         where = payload.get("card") or "the CPU (a trial of the script, no GPU number)"
-        text += (f"`seqmem bench speed` on {where}: {s['dtype']}, d_model {s['d_model']}, "
-                 f"{s['heads']} heads of {s['d_model'] // s['heads']}, batch {s['batch']}, impl fast, median of up "
-                 f"to {s['repeats']} repeats after a warm-up (CUDA events, after the device's own warm-up), each "
-                 f"measurement capped at {s['max_seconds']:g} s: a length that would exceed the cap, and the longer "
-                 "ones, are 'not run' — never extrapolated. `layer[fla]`: the same layer with the GPU kernel "
-                 "backends on (fla; mamba_ssm for mamba2), its plain row on seqmem's PyTorch forms. form: the "
-                 "forms the layer's ops ran. Ratio > 1: the layer is faster than attention (SDPA).\n\n")
+        d, h = s.get("d_model", 0), s.get("heads", 1) or 1
+        text += (f"`seqmem bench speed` on {where}: {s.get('dtype')}, d_model {d}, {h} heads of {d // h}, batch "
+                 f"{s.get('batch')}, impl fast, median of up to {s.get('repeats')} repeats after a warm-up (CUDA "
+                 "events, after the device's own warm-up and one untimed call per row at the shortest length that "
+                 "pays compilation and autotuning: `warmup_s` in gpu.json), each measurement capped at "
+                 f"{s.get('max_seconds', 0):g} s: a length that would exceed the cap, and the longer ones, are "
+                 "'not run' — never extrapolated. `layer[fla]`: the same layer with the GPU kernel backends on "
+                 "(fla; mamba_ssm for mamba2), 'not installed' where they are not; its plain row on seqmem's "
+                 "PyTorch forms. form: the forms the layer's ops ran. Ratio > 1: the layer is faster than "
+                 "attention (SDPA).\n\n")
         text += table(payload)
+    if payload is not None:
+        if payload.get("interrupted"):
+            text += f"\nCut by the stage's time box while running {payload['interrupted']}.\n"
         if payload.get("not_reached"):
-            text += f"\nNot reached within the budget: {', '.join(payload['not_reached'])}.\n"
-        text += "\nRecords: [gpu.json](gpu.json).\n"
-    path.write_text(text)
+            text += f"\nNot reached (never run, or cut before it finished): {', '.join(payload['not_reached'])}.\n"
+        if payload.get("records"):
+            text += "\nRecords: [gpu.json](gpu.json).\n"
+    write_atomic(path, text)
     return 0
 
 
@@ -192,6 +377,8 @@ def main() -> int:
     p.add_argument("--stages", default=None)
     p.add_argument("--versions", default=None)
     p.add_argument("--logs", default=None)
+    p.add_argument("--commit-file", default=str(ROOT / ".whl" / "COMMIT"),
+                   help="the commit where git has none (written by gpu_check.sh prepare)")
     p.add_argument("--not-run", action="store_true", help="with --write-md: the page before any run")
     args = p.parse_args()
     if args.write_md:

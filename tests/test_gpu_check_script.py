@@ -1,44 +1,172 @@
-"""scripts/gpu_check.sh and scripts/gpu_bench.py, checked without a GPU: the shell script parses and refuses a
-Python without CUDA; the table script runs its benchmark loop on the CPU (tiny sizes, a trial of the script, no
-GPU number), keeps to its budget and writes the page; the committed page is either the not-run page or a real run's."""
+"""scripts/gpu_check.sh and scripts/gpu_bench.py, checked without a GPU: the shell script parses, refuses a Python
+without CUDA, plans time boxes that fit its budget, and — with a stand-in for a CUDA Python that fakes pytest — runs
+its stages end to end, names failed tests, survives a stage cut at its box and a signal, and leaves its files under
+$OUT; the table script runs its benchmark loop on the CPU (tiny sizes, a trial of the script, no GPU number), warms
+each row up before timing it, keeps to its budget, says what it never reached, and writes the page from a truncated
+JSON, a tree without git, a missing numpy; the committed page is either the not-run page or a real run's."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
+from argparse import Namespace
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "scripts" / "gpu_bench.py"
+CHECK = ROOT / "scripts" / "gpu_check.sh"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
 
 
-def _bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(BENCH), *args], env=ENV, capture_output=True, text=True, timeout=300)
+def _bench(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCH), *args], env=env or ENV, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("gpu_bench_under_test", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def test_check_script_parses_and_needs_cuda():
-    assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "gpu_check.sh")]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(CHECK)]).returncode == 0
     if torch.cuda.is_available():
         return
-    p = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env={**ENV, "PYTHON": sys.executable},
-                       capture_output=True, text=True, timeout=120)
+    page = (ROOT / "docs" / "results" / "bench" / "gpu.md").read_text()
+    p = subprocess.run(["bash", str(CHECK)], env={**ENV, "PYTHON": sys.executable},
+                       capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "no CUDA torch" in p.stderr
+    assert (ROOT / "docs" / "results" / "bench" / "gpu.md").read_text() == page  # left alone: no run started
 
 
+def _plan(budget: int) -> list[tuple[str, int | None, int]]:
+    p = subprocess.run(["bash", str(CHECK), str(budget)], env={**ENV, "GPU_CHECK_DRY": "1"}, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    rows = re.findall(r"^(\w+)\s+(\d+|not run)\s+(\d+)$", p.stdout, re.M)
+    return [(n, None if b == "not run" else int(b), int(e)) for n, b, e in rows]
+
+
+@pytest.mark.parametrize("budget", [470, 600, 300, 200, 120, 60])
+def test_dry_run_boxes_fit_the_budget(budget):
+    plan = _plan(budget)
+    assert [n for n, _, _ in plan] == ["setup", "triton", "contract", "kernels", "bench", "table"]
+    # the worst case (every stage its whole box + its 10 s kill-after) ends within the budget
+    assert plan[-1][2] <= budget and all(b is None or b >= 10 for _, b, _ in plan)
+    assert sum(b + 10 for n, b, _ in plan[1:-1] if b is not None) + 30 + 30 <= budget
+    if budget == 470:  # the documented boxes
+        assert [(n, b) for n, b, _ in plan] == [("setup", 30), ("triton", 80), ("contract", 100),
+                                                ("kernels", 110), ("bench", 80), ("table", 30)]
+
+
+# ---------------------------------------------------------------------------------------------- end to end, faked
+FAKE_PY = """#!/usr/bin/env bash
+# a stand-in for a CUDA Python: CUDA "available", pytest faked (one pass, one failure; the triton stage sleeps for
+# $FAKE_SLEEP first), no xdist; everything else on the real Python
+case "$*" in
+  *"torch.cuda.is_available()"*) exit 0 ;;
+  *"-n 2"*) exit 1 ;;
+  "-m pytest"*)
+    echo "tests/ops/test_a.py::test_x PASSED"
+    echo "[gw0] [ 50%] FAILED tests/test_contract.py::test_y[deltanet]"
+    case "$*" in *triton*) sleep "${FAKE_SLEEP:-0}" ;; esac
+    echo "FAILED tests/test_contract.py::test_y[deltanet] - AssertionError: 1e-3 > 2e-4"
+    echo "==== 1 failed, 1 passed in 0.5s ===="
+    exit 1 ;;
+esac
+exec "@PYTHON@" "$@"
+"""
+
+
+def _fake_env(tmp_path: Path, **extra: str) -> dict:
+    fake = tmp_path / "fakepy"
+    fake.write_text(FAKE_PY.replace("@PYTHON@", sys.executable))
+    fake.chmod(0o755)
+    (tmp_path / "whl").mkdir()
+    (tmp_path / "out").mkdir()
+    return {**ENV, "PYTHON": str(fake), "OUT": str(tmp_path / "out"), "GPU_CHECK_WHEELS": str(tmp_path / "whl"),
+            "GPU_CHECK_SITE": str(tmp_path / "site"), "GPU_CHECK_RESULTS": str(tmp_path / "res"),
+            "GPU_CHECK_BENCH_ARGS": "--device cpu --d-model 16 --heads 2 --lengths 16 --mixers attention,deltanet "
+                                    "--repeats 1 --max-seconds 2", **extra}
+
+
+def _stages(out: Path) -> dict[str, list[str]]:
+    return {ln.split("\t")[0]: ln.split("\t")[1:] for ln in (out / "stages.tsv").read_text().splitlines()}
+
+
+def test_check_end_to_end_with_a_stand_in_python(tmp_path):
+    """Budget 150: the triton box is 10 s and its stand-in sleeps 60 s, so that stage is cut (SIGINT, -v's line
+    still names its failure); the others run; the bench runs for real on the CPU; 8 files come back in $OUT."""
+    env = _fake_env(tmp_path, FAKE_SLEEP="60")
+    p = subprocess.run(["bash", str(CHECK), "150"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = tmp_path / "out"
+    assert sorted(f.name for f in out.iterdir()) == sorted(
+        ["triton.log", "contract.log", "kernels.log", "bench.log", "versions.txt", "stages.tsv", "gpu.json",
+         "gpu.md"])  # the device tool brings back 8 files at most
+    st = _stages(out)
+    assert list(st) == ["setup", "triton", "contract", "kernels", "bench"]
+    assert st["triton"][0] == "124" and st["triton"][2].startswith("cut at the 10 s time box")
+    assert st["contract"] == ["1", st["contract"][1], "1 failed, 1 passed in 0.5s"]
+    assert st["bench"][0] == "0" and st["bench"][2] == "bench: 2 of 2 mixers done"
+    page = (out / "gpu.md").read_text()
+    assert page == (tmp_path / "res" / "gpu.md").read_text()
+    assert "Failed tests (3):" in page and "* `triton: FAILED tests/test_contract.py::test_y[deltanet]`" in page
+    assert "* `contract: FAILED tests/test_contract.py::test_y[deltanet] - AssertionError: 1e-3 > 2e-4`" in page
+    assert "| attention |" in page and "| deltanet |" in page and "| deltanet[fla] | not installed |" in page
+    versions = (out / "versions.txt").read_text()
+    assert re.search(r"^numpy\t\d", versions, re.M) and re.search(r"^fla\t", versions, re.M)
+    assert "fla_error\t" in versions or re.search(r"^fla\t\d", versions, re.M)
+    data = json.loads((out / "gpu.json").read_text())
+    assert data["not_reached"] == [] and set(data["warmup_s"]) == {"attention", "deltanet"}
+
+
+def test_check_writes_its_page_when_stopped_by_a_signal(tmp_path):
+    env = _fake_env(tmp_path, FAKE_SLEEP="120")
+    p = subprocess.Popen(["bash", str(CHECK), "470"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    seen = ""
+    deadline = time.monotonic() + 180
+    while "== triton" not in seen and time.monotonic() < deadline:
+        seen += p.stdout.readline()
+    assert "== triton" in seen, seen
+    time.sleep(2)
+    p.send_signal(signal.SIGTERM)
+    rest, _ = p.communicate(timeout=60)
+    assert p.returncode == 143, seen + rest
+    out = tmp_path / "out"
+    st = _stages(out)
+    assert st["triton"][0] == "signal" and "got a signal" in st["triton"][2]
+    page = (out / "gpu.md").read_text()
+    assert "| triton | signal |" in page and "triton: FAILED tests/test_contract.py::test_y[deltanet]" in page
+    assert "Not measured in this run" in page and not (out / "gpu.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------- the bench loop
 def test_bench_loop_and_page_on_the_cpu(tmp_path):
     js, md = tmp_path / "gpu.json", tmp_path / "gpu.md"
     p = _bench("--budget", "60", "--json", str(js), "--device", "cpu", "--d-model", "16", "--heads", "2",
                "--lengths", "16", "--mixers", "deltanet,attention", "--repeats", "1")
     assert p.returncode == 0, p.stderr
     data = json.loads(js.read_text())
-    # attention first; the baseline on PyTorch and with the kernel backends on (on the CPU both run PyTorch)
+    # attention first; the baseline on PyTorch; its kernel row is not measured again where no kernel would run
     assert [r["mixer"] for r in data["records"]] == ["attention", "deltanet", "deltanet[fla]"]
-    assert all(r["status"] == "ok" and r["form"] for r in data["records"]) and data["not_reached"] == []
+    assert all(r["status"] == "ok" and r["form"] for r in data["records"][:2]) and data["not_reached"] == []
+    assert data["records"][2]["status"] in ("not installed", "no kernel")  # which_form: pytorch on the CPU
+    assert set(data["warmup_s"]) == {"attention", "deltanet"}
     stages = tmp_path / "stages.tsv"
     stages.write_text("contract\t0\t12\t5 passed in 1.0s\n")
     assert _bench("--write-md", str(md), "--json", str(js), "--stages", str(stages)).returncode == 0
@@ -47,6 +175,93 @@ def test_bench_loop_and_page_on_the_cpu(tmp_path):
     assert "a trial of the script, no GPU number" in text
     p = _bench("--budget", "0", "--json", str(js), "--device", "cpu", "--mixers", "attention")
     assert p.returncode == 0 and json.loads(js.read_text())["not_reached"] == ["attention"]
+
+
+def _bench_args(js: Path, mixers: str, budget: float) -> Namespace:
+    return Namespace(budget=budget, json=str(js), lengths="16,32", mixers=mixers, max_seconds=10.0, repeats=1,
+                     device="cpu", d_model=16, heads=2)
+
+
+def test_bench_warms_up_lists_the_unreached_and_keeps_to_its_budget(tmp_path, monkeypatch):
+    import seqmem.bench.speed as speed
+
+    gb, js, now, calls = _load_bench(), tmp_path / "gpu.json", [0.0], []
+    monkeypatch.setattr(gb, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(gb, "warm_up", lambda name, backend, ns, dev, dt, n: calls.append(("warm", name, n)) or 1.5)
+
+    def fake_run_speed(ns, device, dtype, mixers, lengths, ref_lengths, machine, log):
+        (name,) = mixers
+        calls.append(("run", name, json.loads(js.read_text())["not_reached"]))
+        now[0] += 100 if name == "attention" else 1
+        if name == "vort":
+            raise KeyboardInterrupt  # the stage's box ran out
+        return {"peak": {}, "records": [{"mixer": name, "impl": "fast", "seq_len": n, "status": "ok",
+                                         "median_ms": 1.0, "form": "pytorch"} for n in lengths]}
+
+    monkeypatch.setattr(speed, "run_speed", fake_run_speed)
+    # 130 s: attention (3 x 1 row x 10 s = 30 s needed) takes 100, deltanet (its [fla] row not run on the CPU)
+    # starts with 30 left, ska finds 29 < 30 and is not started
+    assert gb.run_bench(_bench_args(js, "ska,deltanet,attention", 130)) == 0
+    assert calls == [("warm", "attention", 16), ("run", "attention", ["attention", "deltanet", "ska"]),
+                     ("warm", "deltanet", 16), ("run", "deltanet", ["deltanet", "ska"])]
+    data = json.loads(js.read_text())
+    assert data["not_reached"] == ["ska"] and "ska" in data["skipped"] and "interrupted" not in data
+    assert [r["mixer"] for r in data["records"]] == ["attention"] * 2 + ["deltanet"] * 2 + ["deltanet[fla]"] * 2
+    # cut inside a mixer: it and the ones after stay listed, the cut one is named
+    calls.clear()
+    assert gb.run_bench(_bench_args(js, "elastic,vort,attention", 1000)) == 130
+    data = json.loads(js.read_text())
+    assert data["interrupted"] == "vort" and data["not_reached"] == ["vort", "elastic"]
+    assert [c[1] for c in calls] == ["attention", "attention", "vort", "vort"]
+
+
+def test_failures_are_named_wherever_pytest_puts_them():
+    gb = _load_bench()
+    log = "\n".join([
+        "tests/test_contract.py::test_a[deltanet] FAILED                      [  3%]",
+        "[gw2] [  5%] FAILED tests/test_contract.py::test_b[vort-cfg0] ",
+        "[gw1] [  6%] PASSED tests/test_contract.py::test_c[ska] ",
+        "tests/ops/test_backends.py::test_d ERROR",
+        "ERROR tests/ops/test_vort_gla.py - ImportError: cannot import name 'x'",
+        "E   AssertionError: relative error 1e-3 > 2e-4",
+        "==== 2 failed, 1 passed, 1 error in 9.0s ====",
+        "FAILED tests/test_contract.py::test_a[deltanet] - AssertionError: relative error 1e-3 > 2e-4",
+    ])
+    assert gb.failures(log) == [
+        "FAILED tests/test_contract.py::test_a[deltanet] - AssertionError: relative error 1e-3 > 2e-4",
+        "FAILED tests/test_contract.py::test_b[vort-cfg0]",
+        "ERROR tests/ops/test_backends.py::test_d",
+        "ERROR tests/ops/test_vort_gla.py - ImportError: cannot import name 'x'",
+    ]
+    assert gb.failures("==== 3 passed ====\nall good\n") == []
+
+
+def test_page_from_a_truncated_json_without_git_and_without_numpy(tmp_path, monkeypatch):
+    gb = _load_bench()
+    js, md, logs = tmp_path / "gpu.json", tmp_path / "gpu.md", tmp_path / "logs"
+    js.write_text('{"bench": "speed", "records": [{"mixer": "attention", "seq_')  # cut mid-write
+    logs.mkdir()
+    (logs / "triton.log").write_text("tests/ops/test_lattice_triton.py::test_k FAILED   [ 50%]\n")
+    (tmp_path / "versions.txt").write_text("card\tNVIDIA H200\nnumpy\tnot installed (ModuleNotFoundError)\n"
+                                           "fla\tnot installed (ImportError)\nfla_error\tImportError: no triton\n"
+                                           "# Traceback (most recent call last):\n")
+    (tmp_path / "COMMIT").write_text("commit\t0123456789abcdef0123\ndirty\t3\n")
+    monkeypatch.setenv("GIT_DIR", str(tmp_path / "no-such-git"))  # as on a machine the tree reached without .git
+    args = Namespace(write_md=str(md), json=str(js), not_run=False, versions=str(tmp_path / "versions.txt"),
+                     stages=None, logs=str(logs), commit_file=str(tmp_path / "COMMIT"))
+    assert gb.write_md(args) == 0
+    page = md.read_text()
+    assert "The bench's records could not be read (JSONDecodeError" in page and "Not measured in this run" in page
+    assert "commit 0123456789ab (no git here: from COMMIT, written by `gpu_check.sh prepare`, then with 3 " in page
+    assert "**numpy is missing on this machine's Python**" in page and "fla did not import: `ImportError: no " in page
+    assert "* `triton: FAILED tests/ops/test_lattice_triton.py::test_k`" in page
+    # a bench cut before its first mixer finished: nothing measured, every mixer listed as not reached
+    js.write_text(json.dumps({"records": [], "not_reached": ["attention", "vort"], "interrupted": "attention"}))
+    args.commit_file = str(tmp_path / "none")
+    assert gb.write_md(args) == 0
+    page = md.read_text()
+    assert "Not reached (never run, or cut before it finished): attention, vort." in page
+    assert "while running attention" in page and "commit unknown (no git here, and no .whl/COMMIT)" in page
 
 
 def test_committed_page_is_the_not_run_page_or_a_gpu_run(tmp_path):
