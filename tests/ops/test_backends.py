@@ -200,11 +200,10 @@ def test_float16_linear_attention_stays_on_pytorch(fake_fla):
 def test_vort_fla_kernel_follows_the_backend_switch(monkeypatch):
     """VORT's fla kernel (simple GLA) is a backend like the others: SEQMEM_BACKENDS / use_backends("pytorch") turn
     it off (it used to follow only the Triton switch)."""
-    from seqmem.ops._triton import use_triton  # noqa: F401 — the name patched below
     from seqmem.ops.vort import chunk as vort_chunk
 
     monkeypatch.setattr(vort_chunk._triton, "use_triton", lambda *a: True)
-    monkeypatch.setattr(vort_chunk, "_fla_gla_importable", lambda: True)
+    monkeypatch.setattr(vort_chunk._FLA_GLA, "_available", True)
     x = torch.rand(1, 4, 2, 3)
     args = (x, x, x, x, x, {}, None)
     assert vort_chunk._gla_applies(*args)

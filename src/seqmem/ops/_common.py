@@ -59,31 +59,33 @@ def check_tensor(op: str, name: str, x, shape: tuple, dims: str) -> Tensor:
     """``x``: a floating tensor of ``len(shape)`` dims whose sizes match the non-None entries of ``shape``."""
     if not isinstance(x, Tensor):
         raise ValueError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    want_s = tuple("?" if w is None else w for w in shape)
     if x.dim() != len(shape):
-        raise ValueError(f"{op}: {name} must have shape ({dims}), got shape {tuple(x.shape)}")
+        raise ValueError(f"{op}: {name} must have shape ({dims}) = {want_s}, got {tuple(x.shape)}")
     if not x.is_floating_point():
         raise ValueError(f"{op}: {name} must be a floating-point tensor, got dtype {x.dtype}")
-    for got, want in zip(x.shape, shape):
-        if want is not None and got != want:
-            want_s = tuple("?" if w is None else w for w in shape)
-            raise ValueError(f"{op}: {name} must have shape ({dims}) = {want_s}, got {tuple(x.shape)}")
+    if any(want is not None and got != want for got, want in zip(x.shape, shape)):
+        raise ValueError(f"{op}: {name} must have shape ({dims}) = {want_s}, got {tuple(x.shape)}")
     return x
 
 
-def check_state_tensor(op: str, key: str, x, shape: tuple, dims: str) -> Tensor:
-    """``initial_state[key]``: a floating tensor of shape ``shape`` (its dims named by ``dims``), on no particular
-    device (the op checks devices); a ValueError naming ``op``, the key, the expected and the given shape
-    otherwise.  A state of another batch size is refused here: broadcast, it would give every sequence of the
-    batch the one state (a batch-1 state with a batch-2 input)."""
-    if not isinstance(x, Tensor):
-        raise ValueError(f"{op}: initial_state[{key!r}] must be a tensor of shape ({dims}) = {shape}, got "
-                         f"{type(x).__name__}")
-    if tuple(x.shape) != tuple(shape):
-        raise ValueError(f"{op}: initial_state[{key!r}] must have shape ({dims}) = {tuple(shape)}, got "
-                         f"{tuple(x.shape)}")
-    if not x.is_floating_point():
-        raise ValueError(f"{op}: initial_state[{key!r}] must be a floating-point tensor, got dtype {x.dtype}")
-    return x
+def check_state_dict(op: str, state, want: dict[str, tuple], dims: dict[str, str]) -> None:
+    """Raise unless ``state`` is None or a dict with exactly the keys of ``want``, each a floating tensor of that
+    shape (its dims named by ``dims``; :func:`check_tensor`) and ``"pos"`` an integer tensor: a state of another
+    batch size would otherwise broadcast, giving every sequence of the batch the one state."""
+    if state is None:
+        return
+    if not isinstance(state, dict) or set(state) != set(want):
+        got = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"{op}: initial_state must be a dict with keys {sorted(want)}, got {got}")
+    for name, shape in want.items():
+        t = state[name]
+        if name != "pos":
+            check_tensor(op, f"initial_state[{name!r}]", t, shape, dims[name])
+        elif not isinstance(t, Tensor) or t.shape != shape or t.is_floating_point() or t.is_complex():
+            got = f"shape {tuple(t.shape)}, dtype {t.dtype}" if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{op}: initial_state['pos'] must be an integer tensor of shape (batch,) = {shape}, "
+                             f"got {got}")
 
 
 def check_number(op: str | None, name: str, value, *, positive: bool = False, nonnegative: bool = False) -> float:

@@ -19,7 +19,7 @@ from seqmem.ops._common import (
     check_choice,
     check_mode,
     check_number,
-    check_state_tensor,
+    check_state_dict,
     floor,
     values_checked,
 )
@@ -205,27 +205,18 @@ def _validate(q, k, v, chunk_size, power, eps, norm, spec_iters, operator_form, 
 
 
 _STATE_DIMS = {"G": "batch, heads, r, r", "M": "batch, heads, r, r", "Cv": "batch, heads, P, r",
-               "z_prev": "batch, heads, r", "m": "batch, heads"}
+               "z_prev": "batch, heads, r", "m": "batch, heads", "pos": "batch"}
 
 
 def _check_state(state, B: int, T: int, H: int, r: int, P: int) -> None:
     """Raise unless ``state`` is a dict of exactly :data:`STATE_KEYS`, each a tensor of the shape
     :func:`ska_init_state` gives (B, H, ...) (floating point; ``"pos"`` (B,) integer): a state of another batch
     size broadcast silently in the recurrent form (and failed with a bare RuntimeError in the chunked one)."""
-    op = "spectral_koopman_attention"
-    if not isinstance(state, dict) or set(state) != set(STATE_KEYS):
-        got = sorted(state) if isinstance(state, dict) else type(state).__name__
-        raise ValueError(f"{op}: initial_state must be a dict with keys {sorted(STATE_KEYS)}, got {got}")
-    want = {"G": (B, H, r, r), "M": (B, H, r, r), "Cv": (B, H, P, r), "z_prev": (B, H, r), "m": (B, H)}
-    for key in STATE_KEYS:
-        if key == "pos":
-            continue
-        base = key.removesuffix("_pend")
-        check_state_tensor(op, key, state[key], want[base], _STATE_DIMS[base])
-    pos = state["pos"]
-    if not isinstance(pos, Tensor) or pos.shape != (B,) or pos.is_floating_point() or pos.is_complex():
-        got = f"shape {tuple(pos.shape)}, dtype {pos.dtype}" if isinstance(pos, Tensor) else type(pos).__name__
-        raise ValueError(f"{op}: initial_state['pos'] must be an integer tensor of shape (batch,) = {(B,)}, got {got}")
+    shapes = {"G": (B, H, r, r), "M": (B, H, r, r), "Cv": (B, H, P, r), "z_prev": (B, H, r), "m": (B, H),
+              "pos": (B,)}
+    base = {key: key.removesuffix("_pend") for key in STATE_KEYS}  # a pending sum has its committed twin's shape
+    check_state_dict("spectral_koopman_attention", state, {k: shapes[b] for k, b in base.items()},
+                     {k: _STATE_DIMS[b] for k, b in base.items()})
 
 
 def spectral_koopman_attention(

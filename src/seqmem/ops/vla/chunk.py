@@ -50,7 +50,7 @@ from seqmem.ops._common import (
     check_chunk_size,
     check_mode,
     check_number,
-    check_state_tensor,
+    check_state_dict,
     check_values,
     floor,
     values_checked,
@@ -216,24 +216,6 @@ def _check_inputs(
 _STATE_DIMS = {"S": "batch, heads, d_v, d", "A": "batch, heads, d, d", "z": "batch, heads, d", "pos": "batch"}
 
 
-def _check_state_dict(fn: str, initial_state, want: dict[str, tuple[int, ...]]) -> None:
-    """Raise unless ``initial_state`` is None or a dict with exactly the keys of ``want``, each a tensor of that
-    shape (floating point; ``"pos"`` an integer tensor)."""
-    if initial_state is None:
-        return
-    if not isinstance(initial_state, dict) or set(initial_state) != set(want):
-        got = sorted(initial_state) if isinstance(initial_state, dict) else type(initial_state).__name__
-        raise ValueError(f"{fn}: initial_state must be a dict with keys {sorted(want)}, got {got}")
-    for name, shape in want.items():
-        t = initial_state[name]
-        if name != "pos":
-            check_state_tensor(fn, name, t, shape, _STATE_DIMS[name])
-        elif not isinstance(t, Tensor) or t.shape != shape or t.is_floating_point() or t.is_complex():
-            got = f"shape {tuple(t.shape)}, dtype {t.dtype}" if isinstance(t, Tensor) else type(t).__name__
-            raise ValueError(f"{fn}: initial_state['pos'] must be an integer tensor of shape (batch,) = {shape}, "
-                             f"got {got}")
-
-
 def _check_state(
     initial_state, B: int, H: int, D: int, Dv: int, fixed_A: bool, use_z: bool,
 ) -> None:
@@ -243,7 +225,7 @@ def _check_state(
         want["A"] = (B, H, D, D)
     if use_z:
         want["z"] = (B, H, D)
-    _check_state_dict("vla_attention", initial_state, want)
+    check_state_dict("vla_attention", initial_state, want, _STATE_DIMS)
 
 
 def _vla_init_state(
@@ -470,7 +452,7 @@ def vla_paper_delta_rule(
     want = {"S": (B, H, v.shape[-1], D)}
     if normalizer == "paper":
         want["z"] = (B, H, D)
-    _check_state_dict(fn, initial_state, want)
+    check_state_dict(fn, initial_state, want, _STATE_DIMS)
     if mode == "recurrent":
         return vla_paper_delta_rule_naive(q, k, v, beta, eps=eps, normalizer=normalizer, initial_state=initial_state)
     body = _triton_form("paper_delta_rule", q, k, v, beta, initial_state) or _vla_paper_delta_rule

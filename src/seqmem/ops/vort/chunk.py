@@ -27,16 +27,13 @@ gradient descent on per-token α (Section 5; our reading, see docs/vort.md).
 
 from __future__ import annotations
 
-import functools
-import importlib
-import importlib.util
 import math
 
 import torch
 from torch import Tensor
 
 from seqmem.ops import _backends, _triton
-from seqmem.ops._common import check_choice, check_number, check_state_tensor, floor
+from seqmem.ops._common import check_choice, check_number, check_tensor, floor
 from seqmem.ops.fractional import gl_weights, soe_coefficients
 from seqmem.ops.local_attention.chunk import join_past, window_cache, window_state, windowed_softmax
 from seqmem.ops.vort.gla import soe_retention_gla
@@ -215,7 +212,7 @@ def _check_soe_state(state, B: int, H: int, S: int, F: int, Dv: int, normalizer:
                          f"{allowed}, got {sorted(state)}")
     want = {"G": (B, H, S, F, Dv), "b": (B, H, S, F), "z": (B, H, F), "m": (B, H)}
     for key in state:
-        check_state_tensor(op, key, state[key], want[key], _SOE_DIMS[key])
+        check_tensor(op, f"initial_state[{key!r}]", state[key], want[key], _SOE_DIMS[key])
 
 
 def lag_form_applies(T: int, S: int, F: int, Dv: int) -> bool:
@@ -283,20 +280,13 @@ def _gla_applies(q, k, v, coef, coef_now, initial_state, k_log_scale) -> bool:
     (:func:`seqmem.backends.use_backends` / ``SEQMEM_BACKENDS``), fla's kernel importable, no float64."""
     ts = [q, k, v, coef, coef_now, k_log_scale, *(initial_state or {}).values()]
     ts = [t for t in ts if t is not None]
-    return (_triton.use_triton(*ts) and "fla" in _backends.enabled_backends() and _fla_gla_importable()
+    return (_triton.use_triton(*ts) and "fla" in _backends.enabled_backends() and _FLA_GLA.is_available()
             and all(t.dtype != torch.float64 for t in ts))
 
 
-@functools.cache
-def _fla_gla_importable() -> bool:
-    """fla installed and its simple-GLA kernels import (a broken install falls back to PyTorch, checked once)."""
-    if importlib.util.find_spec("fla") is None:
-        return False
-    try:
-        importlib.import_module("fla.ops.simple_gla")
-    except Exception:  # noqa: BLE001 — a broken install is an unavailable backend
-        return False
-    return True
+# fla's simple-GLA kernels as a backend: installed and importable, checked once (a broken install is unavailable)
+_FLA_GLA = _backends.Backend("fla", "soe_retention", soe_retention_gla,
+                             _backends._installed("fla", "fla.ops.simple_gla"), lambda *tensors: True)
 
 
 def _one_token(q, k, v, coef, xi, coef_now, eps0, normalizer, strict, initial_state, k_log_scale):
