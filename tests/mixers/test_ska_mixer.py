@@ -27,7 +27,7 @@ def x_(T=37, B=2, seed=1):
 
 
 def test_parameters_and_init():
-    """App. F / notes §2.2: 2·d·H·r + 2·d·H·P + 2 parameters; W_o zero-initialised, W_k / W_q orthogonal."""
+    """App. F: 2·d·H·r + 2·d·H·P + 2 parameters; W_o zero-initialised, W_k / W_q orthogonal."""
     d, H, r = 128, 4, 24
     m = build_mixer("ska", d, n_heads=H, rank=r)
     assert sum(p.numel() for p in m.parameters()) == 2 * d * H * r + 2 * d * d + 2
@@ -47,7 +47,7 @@ def test_state_size():
 
 
 def test_first_chunk_outputs_zero_and_later_chunks_do_not():
-    """Eqs. (7)–(10): chunk 0 reads G = εI, M = 0, C_v = 0, hence zero output (notes §2.4)."""
+    """Eqs. (7)–(10): chunk 0 reads G = εI, M = 0, C_v = 0, hence zero output."""
     m = make()
     y, _ = m(x_())
     assert y[:, :8].abs().max() == 0

@@ -97,14 +97,14 @@ def test_soe_coefficients_structure():
         lam = torch.exp(-xi)
         assert ((lam > 0) & (lam <= 1)).all() and float(lam[-1]) == 1.0
         assert ((lam[:-1] > 0) & (lam[:-1] < 1)).all()
-    # nodes do not depend on α (notes A8): same ξ for every α
+    # nodes do not depend on α (the quadrature's nodes): same ξ for every α
     _, xi1, _ = soe_coefficients(0.2, 12, 500)
     _, xi2, _ = soe_coefficients(0.8, 12, 500)
     assert torch.equal(xi1, xi2)
     xi_np, om, lmin, lmax = soe_nodes(15, 1000, 1e-3)
     assert lmin == pytest.approx(5e-7) and lmax == pytest.approx(2 * math.log(2e6))
     assert xi_np.min() > lmin and xi_np.max() < lmax and (om > 0).all()
-    # reference coefficients, notes §2.4 (α = 0.7, S = 15, T = 1000)
+    # reference coefficients (α = 0.7, S = 15, T = 1000)
     c, xi, c_now = soe_coefficients(0.7, 15, 1000)
     assert float(xi[0]) == pytest.approx(5.5665e-07, rel=1e-4)
     assert float(c[10]) == pytest.approx(2.6411e-01, rel=1e-4)
@@ -118,7 +118,7 @@ def test_soe_differentiable_in_alpha():
     for a0 in (0.3, 0.5, 0.7, 0.9):
         a = torch.tensor(a0, dtype=torch.float64, requires_grad=True)
         (g,) = torch.autograd.grad(soe_kernel(a, j, 15, 1000), a, torch.ones_like(j), is_grads_batched=False)
-        # per-lag derivative vs exact ψ formula ∂w_j/∂α = w_j (ψ(j+α) − ψ(α)) (notes §3: <= 4.8e-3)
+        # per-lag derivative vs exact ψ formula ∂w_j/∂α = w_j (ψ(j+α) − ψ(α)) (measured: <= 4.8e-3)
         jac = torch.autograd.functional.jacobian(lambda x: soe_kernel(x, j, 15, 1000), a.detach())
         psi_a = torch.digamma(torch.tensor(a0, dtype=torch.float64))
         exact = gl_weights(a0, j) * (torch.digamma(j + a0) - psi_a)

@@ -1,7 +1,7 @@
 """Spectral Koopman Attention op (Echo): reference loop == parallel form, streaming, and the paper's claims.
 
 Claims of Sridhar & Johansen (2026) tested here (see docs/echo.md):
-the collapse identity (Prop. I.8 + notes §2.7), K = 0 is ridge regression (Cor. I.9, Prop. I.2), the
+the collapse identity (Prop. I.8), K = 0 is ridge regression (Cor. I.9, Prop. I.2), the
 excess-risk
 identity (Prop. I.3), A* = M G⁻¹ (Prop. A.1), whitened operator similar to M G̃⁻¹ (Prop. A.3) and the
 ERRATUM to
@@ -121,7 +121,7 @@ def test_recurrent_equals_chunk(cfg, dtype):
     else:
         assert (
             o_r.abs().max() == 0 and o_c.abs().max() == 0
-        )  # T <= S: chunk 0 only, SKA outputs 0 (notes §7.7)
+        )  # T <= S: chunk 0 only, SKA outputs 0 (eqs. 7-10)
     assert set(s_r) == set(s_c)
     for key in s_r:
         assert torch.allclose(s_c[key].double(), s_r[key].double(), rtol=tol * 10, atol=tol * 10), key
@@ -169,7 +169,7 @@ def test_chunk_causal_equals_committed_statistics_decoder():
 
 
 def test_causal_default_has_no_future_leak_but_seqmax_does():
-    """ERRATUM (notes §2.3/§7.3): the paper's sequence-max normalisation (eq. 3) looks at future keys, so in
+    """ERRATUM: the paper's sequence-max normalisation (eq. 3) looks at future keys, so in
     chunk-causal training an early output changes when a LATER token changes.  The default prefix max does
     not."""
     q, k, v = qkv(B=1, T=40)
@@ -186,7 +186,7 @@ def test_causal_default_has_no_future_leak_but_seqmax_does():
 
 
 def test_seqmax_is_an_adaptive_ridge():
-    """notes §2.3: dividing keys and queries by m equals raw statistics with ridge ε·m² (every K, both
+    """Dividing keys and queries by m equals raw statistics with ridge ε·m² (every K, both
     forms)."""
     q, k, v = qkv(B=1, H=1, T=40)
     m = float(k.norm(dim=-1).max())
@@ -217,7 +217,7 @@ def test_prefix_max_bounds_keys_prop_e1():
 # ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("K", [0, 1, 2, 3])
 def test_collapse_identity(K):
-    """Prop. I.8 and notes §2.7: η C_v G̃⁻¹ L Âᴷ L⁻¹ q (App. F) = η cᴷ C_v (G̃⁻¹M)ᴷ G̃⁻¹ q, c =
+    """Prop. I.8: η C_v G̃⁻¹ L Âᴷ L⁻¹ q (App. F) = η cᴷ C_v (G̃⁻¹M)ᴷ G̃⁻¹ q, c =
     γ/max(σ(A_w),1)."""
     _, _, _, Gt, M, Cv, q = stats()
     gamma, eta = 1.3, 1.5
@@ -293,7 +293,7 @@ def test_whitened_operator_similar_and_remark2_erratum():
 
 def test_spectral_normalisation_props_d2_d3():
     """Prop. D.2/D.3 hold with the exact σ_max; with the paper's 6 detached power iterations ‖Â‖₂ can exceed 1
-    (notes §2.6: σ is under-estimated), so the bound is only approximate in the actual algorithm."""
+    (σ is under-estimated), so the bound is only approximate in the actual algorithm."""
     g = torch.Generator().manual_seed(0)
     A = 2.0 * torch.randn(150, 24, 24, dtype=f64, generator=g) / math.sqrt(24)
     exact = A / exact_sigma(A).clamp_min(1)[:, None, None]

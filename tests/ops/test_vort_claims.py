@@ -188,7 +188,7 @@ def test_prop42_lower_bound_random_mixtures():
 
 
 def test_prop42_vacuous_for_fitted_mixture():
-    """The bound says nothing about 5 well-chosen exponentials on a finite horizon (notes A13)."""
+    """Prop. 4.2's bound says nothing about 5 well-chosen exponentials on a finite horizon."""
     from seqmem.mixers.vort import fit_exp_mixture
 
     rates, pi = fit_exp_mixture(0.7, 5, 1000)

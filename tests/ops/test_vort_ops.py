@@ -64,7 +64,7 @@ def test_modes_agree_and_match_unrolled(normalizer, strict):
 
 
 def test_merged_equals_literal_k_banks():
-    """Eqs. (14)-(16) with K banks and hard routing == merged states with c_s(α_{k*}) (notes §2.7)."""
+    """Eqs. (14)-(16) with K banks and hard routing == merged states with c_s(α_{k*})."""
     q, k, v, a = data(seed=1)
     K, delta = 4, 0.1
     banks = delta + (1 - delta) * torch.arange(1, K + 1, dtype=torch.float64) / K

@@ -34,7 +34,7 @@ def test_repro_echo_smoke(tmp_path):
 
 
 def test_submillion_param_counts():
-    """§4.1 / notes §3: with our Mamba-2 the three models are ≈1.04M / 0.96M / 0.95M (paper 1.11M / 998K /
+    """§4.1: with our Mamba-2 the three models are ≈1.04M / 0.96M / 0.95M (paper 1.11M / 998K /
     982K);
     the exact attention − SKA difference per layer is 2·d·d − 2·d·H·r = 8,192 (two layers: 16,384)."""
     n = {m: LanguageModel(echo.submillion_config(m)).num_parameters() for m in echo.MODELS}
@@ -80,7 +80,7 @@ def test_echo_tasks_protocol():
 
 def test_echo_koopman_configs_match_paper_param_counts():
     """With the Koopman MLP, Echo-50M has 50.1M and Echo-180M 184.9M parameters (paper: "50M", "180M";
-    notes §5.3: 50.1M / 185.0M), tied V = 32,000, Mamba-2 d_state 64."""
+    ours: 50.1M / 185.0M), tied V = 32,000, Mamba-2 d_state 64."""
     p50 = echo.meta_stats(echo.echo50m_config(ffn="koopman"), (64,))["params"]
     p180 = echo.meta_stats(echo.echo180m_config(ffn="koopman"), (64,))["params"]
     assert abs(p50 - 50.1e6) < 0.05e6 and abs(p180 - 185.0e6) < 0.2e6

@@ -97,7 +97,7 @@ def fit_exp_mixture(alpha: float, n_exp: int, horizon: int, iters: int = 300) ->
 
     Minimises the mean squared relative error on ~200 log-spaced lags over log-rates and log-weights (L-BFGS,
     float64), starting from rates log-spaced in [1/horizon, 1].  The "fit" initialisation of the Mixture-5
-    baseline (notes A13: the Mixture's deficit in the paper must come from optimisation, not expressiveness).
+    baseline (the Mixture's deficit in the paper must come from optimisation, not expressiveness).
     """
     lags = np.unique(np.round(np.logspace(0, math.log10(horizon), 200)))
     j = torch.tensor(np.concatenate([[0.0], lags]), dtype=torch.float64)
