@@ -198,3 +198,27 @@ def test_autocast_continues_its_own_state_and_refuses_another_dtype(name):
             wrong = {k: (v.to(bad) if k in floats else v) for k, v in st.items()}
             with pytest.raises(ValueError, match=f"has dtype {bad}"):
                 m(x[:, 4:], state=wrong)
+
+
+
+@pytest.mark.parametrize("name,impl", [(n, "fast") for n in seqmem.list_mixers()] + [("ska", "reference")])
+def test_bf16_autocast_low_rank_input_close_to_float64(name, impl):
+    """Input made of 4 distinct token vectors repeated (T = 128, a topic / MQAR-like stream): keys spanning few
+    directions.  SKA's fast op ran its statistics and ridge solve in bfloat16 under autocast, which this input
+    turned into a relative error vs float64 of 28 on the output and 3e3 on the input gradient (at most 3e-2 for
+    every other mixer), with no error raised; the op computes in float32 with autocast off now (2e-2, 1e-2)."""
+    torch.set_num_threads(1)
+    m = _mixer(name, impl)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 16, generator=g)[torch.randint(0, 4, (2, 128), generator=g)]
+    r = torch.randn(2, 128, 16, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    res = {}
+    for tag in ("f64", "bf16"):
+        mm = copy.deepcopy(m).double() if tag == "f64" else copy.deepcopy(m)
+        xx = (x.double() if tag == "f64" else x.clone()).requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=tag == "bf16"):
+            y, _ = mm(xx)
+        (y.double() * r).sum().backward()
+        res[tag] = (y, xx.grad)
+    err_y, err_g = _rel(res["bf16"][0], res["f64"][0]), _rel(res["bf16"][1], res["f64"][1])
+    assert err_y <= 4e-2 and err_g <= 5e-2, f"{name} {impl}: output {err_y:.1e}, input gradient {err_g:.1e}"

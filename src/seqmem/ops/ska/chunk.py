@@ -21,6 +21,7 @@ from seqmem.ops._common import (
     check_number,
     check_state_dict,
     floor,
+    full_precision,
     values_checked,
 )
 from seqmem.ops.ska.naive import ska_naive
@@ -239,7 +240,8 @@ def spectral_koopman_attention(
     """Chunk-causal SKA (eqs. 7–10 + App. F), ``q, k`` (B, T, H, r), ``v`` (B, T, H, P) → ``(o (B,T,H,P), state)``.
 
     Token ``t`` (global position ``pos``) reads the statistics of all tokens in chunks before
-    ``pos // chunk_size``.  Statistics are accumulated in at least float32.  ``mode="recurrent"`` is the
+    ``pos // chunk_size``.  Statistics are accumulated, and the readout solved, in at least float32 with autocast
+    off (under ``torch.autocast`` too; ``o`` is in ``v``'s dtype).  ``mode="recurrent"`` is the
     per-token loop (App. F steps per token, commits at chunk boundaries; ``naive.py``); ``mode="chunk"`` the
     parallel form (exclusive prefix sums + collapse).
 
@@ -272,8 +274,17 @@ def spectral_koopman_attention(
         if p.numel() and bool((p != p.reshape(-1)[0]).any()):
             raise ValueError("spectral_koopman_attention: all sequences in a batch must be at the same position")
     kw = dict(power=power, gamma=gamma, eta=eta, spec_iters=spec_iters, operator_form=operator_form)
-    if mode == "recurrent":
-        return ska_naive(q, k, v, initial_state, chunk_size=chunk_size, eps=eps, norm=norm, mask=mask, **kw)
+    # autocast off: the statistics, the Cholesky solves and the power iterations in float32 (or float64).  Under
+    # bfloat16 autocast the einsums and matmuls ran in bfloat16, and on keys spanning few directions (repeated
+    # tokens) the ridge solve amplified that rounding: outputs 1e4 times too large, with no error raised
+    with full_precision(k.device):
+        if mode == "recurrent":
+            return ska_naive(q, k, v, initial_state, chunk_size=chunk_size, eps=eps, norm=norm, mask=mask, **kw)
+        return _ska_chunk_op(q, k, v, initial_state, chunk_size, eps, norm, mask, kw)
+
+
+def _ska_chunk_op(q, k, v, initial_state, chunk_size, eps, norm, mask, kw):
+    """``mode="chunk"`` of :func:`spectral_koopman_attention` on checked inputs (autocast off)."""
     B, T, H, r = k.shape
     P = v.shape[-1]
     out_dtype = v.dtype
@@ -386,7 +397,13 @@ def ska_sequence_operator(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, 
     """The one-operator form: keys and queries divided by the key norm ``m`` (with ``prefix_max`` the maximum over
     every key up to the row's last ``m_t = 1`` token; the ``ska`` mixer's ``operator_scope="sequence"``),
     ``(G̃, M, C_v) = ska_statistics(k̂, v, mask)`` (eq. 53) and ``ska_readout`` of every query (eq. 13, App. F).
-    ``q, k`` (B, T, H, r), ``v`` (B, T, H, P) → ``(o (B, T, H, P), state)``."""
+    ``q, k`` (B, T, H, r), ``v`` (B, T, H, P) → ``(o (B, T, H, P), state)``; computed in at least float32 with
+    autocast off, ``o`` in ``v``'s dtype."""
+    with full_precision(k.device):  # autocast off, as spectral_koopman_attention
+        return _ska_sequence_operator(q, k, v, mask, eps, norm, kw)
+
+
+def _ska_sequence_operator(q, k, v, mask, eps, norm, kw):
     B, T, H, r = k.shape
     out_dtype, cdt = v.dtype, torch.promote_types(v.dtype, torch.float32)  # statistics in at least float32
     q, k, v = q.to(cdt), k.to(cdt), v.to(cdt)

@@ -13,6 +13,7 @@ Equation numbers are those of the Echo paper (see :mod:`seqmem.ops.ska`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -132,7 +133,15 @@ def ska_sequence_operator_naive(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | 
     """The same, token by token and step by step: the key norm by a loop over the keys up to each row's last
     ``m_t = 1`` token, the eq. (53) sums ``G += m_t ẑ_t ẑ_tᵀ``, ``M += m_t m_{t-1} ẑ_t ẑ_{t-1}ᵀ``,
     ``C_v += m_t v_t ẑ_tᵀ`` one token at a time, then App. F steps 4-10 (:func:`ska_readout_appf`) for every query.
-    Shares no statistics, norm or readout code with :func:`seqmem.ops.ska.chunk.ska_sequence_operator`."""
+    Shares no statistics, norm or readout code with :func:`seqmem.ops.ska.chunk.ska_sequence_operator`.  Computed in
+    at least float32 with autocast off (``o`` in ``v``'s dtype)."""
+    dev = k.device.type
+    with torch.autocast(dev, enabled=False) if torch.is_autocast_enabled(dev) else contextlib.nullcontext():
+        return _sequence_operator(q, k, v, mask, eps, norm, kw)
+
+
+def _sequence_operator(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, eps: float, norm: str,
+                       kw: dict) -> tuple[Tensor, dict[str, Tensor]]:
     B, T, H, r = k.shape
     P = v.shape[-1]
     out_dtype, dt = v.dtype, torch.promote_types(v.dtype, torch.float32)
