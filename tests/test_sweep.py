@@ -303,6 +303,46 @@ def test_a_diverged_run_makes_its_lr_the_worst(tmp_path):
     assert row["best_lr"] == lo
 
 
+@pytest.mark.parametrize("select", ["accuracy", "loss"])
+def test_a_diverged_seed_counts_as_the_worst_value_in_the_reported_mean(tmp_path, select):
+    """first_seed: seed 0 chooses `hi`, seeds 1 and 2 diverge there.  The mean dropped them, so the row reported the
+    surviving seed's value as a 3-seed mean (0.90 (3)); the protocol's "a diverged run counts as the worst value"
+    holds for the mean now: accuracy 0 (mean 0.30), loss infinite; the diverged seeds are named."""
+    from seqmem.sweep.report import headline_summary, markdown, summary_table
+
+    spec = load_spec(tiny(mixers=["attention"], lr_selection="first_seed", train__seeds=[0, 1, 2], select=select,
+                          extra_metrics=["accuracy"]))
+    lo, hi = spec.lrs
+    valid = {(lr, seed): (0.9 if lr == hi else 0.5) for lr in spec.lrs for seed in spec.seeds}
+    _fake_results(spec, tmp_path, valid, valid, status={(hi, 1): "diverged", (hi, 2): "diverged"})
+    if select == "loss":  # _fake_results writes accuracies (and loss 1.0): loss 2.0 at lo, so hi is chosen
+        for p in spec.points():
+            r = json.loads((tmp_path / p.rel_dir / "result.json").read_text())
+            if r["status"] == "finished" and p.lr == lo:
+                r["valid"]["loss"] = r["report"]["loss"] = 2.0
+                (tmp_path / p.rel_dir / "result.json").write_text(json.dumps(_sealed(p.run_spec, r)))
+    (row,) = collect(spec, tmp_path)
+    assert row["best_lr"] == hi and row["complete"]
+    assert row["n_seeds"] == 3 and row["diverged_seeds"] == 2 and row["diverged"] == [1, 2]
+    assert math.isnan(row["extra"]["accuracy"]["mean"])  # no known worst value: undefined, not the survivor's
+    md = markdown(spec, [row])
+    if select == "accuracy":
+        assert row["report_mean"] == pytest.approx(0.3)
+        assert row["report_std"] == pytest.approx(math.sqrt((0.6**2 + 2 * 0.3**2) / 2))
+        assert "| `attention` | 0.30 ± 0.52 (3, 2 diverged) |" in summary_table(spec, [row])
+        assert "seed(s) 1, 2 diverged (counted as accuracy 0 in the mean)" in md
+        assert "0.900, diverged, diverged" in md
+    else:
+        assert row["report_mean"] == math.inf and math.isnan(row["report_std"])
+        assert "| `attention` | inf (3, 2 diverged) |" in summary_table(spec, [row])
+        assert "seed(s) 1, 2 diverged (counted as loss inf in the mean)" in md
+    payload = json.loads(json.dumps({"select": select, "cpu_hours": 0.0, "rows": [row]}))
+    entry = next(iter(headline_summary(spec, payload)["settings"].values()))["attention"]
+    assert entry["mean"] == (0.3 if select == "accuracy" else None) and entry["diverged_seeds"] == 2
+    assert entry["diverged"].startswith("seed(s) 1, 2 diverged")
+    json.dumps(entry, allow_nan=False)  # what update_headline writes
+
+
 def test_partial_rows_are_marked(tmp_path):
     spec = load_spec(tiny(mixers=["attention"]))
     lo, hi = spec.lrs

@@ -3,7 +3,8 @@
 For every row (setting × mixer × model size) the learning rate with the best mean *validation* metric over seeds is
 chosen (highest accuracy, or lowest loss with ``select = "loss"``); a diverged run counts as the worst value.  The
 row then reports that learning rate's mean ± sample std over seeds on the task's reported split (never used for
-the choice), the per-seed values, the peak state (numbers per sequence) and the parameters.  Written as Markdown,
+the choice; a diverged seed counts there as the worst value too, accuracy 0 or loss +inf, and is named), the
+per-seed values, the peak state (numbers per sequence) and the parameters.  Written as Markdown,
 JSON and an accuracy-vs-state plot (one line per mixer across model sizes, error bars over seeds).
 """
 
@@ -74,23 +75,30 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
                 v = valid_value(results.get((best_lr, seed)), spec.select, part="report")
                 if v is not None:
                     per_seed[seed] = v
-            m, sd = mean_std([v for v in per_seed.values() if not math.isnan(v)])
+            # a diverged seed (nan) counts as the worst value in the mean too, as in the choice: accuracy 0, loss
+            # infinite (the mean is then infinite); it was dropped, so a row where 2 of 3 seeds diverged reported
+            # the survivor's value as a 3-seed mean
+            diverged = [seed for seed, v in per_seed.items() if math.isnan(v)]
+            m, sd = mean_std([worst_value(spec.select) if math.isnan(v) else v for v in per_seed.values()])
             split = next((r.get("report_split") for (lr, _), r in results.items()
                           if lr == best_lr and r and r.get("report_split")), "eval")
             extra = {}
             for name in spec.extra_metrics:  # the same runs, another metric of the reported split
                 vals = [v for (lr, _), r in results.items() if lr == best_lr and r and r.get("status") == "finished"
                         and (v := _metric_of(r.get("report", {}), name)) is not None]
-                em, esd = mean_std(vals)
+                # a diverged seed has no value and an extra metric no known worst: the mean is then undefined
+                em, esd = (math.nan, math.nan) if diverged else mean_std(vals)
                 extra[name] = {"mean": em, "std": esd, "per_seed": vals}
             row["extra"] = extra
             modes = [_compile_mode(out / q.rel_dir, results[(q.lr, q.seed)]) for q in pts
                      if q.lr == best_lr and results.get((q.lr, q.seed))]
             row["compile_modes"] = {k: modes.count(k) for k in ("compiled", "eager", "mixed") if modes.count(k)}
             row.update({"report_mean": m, "report_std": sd, "per_seed": per_seed, "n_seeds": len(per_seed),
-                        "diverged_seeds": sum(1 for v in per_seed.values() if math.isnan(v)),
+                        "diverged_seeds": len(diverged),
                         "valid_at_best": lr_valid[best_lr], "report_split": split,
                         "lr_at_grid_edge": len(tried) > 1 and best_lr in (min(tried), max(tried))})
+            if diverged:  # which seeds (counted as the worst value in report_mean and report_std)
+                row["diverged"] = diverged
         # why the row may be unable to use its context (per layer, at this setting's length)
         seq_len = next(s.seq_len for s in spec.settings if s.label == setting)
         model = pts[0].run_spec["model"]
@@ -110,6 +118,20 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
         row["mixer_options"] = model["mixer_options"]
         rows.append(row)
     return rows
+
+
+def worst_value(select: str) -> float:
+    """The value a diverged run counts as, in the lr choice and in a row's mean: 0 for accuracy, +inf for loss."""
+    return 0.0 if select == "accuracy" else math.inf
+
+
+def _diverged_text(r: dict[str, Any], select: str) -> str:
+    """``seed(s) 1, 2 diverged (counted as accuracy 0)``, or ``""`` when none did."""
+    seeds = r.get("diverged")
+    if not r.get("diverged_seeds"):
+        return ""
+    which = f"seed(s) {', '.join(map(str, seeds))}" if seeds else f"{r['diverged_seeds']} seed(s)"
+    return f"{which} diverged (counted as {'accuracy 0' if select == 'accuracy' else 'loss inf'} in the mean)"
 
 
 def _compile_mode(run_dir: Path, result: dict[str, Any]) -> str:
@@ -144,6 +166,11 @@ def _metric_of(report: dict[str, Any], name: str) -> float | None:
 def _fmt(v: Any) -> str:
     """A table cell: three decimals, never in exponent form; ``—`` for None and NaN."""
     return fmt(v, nan="—", exponent=False)
+
+
+def _seed_cell(v: Any) -> str:
+    """One seed's value in a table: ``diverged`` for a diverged run (NaN), else :func:`_fmt`."""
+    return "diverged" if isinstance(v, float) and math.isnan(v) else _fmt(v)
 
 
 def chance_level(spec: SweepSpec) -> dict[str, float]:
@@ -181,7 +208,8 @@ def summary_table(spec: SweepSpec, rows: list[dict[str, Any]]) -> str:
         if r is None or r.get("report_mean") is None:
             return "—"
         sd = "" if r["report_std"] != r["report_std"] else f" ± {r['report_std']:.2f}"
-        seeds = f"{r['n_seeds']}" + (", not chosen" if r.get("tune_chosen") is False else "")
+        seeds = f"{r['n_seeds']}" + (f", {r['diverged_seeds']} diverged" if r.get("diverged_seeds") else "") + (
+            ", not chosen" if r.get("tune_chosen") is False else "")
         mark = "" if r["complete"] else "*"
         return f"{r['report_mean']:.2f}{sd} ({seeds}){mark}"
 
@@ -217,7 +245,7 @@ def paper_section(spec: SweepSpec, rows: list[dict[str, Any]]) -> list[str]:
         pv = r["paper"] if isinstance(r["paper"], str) else f"{r['paper']:.3f}"
         ours = "not run yet" if r.get("report_mean") is None else (
             f"{_fmt(r['report_mean'])} ± {_fmt(r['report_std'])}" + ("" if r["complete"] else " (PARTIAL)"))
-        per = ", ".join(_fmt(v) for v in r.get("per_seed", {}).values()) or "—"
+        per = ", ".join(_seed_cell(v) for v in r.get("per_seed", {}).values()) or "—"
         body.append([r["setting"], f"`{r['mixer']}`", *[str(r.get(a)) for a in spec.model_axes], pv, ours, per,
                      str(r.get("n_seeds", 0))])
     return lines + table_lines(head, body) + [""]
@@ -287,7 +315,7 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
                 "note"] + (["paper"] if spec.paper else []) + [f"{n} (mean ± std)" for n in spec.extra_metrics]
         body = []
         for r in srows:
-            per = ", ".join(_fmt(v) for v in r.get("per_seed", {}).values()) or "—"
+            per = ", ".join(_seed_cell(v) for v in r.get("per_seed", {}).values()) or "—"
             lrv = ", ".join([f"{lr}: {_fmt(v)}" for lr, v in r["lr_valid"].items()]
                             + [f"{lr}: {'…' if v is None else _fmt(v)} (probe, first seed)"
                                for lr, v in (r.get("lr_probe") or {}).items()]) or "—"
@@ -307,7 +335,7 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
                     f"not chosen (seed {spec.seeds[0]} only)" if r.get("tune_chosen") is False else
                     "not chosen yet"))
             if r.get("diverged_seeds"):
-                note.append(f"{r['diverged_seeds']} seed(s) diverged")
+                note.append(_diverged_text(r, sel))
             cm = r.get("compile_modes") or {}
             if len(cm) > 1 or cm.get("mixed"):
                 note.append("trained partly under --compile (" + ", ".join(f"{n} {k}" for k, n in cm.items())
@@ -370,7 +398,8 @@ def plot(spec: SweepSpec, rows: list[dict[str, Any]], path: Path) -> None:
     for ax, setting in zip(axs[0], settings):
         for i, mixer in enumerate(mixers):
             pts = sorted((r for r in rows if r["setting"] == setting.label and r["mixer"] == mixer
-                          and r.get("report_mean") is not None and r["state"]), key=lambda r: r["state"])
+                          and r.get("report_mean") is not None and math.isfinite(r["report_mean"]) and r["state"]),
+                         key=lambda r: r["state"])  # a loss row with a diverged seed has an infinite mean
             if not pts:
                 continue
             xs = [r["state"] for r in pts]
@@ -541,8 +570,9 @@ def headline_summary(spec: SweepSpec, payload: dict[str, Any],
     """A sweep report reduced to what a paper's ``headline.json`` records: per setting and row (a row with model
     axes is named ``mixer (axis=value, ...)``) the chosen lr, mean ± std over seeds on the reported split, the
     per-seed values, validation by lr and the paper's value."""
-    def num(v: Any) -> float | None:  # 4 decimals; NaN (one seed's std, a diverged run) as null
-        return None if v is None or (isinstance(v, float) and math.isnan(v)) else round(float(v), 4)
+    def num(v: Any) -> float | None:  # 4 decimals; NaN (one seed's std, a diverged run) and inf (the mean loss of a
+        # row with a diverged seed) as null
+        return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else round(float(v), 4)
 
     by_setting: dict[str, dict[str, Any]] = {}
     for r in payload["rows"]:
@@ -559,6 +589,7 @@ def headline_summary(spec: SweepSpec, payload: dict[str, Any],
         }
         if r.get("diverged_seeds"):
             entry["diverged_seeds"] = r["diverged_seeds"]
+            entry["diverged"] = _diverged_text(r, spec.select)
         if r.get("extra"):
             entry["extra"] = {k: {"mean": num(e["mean"]), "std": num(e["std"]),
                                   "per_seed": [num(v) for v in e["per_seed"]]} for k, e in r["extra"].items()}
