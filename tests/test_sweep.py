@@ -164,6 +164,42 @@ def test_run_report_resume_and_conflict(tmp_path):
     assert all(r["n_seeds"] == 2 and r["complete"] for r in payload["rows"])
 
 
+def test_an_lr_extension_directory_of_an_edited_spec_is_refused(tmp_path, capsys):
+    """The spec check covered the grid only: after an edit of steps and lrs, an lr extension of the new spec
+    (9e-3 / 3 = 3e-3) landed on a directory the old spec had trained (10 steps), which counted as a finished
+    stage-1 run of the new one (20 steps), could win the choice, and got its other seeds trained under the new
+    spec.  Every directory the sweep may read (the extensions' too) is checked now, by the run, the report and a
+    worker under the run's lock, and the error names the run and the fields that differ."""
+    from seqmem.sweep.runner import run_point
+
+    base = dict(mixers=["attention"], lr_selection="first_seed")
+    old = load_spec(tiny(**base, train__steps=10, train__lrs=[1e-3, 3e-3], train__lr_extend=1))
+    raw = tiny(**base, train__steps=20, train__lrs=[9e-3, 2.7e-2], train__lr_extend=1)
+    new = load_spec(raw)
+    out = tmp_path / "o"
+    acc = {(lr, s): 0.5 for lr in old.lrs for s in old.seeds}
+    _fake_results(old, out, acc, acc)
+    acc = {(lr, s): (0.6 if lr == 9e-3 else 0.4) for lr in new.lrs for s in new.seeds}
+    _fake_results(new, out, acc, acc)  # 9e-3 is the best and the smallest: the extension is 3e-3, the old run
+    ext = next(p for p in new.points() if p.seed == 0)
+    ext = new.point_at(ext, 3e-3, 0)
+    assert (out / ext.rel_dir / "run.json").is_file()
+    for call in (lambda: run_sweep(new, out, jobs=1, log=quiet, probe=False, dry_run=True),
+                 lambda: write_report(new, out, tmp_path / "rep"),
+                 lambda: run_point(ext.run_spec, str(out / ext.rel_dir))):
+        with pytest.raises(SweepConflict) as e:
+            call()
+        msg = str(e.value)
+        assert str(ext.rel_dir) in msg and "train.steps: 10 in run.json, 20 now" in msg, msg
+    spec = tmp_path / "new.json"
+    spec.write_text(json.dumps(raw))
+    capsys.readouterr()
+    assert main(["sweep", str(spec), "--out", str(out), "--report", "--report-dir", str(tmp_path / "r")]) == 2
+    assert "train.steps: 10 in run.json, 20 now" in capsys.readouterr().err
+    with pytest.raises(SweepConflict, match="lr0.009"):  # and the old spec's extension 3e-3 x 3 is the new grid's
+        run_sweep(old, out, jobs=1, log=quiet, probe=False, dry_run=True)
+
+
 def test_report_records_the_run_command_also_when_rewritten_by_report(tmp_path):
     """The report's Command line is the command that runs the sweep: a later ``--report`` keeps it (and, with no
     earlier report, gives its own arguments without ``--report``), rather than recording the report command."""

@@ -143,6 +143,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         payload = write_report(spec, out, report_dir, command=command)
     except OSError as e:  # a full disk, a read-only directory: one line naming the file
         raise UsageError(f"cannot write the report to {report_dir}: {e}") from None
+    except SpecError as e:  # runs of another version of the spec under --out (--report: nothing checked before)
+        raise UsageError(str(e)) from None
     done = sum(r["runs_done"] for r in payload["rows"])
     total = sum(r["runs_total"] for r in payload["rows"])
     print(f"report: {report_dir / 'report.md'} ({done}/{total} runs finished)")

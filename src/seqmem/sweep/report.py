@@ -31,6 +31,7 @@ from seqmem.io import (
     table_lines,
 )
 from seqmem.sweep.runner import (
+    check_run_dirs,
     choose_lr,
     plan_rows,
     probe_lrs,
@@ -486,6 +487,7 @@ def run_devices(results: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def _report(spec: SweepSpec, out: Path, command: str) -> tuple[dict[str, Any], tuple]:
+    check_run_dirs(spec, out)  # no run of another version of the spec is reported as this one's (SweepConflict)
     rows = collect(spec, out)
     results = _run_results(spec, out)
     times = _training_time(results)

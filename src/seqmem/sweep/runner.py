@@ -1,6 +1,7 @@
 """Run a sweep: one run directory per grid point, resumable, in worker processes with one thread each.
 
-Per run directory: ``run.json`` (what ``seqmem train`` writes; a changed spec for an existing run is refused),
+Per run directory: ``run.json`` (what ``seqmem train`` writes; a changed spec for an existing run, the lr
+extensions' included, is refused: :func:`check_run_dirs`),
 ``metrics.jsonl`` and ``checkpoints/`` from the trainer, and ``result.json`` once the run has finished (validation
 and reported metrics, state size, parameters, seconds).  Re-running the same sweep skips finished runs and resumes
 partial ones from their newest good checkpoint, so a campaign can be stopped and continued on any machine.
@@ -52,24 +53,59 @@ def peak_state(model: Any, seq_len: int) -> int:
     return max(model.state_size(t) for t in range(1, seq_len + 1))
 
 
+_ABSENT = object()
+
+
+def spec_differences(old: Any, new: Any, path: str = "") -> list[str]:
+    """The fields (dotted paths, e.g. ``train.steps``) where run spec ``old`` (a ``run.json``) differs from ``new``,
+    each with both values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new), key=str)
+                for d in spec_differences(old.get(k, _ABSENT), new.get(k, _ABSENT), f"{path}.{k}" if path else str(k))]
+    if old == new:
+        return []
+
+    def show(v: Any) -> str:
+        t = "absent" if v is _ABSENT else json.dumps(v, default=str)
+        return t if len(t) <= 60 else t[:57] + "..."
+
+    return [f"{path or 'the spec'}: {show(old)} in run.json, {show(new)} now"]
+
+
+def run_json_conflict(run_dir: Path, run_spec: dict[str, Any]) -> str | None:
+    """Why the ``run.json`` in ``run_dir`` is not ``run_spec`` (the run directory holds another spec's run: its
+    path and the differing fields), or None when it is the same or absent.  An unreadable one raises
+    :class:`SweepConflict`."""
+    f = Path(run_dir) / "run.json"
+    if not (f.exists() or f.is_symlink()):
+        return None
+    try:
+        old = json.loads(read_bytes_nofollow(f).decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # UnsafePathError (a link) is a ValueError
+        raise SweepConflict(f"{f} is unreadable ({str(e).splitlines()[0]}): restore it, or delete that run "
+                            "directory to train the run again") from None
+    if old == run_spec:
+        return None
+    diff = spec_differences(old, run_spec)
+    more = f"; and {len(diff) - 3} more field(s)" if len(diff) > 3 else ""
+    return f"{f} (differs in {'; '.join(diff[:3])}{more})"
+
+
 def check_conflicts(points: list[Point], out: Path) -> None:
     """Refuse to mix two specs in one directory: every existing ``run.json`` must equal its point's spec."""
-    bad = []
-    for p in points:
-        f = out / p.rel_dir / "run.json"
-        if f.exists() or f.is_symlink():
-            try:
-                old = json.loads(read_bytes_nofollow(f).decode("utf-8"))
-            except (OSError, ValueError, RecursionError) as e:  # UnsafePathError (a link) is a ValueError
-                raise SweepConflict(f"{f} is unreadable ({str(e).splitlines()[0]}): restore it, or delete that run "
-                                    "directory to train the run again") from None
-            if old != p.run_spec:
-                keys = sorted(k for k in set(old) | set(p.run_spec) if old.get(k) != p.run_spec.get(k))
-                bad.append(f"{f} (differs in {', '.join(keys)})")
+    bad = [why for p in points if (why := run_json_conflict(out / p.rel_dir, p.run_spec)) is not None]
     if bad:
         more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
         raise SweepConflict(f"the spec changed for existing runs: {bad[0]}{more}; use another --out, or restore "
                             "the spec these runs were made with")
+
+
+def check_run_dirs(spec: SweepSpec, out: Path, points: list[Point] | None = None) -> None:
+    """:func:`check_conflicts` over every run directory the sweep may read: the grid and every lr extension's runs
+    (:func:`extension_candidates`).  Checking the grid alone let an extension land on a directory an earlier
+    version of the spec had trained (other steps or task options) and count it as one of its own finished runs."""
+    points = spec.points() if points is None else points
+    check_conflicts(points + extension_candidates(spec, points), Path(out))
 
 
 #: labels of a run (which sweep, row, family and setting name it): not part of what is trained
@@ -390,6 +426,10 @@ def run_point(run_spec: dict[str, Any], run_dir: str, threads: int = 1, compile:
     with run_lock(Path(run_dir)) as held:
         if not held:
             return {"status": "busy", "error": "another process is training this run"}
+        # another spec's run in this directory (a sweep of an edited spec started since the caller's check):
+        # never counted as, nor continued into, this one
+        if (why := run_json_conflict(Path(run_dir), run_spec)) is not None:
+            raise SweepConflict(f"the spec changed for an existing run: {why}")
         done = read_result(Path(run_dir))  # finished by another process between the caller's check and the lock
         if done is not None:
             return done
@@ -924,7 +964,7 @@ def run_sweep(
     as the row's first-seed runs have finished, within the same invocation."""
     out = Path(out)
     points = spec.points()
-    check_conflicts(points, out)
+    check_run_dirs(spec, out, points)  # the lr extensions' directories too
     bad = invalid_results(out, points)
     for why in bad[:5]:
         log(f"  {why}: not counted as finished; the run {'would be' if dry_run else 'is'} trained again")
