@@ -200,6 +200,22 @@ def test_an_lr_extension_directory_of_an_edited_spec_is_refused(tmp_path, capsys
         run_sweep(old, out, jobs=1, log=quiet, probe=False, dry_run=True)
 
 
+def test_a_bf16_run_reports_evaluations_in_bf16(tmp_path):
+    """result.json's valid and report evaluations ran in fp32 for a bf16 run, while its log's final evaluation and
+    `seqmem eval` ran in bf16 (another number); they run in the run's precision now, which the result records."""
+    from seqmem.sweep.runner import run_point
+
+    spec = load_spec(tiny(mixers=["deltanet"], train__steps=10, train__precision="bf16", train__lrs=[3e-3],
+                          train__seeds=[0]))
+    (p,) = spec.points()
+    d = tmp_path / "run"
+    r = run_point(p.run_spec, str(d))
+    assert r["status"] == "finished" and r["report_split"] == "eval"
+    last = json.loads((d / "metrics.jsonl").read_text().splitlines()[-1])
+    assert r["report"]["loss"] == last["eval_loss"] and r["report"]["accuracy"] == last["eval_accuracy"]
+    assert r["eval_precision"] == "bf16"
+
+
 def test_report_records_the_run_command_also_when_rewritten_by_report(tmp_path):
     """The report's Command line is the command that runs the sweep: a later ``--report`` keeps it (and, with no
     earlier report, gives its own arguments without ``--report``), rather than recording the report command."""

@@ -484,10 +484,13 @@ def _train_point(run_spec: dict[str, Any], run_dir: str, threads: int, compile: 
         if estimated:  # the checkpoint predates the record: estimated at this process's rate per step
             result["cpu_seconds_estimated"] = True
         report_split = getattr(task, "report_split", "eval")
+        # in the run's own precision, as its log's evaluations and `seqmem eval` (a bf16 run was evaluated in fp32)
         result["valid"] = evaluate(model, task, sweep.get("valid_examples", 512), cfg.eval_batch_size,
-                                   split="valid")
-        result["report"] = evaluate(model, task, cfg.eval_examples, cfg.eval_batch_size, split=report_split)
+                                   split="valid", precision=cfg.precision)
+        result["report"] = evaluate(model, task, cfg.eval_examples, cfg.eval_batch_size, split=report_split,
+                                    precision=cfg.precision)
         result["report_split"] = report_split
+        result["eval_precision"] = cfg.precision  # what "valid" and "report" were computed in
         result["status"] = "finished"
         result["train_seconds"] = res.seconds
     except (FloatingPointError, NonFiniteError) as e:  # diverged at this learning rate: a result, not a crash
