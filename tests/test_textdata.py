@@ -121,3 +121,28 @@ def test_cli_train_with_dataset_and_trained_tokenizer(corpus, tmp_path, capsys):
     assert main(["eval", "--run", str(out), "--examples", "8"]) == 0
     assert main(["train", "--task", "mqar", "--mixer", "deltanet", "--dataset", str(corpus), "--out",
                  str(tmp_path / "bad")]) == 2
+
+
+@pytest.mark.parametrize("split", ["test", "train"])
+def test_lr_selection_on_the_test_or_train_split_is_refused(corpus, split):
+    """An LM task's validation windows (what a sweep chooses lrs on) are its eval_split's: eval_split='test' made
+    the sweep choose on the windows it reports (and 'train' on the training data), silently.  The validation windows
+    and a sweep spec refuse it now; `seqmem train`'s evaluations may still use it."""
+    from seqmem.sweep import SpecError, load_spec
+    from seqmem.train import TrainConfig, evaluate, train
+
+    for name, opts in (("lm", {"corpus": str(corpus)}), ("text", {"dataset": str(corpus), "tokenizer": "byte"})):
+        task = build_task(name, **opts, seq_len=32, eval_split=split)
+        with pytest.raises(ValueError, match=f"eval_split='{split}'.*choose on eval_split='val'"):
+            task.valid_data(8)
+        build_task(name, **opts, seq_len=32).valid_data(8)  # the default, val
+        spec = {"name": "s", "task": {"name": name, "options": {**opts, "seq_len": 32, "eval_split": split}},
+                "model": {"d_model": 16, "n_layers": 1, "n_heads": 2}, "train": {"steps": 2, "lrs": [1e-3]},
+                "mixers": ["attention"]}
+        with pytest.raises(SpecError, match=f"eval_split='{split}'"):
+            load_spec(spec)
+    from seqmem.models import LanguageModel, LMConfig
+
+    model = LanguageModel(LMConfig(vocab_size=task.vocab_size, d_model=16, n_layers=1, n_heads=2, mixer="attention"))
+    train(model, task, TrainConfig(steps=1, batch_size=2, eval_examples=4))  # its evaluations on the split
+    assert set(evaluate(model, task, 4, 4)) >= {"loss", "accuracy"}

@@ -373,6 +373,8 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
         _need(isinstance(opts, dict), where, "'options' must be a table")
         try:
             t = build_task(task["name"], **{**task_options, **opts})
+            if hasattr(t, "check_selection_split"):  # LM windows: lrs are chosen on eval_split's windows
+                t.check_selection_split(t.eval_split)
         except (ValueError, TypeError) as e:
             raise SpecError(f"{where}: task {task['name']!r}: {e}") from None
         settings.append(Setting(s["label"], dict(opts), int(t.seq_len), int(t.vocab_size)))

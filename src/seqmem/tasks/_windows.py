@@ -2,8 +2,8 @@
 
 Shared by the byte-level ``lm`` task and the tokenised ``text`` task: subclasses hold the arrays and implement
 ``_check_split(split) -> np.ndarray`` (the split's tokens, at least ``seq_len + 1`` of them, else a clear error) and
-set ``eval_split``.  Hyper-parameters are chosen on the evaluation windows (``eval_split``, default ``val``);
-results are reported on ``test`` (``report_split``)."""
+set ``eval_split``.  Hyper-parameters are chosen on the evaluation windows (``eval_split``, default ``val``; the
+validation windows refuse any other split); results are reported on ``test`` (``report_split``)."""
 
 from __future__ import annotations
 
@@ -129,9 +129,20 @@ class SplitWindowsTask(Task):
         return self.sample_split(self.eval_split, batch_size, generator)
 
     def valid_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
-        """Hyper-parameters are chosen on the evaluation windows (``eval_split``); results are reported on
-        :meth:`test_data`."""
+        """Hyper-parameters are chosen on the evaluation windows (``eval_split``, which must be ``val`` here);
+        results are reported on :meth:`test_data`.  With ``eval_split="test"`` a sweep chose its lrs on the windows
+        it reports (and with ``"train"`` on the training data): refused."""
+        self.check_selection_split(self.eval_split)
         return self.eval_data(n_examples)
+
+    @staticmethod
+    def check_selection_split(eval_split: str) -> None:
+        """Raise unless ``eval_split`` may be the split hyper-parameters are chosen on (``val``)."""
+        if eval_split != "val":
+            why = "the split results are reported on" if eval_split == "test" else "the split trained on"
+            raise ValueError(f"eval_split={eval_split!r}: the validation windows (what a sweep chooses learning "
+                             f"rates on) would be {why}; choose on eval_split='val' (eval_split={eval_split!r} is "
+                             "for `seqmem train`'s evaluations)")
 
     def test_data(self, n_examples: int) -> tuple[Tensor, Tensor]:
         """``n_examples`` windows of the ``test`` split from a fixed seed (``eval_seed + 1``; cached) — report
