@@ -45,6 +45,27 @@ def test_resume_is_exact(tmp_path):
     assert res.final == full.final
 
 
+def test_resume_at_the_final_step_returns_the_final_evaluation(tmp_path):
+    """A resume from a checkpoint at the final step has nothing to train: it returned ``final == {}`` (and
+    `seqmem train --resume` printed no evaluation).  It evaluates now, as the uninterrupted run did, and leaves its
+    log as it was; with the steps shrunk to the checkpoint's, the final-step record gets the evaluation."""
+    model, task = setup()
+    full = train(model, task, TrainConfig(**CFG), out_dir=tmp_path / "a")
+    log = (tmp_path / "a" / "metrics.jsonl").read_text()
+    model, task = setup(seed=123)  # everything from the checkpoint
+    res = train(model, task, TrainConfig(**CFG), out_dir=tmp_path / "a", resume=True)
+    assert full.final and res.final == full.final
+    assert (tmp_path / "a" / "metrics.jsonl").read_text() == log
+    # stopped at step 8 of 12 (a checkpoint there), resumed with steps = 8
+    model, task = setup()
+    train(model, task, TrainConfig(**CFG), out_dir=tmp_path / "b", stop_after=8)
+    model, task = setup(seed=123)
+    res = train(model, task, TrainConfig(**{**CFG, "steps": 8}), out_dir=tmp_path / "b", resume=True)
+    assert res.final and res.final == evaluate(model, task, CFG["eval_examples"])
+    rows = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 8 and rows[-1]["eval_loss"] == res.final["loss"] and "loss" in rows[-1]
+
+
 def test_corrupt_checkpoint_falls_back(tmp_path):
     model, task = setup()
     train(model, task, TrainConfig(**CFG), out_dir=tmp_path)

@@ -331,7 +331,8 @@ def train(
     compile: bool = False,
 ) -> TrainResult:
     """Train ``model`` on ``task``.  With ``out_dir``: ``metrics.jsonl`` (one object per log step) and checkpoints
-    under ``out_dir/checkpoints``; ``resume=True`` continues exactly from the newest good checkpoint.
+    under ``out_dir/checkpoints``; ``resume=True`` continues exactly from the newest good checkpoint (one at the
+    final step: only the final evaluation runs, and ``final`` is what the uninterrupted run returned).
     ``stop_after`` ends the run early after that many steps (for tests of resumption).  ``loggers``: extra metric
     sinks with ``log(record, step)`` (e.g. :mod:`seqmem.train.tracking`), called on rank 0 only.
     ``compile=True`` runs the training steps' forward and backward through ``torch.compile`` (one process, no
@@ -552,6 +553,22 @@ def train(
             import torch.distributed as dist
 
             dist.barrier()  # nobody runs ahead of a checkpoint being written
+    if start == cfg.steps:
+        # resumed from a checkpoint at the final step: nothing left to train, but the final evaluation an
+        # uninterrupted run returns (``final`` was empty, and `seqmem train --resume` printed no evaluation); a log
+        # without it (the steps shrunk to the checkpoint's) gets it on its final-step record, as a full run's has
+        result.final = evaluate(model, task, cfg.eval_examples, cfg.eval_batch_size, distributed=world > 1,
+                                precision=cfg.precision, lockstep=fsdp)
+        last = result.history[-1] if result.history and result.history[-1].get("step") == start else None
+        if last is None or not any(k.startswith("eval_") for k in last):
+            if last is None:
+                last = {"step": start}
+                result.history.append(last)
+            last.update({f"eval_{k}": v for k, v in result.final.items()})
+            if metrics_path is not None:
+                _write_jsonl(metrics_path, result.history)
+        if bar is not None or lines:
+            _say(_eval_line({"step": start, **{f"eval_{k}": v for k, v in result.final.items()}}, cfg.steps), bar)
     if bar is not None:
         bar.close()
     result.seconds = time.perf_counter() - t0
