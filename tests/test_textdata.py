@@ -146,3 +146,25 @@ def test_lr_selection_on_the_test_or_train_split_is_refused(corpus, split):
     model = LanguageModel(LMConfig(vocab_size=task.vocab_size, d_model=16, n_layers=1, n_heads=2, mixer="attention"))
     train(model, task, TrainConfig(steps=1, batch_size=2, eval_examples=4))  # its evaluations on the split
     assert set(evaluate(model, task, 4, 4)) >= {"loss", "accuracy"}
+
+
+def test_records_copied_into_several_splits_are_warned_about(tmp_path):
+    """Records without their own val/test splits are split by index, so 40 copies of one boilerplate document among
+    240 records landed in every split (the held-out splits then share text with train), silently; it is warned about
+    now (the split is kept: earlier runs were trained on it).  Distinct records: no warning."""
+    import warnings
+
+    from seqmem.textdata import load_documents
+
+    rng = random.Random(1)
+    recs = [" ".join(rng.choice(WORDS) for _ in range(30)) for _ in range(200)] + ["the same boilerplate"] * 40
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in recs))
+    with pytest.warns(UserWarning, match="1 distinct document.* more than one split"):
+        docs, _ = load_documents(str(path))
+    assert sum(b"the same boilerplate" in d for s in docs for d in docs[s]) == 40
+    assert sum(any(d == b"the same boilerplate" for d in docs[s]) for s in docs) > 1
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in recs[:200]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_documents(str(path))

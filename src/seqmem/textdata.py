@@ -11,7 +11,8 @@ Document sources (:func:`load_documents` → ``{"train"|"val"|"test": [bytes, ..
   :data:`DATASET_ALIASES`.  At most ``max_docs`` documents per split are read (default 10 000 for Hub datasets).
 
 Record sources without their own splits are split by document index with
-:func:`seqmem.data.document_split` (a hash of ``"doc-<index>"``), so the split never depends on the tokenizer.
+:func:`seqmem.data.document_split` (a hash of ``"doc-<index>"``), so the split never depends on the tokenizer; exact
+copies of a record then land in several splits, which is warned about (deduplicate such a source).
 
 Tokenizers (:func:`load_tokenizer`): ``byte`` (256 ids, the byte values; separator 0 as in :mod:`seqmem.data`), a
 ``tokenizer.json`` file (``tokenizers``), a Hugging Face tokenizer name or local directory (``transformers``), or
@@ -75,7 +76,25 @@ def _hash_split(docs: Iterable[bytes], fractions: tuple[float, float, float]) ->
     for s, f in zip(SPLITS[1:], fractions[1:]):  # tiny sources: never leave a requested split empty
         if f > 0 and not out[s] and len(out["train"]) > 1:
             out[s].append(out["train"].pop())
+    _warn_shared_documents(out)
     return out
+
+
+def _warn_shared_documents(splits: dict[str, list[bytes]]) -> None:
+    """Warn when an exact copy of a document is in more than one split: a split by record index puts the copies of
+    a repeated record (boilerplate, a duplicated page) in every split, so the held-out splits share text with train.
+    The split itself is kept (it is what earlier runs were trained and evaluated on)."""
+    import warnings
+
+    where: dict[bytes, set[str]] = {}
+    for s, docs in splits.items():
+        for d in docs:
+            where.setdefault(hashlib.sha1(d).digest(), set()).add(s)
+    shared = sum(1 for v in where.values() if len(v) > 1)
+    if shared:
+        warnings.warn(f"{shared} distinct document(s) occur in more than one split (exact copies; records without "
+                      "their own validation and test splits are split by index): the held-out splits share text "
+                      "with train; deduplicate the source for a clean evaluation", UserWarning, stacklevel=3)
 
 
 def _text_of(rec: Any, field: str, where: str) -> bytes:
