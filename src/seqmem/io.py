@@ -172,6 +172,21 @@ def append_text(path: Path | str, text: str) -> None:
         f.write(text)
 
 
+def fsync_path(path: Path | str) -> None:
+    """Flush the file or directory ``path`` to disk (``fsync``); a directory that cannot be opened for it (some
+    platforms) is left as it is."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        if Path(path).is_dir():
+            return
+        raise
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def probe_writable(directory: Path | str) -> None:
     """Raise ``OSError`` unless a file can be created in ``directory``: a fresh temporary name opened with
     ``O_CREAT | O_EXCL`` (which never follows a symbolic link planted under any fixed name), then removed."""

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from seqmem.io import dir_mode
+from seqmem.io import dir_mode, fsync_path
 
 CKPT_PREFIX = "ckpt-"
 #: the files every checkpoint holds, each with its SHA-256 in ``manifest.json``
@@ -72,6 +72,7 @@ def save_checkpoint(directory: Path, step: int, model: nn.Module, trainer_state:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        fsync_path(directory)  # the rename itself: after a power loss the checkpoint is there or not, never lost
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

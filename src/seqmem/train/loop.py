@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqmem.io import append_text, read_jsonl
+from seqmem.io import append_text, fsync_path, read_jsonl
 from seqmem.mixers.base import NonFiniteError, check_fields, check_option
 from seqmem.models.lm import check_ids
 from seqmem.tasks.base import split_batch
@@ -541,6 +541,10 @@ def train(
             else:
                 weights, opt_sd = model, opt.state_dict()
             if ckpt_dir is not None:
+                if metrics_path is not None and metrics_path.exists():
+                    # the log lines up to this step on disk before the checkpoint: after a power loss a checkpoint
+                    # never survives the lines before its step (a resume keeps rows <= its step: a permanent gap)
+                    fsync_path(metrics_path)
                 save_checkpoint(ckpt_dir, step, weights, {
                     "step": step, "optimizer": opt_sd, "scheduler": sched.state_dict(),
                     "data_rng": gen.get_state(), "torch_rng": torch.get_rng_state(),
