@@ -145,6 +145,65 @@ def test_untied_round_trip(tmp_path):
     assert torch.equal(m.model.head.weight, m2.model.head.weight)
 
 
+
+def test_constructed_model_has_language_models_initialisation():
+    cfg = SeqmemConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=2, mixer=["mamba2", "attention"])
+    torch.manual_seed(3)
+    lm = LanguageModel(cfg.to_lm_config())
+    torch.manual_seed(3)
+    hf = SeqmemForCausalLM(cfg)
+    sd, sd2 = lm.state_dict(), hf.model.state_dict()
+    assert sd.keys() == sd2.keys() and all(torch.equal(sd[k], sd2[k]) for k in sd)
+
+
+def _std_close(t, std):
+    assert bool(torch.isfinite(t).all()), "not finite"
+    assert abs(t.float().std().item() / std - 1) < 0.2, (t.float().std().item(), std)
+
+
+def test_weights_missing_from_a_checkpoint_get_seqmems_initialisation(tmp_path):
+    """Weights transformers reports as newly initialised hold seqmem's initialisation, never uninitialised memory."""
+    from safetensors.torch import load_file, save_file
+
+    # an untied backbone saved without its head, loaded as a causal LM: the head is missing
+    cfg = SeqmemConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, mixer="gated_deltanet",
+                       tie_embeddings=False, init_std=0.02)
+    SeqmemModel(cfg).save_pretrained(tmp_path / "base")
+    m = AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    _std_close(m.model.head.weight, 0.02)
+    # a checkpoint lacking a norm, an MLP matrix and a mixer's parameter (mamba2's D: ones at construction)
+    torch.manual_seed(0)
+    full = SeqmemForCausalLM(SeqmemConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=2, mixer="mamba2",
+                                          init_std=0.05))
+    with torch.no_grad():
+        for p in full.parameters():
+            p.add_(1.0)  # loaded values differ from any fresh initialisation
+    full.save_pretrained(tmp_path / "full")
+    sd = load_file(tmp_path / "full" / "model.safetensors")
+    gone = ["model.norm.weight", "model.blocks.1.mlp.down.weight", "model.blocks.0.mixer.D",
+            "model.blocks.1.mixer.in_proj.weight"]
+    save_file({k: v for k, v in sd.items() if k not in gone}, tmp_path / "full" / "model.safetensors",
+              metadata={"format": "pt"})
+    m = AutoModelForCausalLM.from_pretrained(tmp_path / "full")
+    assert torch.equal(m.model.norm.weight, torch.ones(64))
+    assert torch.equal(m.model.blocks[0].mixer.D, torch.ones_like(m.model.blocks[0].mixer.D))
+    _std_close(m.model.blocks[1].mlp.down.weight, 0.05 / 2)  # init_std / sqrt(2 n_layers)
+    w = m.model.blocks[1].mixer.in_proj.weight  # a mixer submodule's: as a fresh mixer's (torch's default here)
+    _std_close(w, torch.nn.Linear(64, 1).weight.std().item())
+    loaded = m.state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in sd.items() if k not in gone)  # the rest as saved
+    assert bool(torch.isfinite(m(torch.randint(0, 64, (1, 5))).logits).all())
+
+
+def test_resize_without_mean_resizing_initialises_new_rows_with_init_std():
+    for tie in (True, False):
+        torch.manual_seed(0)
+        m = SeqmemForCausalLM(SeqmemConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=2, mixer="deltanet",
+                                           tie_embeddings=tie, init_std=0.02))
+        m.resize_token_embeddings(200, mean_resizing=False)
+        _std_close(m.model.embed.weight[40:], 0.02)
+        _std_close(m.model.head.weight[40:], 0.02)
+
 def test_labels_loss_and_from_language_model():
     torch.manual_seed(0)
     lm = LanguageModel(LMConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=2, mixer="linear_attention"))

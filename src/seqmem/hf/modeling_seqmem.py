@@ -23,18 +23,23 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
+import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from seqmem.hf.configuration_seqmem import SeqmemConfig
+from seqmem.mixers._norm import RMSNorm
 from seqmem.mixers.base import State
 from seqmem.models.lm import LanguageModel, Packing, check_ids, make_packing, run_blocks
+from seqmem.registry import build_mixer
 
 __all__ = ["SeqmemCache", "SeqmemForCausalLM", "SeqmemModel", "from_run", "save_exported"]
 
@@ -197,10 +202,93 @@ class SeqmemPreTrainedModel(PreTrainedModel):
         super().__init__(config)
         # set by gradient_checkpointing_enable() / activation_checkpointing_enable() (with _gradient_checkpointing_func)
         self.gradient_checkpointing = False
+        # True while the constructor's post_init() runs: LanguageModel has initialised every weight already
+        self._initialised_by_constructor = False
+        self._init_pass = None  # see initialize_weights
+
+    def _post_init_constructed(self) -> None:
+        """``post_init()`` for a model whose :class:`LanguageModel` initialised every weight in its constructor (so
+        the weights equal ``LanguageModel(cfg)``'s under the same seed); ``_init_weights`` serves the weights
+        ``transformers`` creates later."""
+        self._initialised_by_constructor = True
+        try:
+            self.post_init()
+        finally:
+            self._initialised_by_constructor = False
 
     def _init_weights(self, module: torch.nn.Module) -> None:
-        # LanguageModel initialises itself (and each mixer its own parameters) in its constructor
-        pass
+        """seqmem's initialisation (:class:`LanguageModel`'s) of the tensors of ``module`` that ``transformers``
+        has not loaded: the weights missing from a checkpoint (``from_pretrained``, also with
+        ``ignore_mismatched_sizes``) and the new rows of ``resize_token_embeddings(..., mean_resizing=False)``.
+
+        The embedding and an untied head: normal(0, ``init_std``); the MLP: ``gate_up`` normal(0, ``init_std``),
+        ``down`` normal(0, ``init_std / sqrt(2 n_layers)``); RMSNorm: ones; a mixer's tensors (its own and its
+        submodules'): the values a fresh mixer of the same layer gets from its constructor.  Tensors marked loaded
+        (``_is_hf_initialized``) are left as they are (``transformers.initialization``).  ``transformers`` calls
+        this once per module, for the tensors the module holds itself."""
+        if self._initialised_by_constructor:
+            return
+        std = float(self.config.init_std)
+        role = self._init_roles().get(id(module))
+        if role is not None and role[0] == "mixer":
+            self._init_from_fresh_mixer(module, role[1], role[2])
+        elif role is not None:
+            init.normal_(module.weight, mean=0.0, std=role[1])
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, RMSNorm):
+            init.ones_(module.weight)
+        elif isinstance(module, nn.Linear):  # the head, or a new one from resize_token_embeddings
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+
+    def initialize_weights(self) -> None:
+        # one pass of _init_weights over the model: the roles and fresh mixers are built once for it
+        self._init_pass: dict[Any, Any] | None = {}
+        try:
+            super().initialize_weights()
+        finally:
+            self._init_pass = None
+
+    def _init_roles(self) -> dict[int, tuple]:
+        """``id(module)`` → ``("mixer", layer, name in the mixer)`` for a mixer and its submodules,
+        ``("normal", std)`` for the MLP's two matrices."""
+        cache = getattr(self, "_init_pass", None)
+        if cache is not None and "roles" in cache:
+            return cache["roles"]
+        roles: dict[int, tuple] = {}
+        std, n_layers = float(self.config.init_std), int(self.config.n_layers)
+        for i, blk in enumerate(self._parts()[1]):
+            for name, sub in blk.mixer.named_modules():
+                roles[id(sub)] = ("mixer", i, name)
+            if blk.mlp is not None:
+                roles[id(blk.mlp.gate_up)] = ("normal", std)
+                roles[id(blk.mlp.down)] = ("normal", std / math.sqrt(2 * n_layers))
+        if cache is not None:
+            cache["roles"] = roles
+        return roles
+
+    def _init_from_fresh_mixer(self, module: nn.Module, layer: int, name: str) -> None:
+        """The not-loaded tensors ``module`` holds itself, from the same module of a freshly built mixer of
+        ``layer`` (its name and options from the config)."""
+        own = dict(itertools.chain(module.named_parameters(recurse=False), module.named_buffers(recurse=False)))
+        if all(getattr(t, "_is_hf_initialized", False) for t in own.values()):
+            return
+        cache = getattr(self, "_init_pass", None)
+        fresh = None if cache is None else cache.get(("mixer", layer))
+        if fresh is None:
+            cfg = self.config.to_lm_config()
+            mixer_name, options = cfg.layers()[layer]
+            with torch.device("cpu"):
+                fresh = build_mixer(mixer_name, cfg.d_model, **{"n_heads": cfg.n_heads, **options})
+            if cache is not None:
+                cache[("mixer", layer)] = fresh
+        ref = fresh.get_submodule(name)
+        reference = dict(itertools.chain(ref.named_parameters(recurse=False), ref.named_buffers(recurse=False)))
+        for key, t in own.items():
+            if key in reference:
+                init.copy_(t, reference[key].to(device=t.device, dtype=t.dtype))
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -309,7 +397,7 @@ class SeqmemModel(SeqmemPreTrainedModel):
         super().__init__(config)
         lm = LanguageModel(config.to_lm_config())  # same initialisation as the causal LM
         self.embed, self.blocks, self.norm = lm.embed, lm.blocks, lm.norm
-        self.post_init()
+        self._post_init_constructed()
 
     def _parts(self) -> tuple[nn.Embedding, nn.ModuleList, nn.Module]:
         return self.embed, self.blocks, self.norm
@@ -354,7 +442,7 @@ class SeqmemForCausalLM(SeqmemPreTrainedModel, GenerationMixin):
     def __init__(self, config: SeqmemConfig) -> None:
         super().__init__(config)
         self.model = LanguageModel(config.to_lm_config())
-        self.post_init()
+        self._post_init_constructed()
 
     @classmethod
     def from_language_model(cls, lm: LanguageModel, **config_kwargs: Any) -> SeqmemForCausalLM:
