@@ -142,6 +142,44 @@ def test_config_to_dict_has_transformers_size_names(tmp_path):
     assert SeqmemConfig(tie_embeddings=False).tie_word_embeddings is False
 
 
+
+def test_tie_word_embeddings_and_tie_embeddings_are_one_value(tmp_path):
+    """Untying a tied checkpoint with transformers' flag (or seqmem's) gives a finite head and a loadable save."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    tied = SeqmemForCausalLM(SeqmemConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, mixer="deltanet",
+                                          init_std=0.02))
+    tied.save_pretrained(tmp_path / "tied")
+    ids = torch.randint(0, 64, (1, 6))
+    for i, kw in enumerate(({"tie_word_embeddings": False}, {"tie_embeddings": False})):
+        m = AutoModelForCausalLM.from_pretrained(tmp_path / "tied", **kw)
+        assert m.config.tie_embeddings is False and m.config.tie_word_embeddings is False, kw
+        assert m.model.head.weight is not m.model.embed.weight
+        assert torch.equal(m.model.embed.weight, tied.model.embed.weight)
+        head = m.model.head.weight
+        assert bool(torch.isfinite(head).all()) and abs(head.std().item() / 0.02 - 1) < 0.2  # newly initialised
+        m.save_pretrained(tmp_path / f"untied{i}")
+        again = AutoModelForCausalLM.from_pretrained(tmp_path / f"untied{i}")
+        assert torch.equal(again.model.head.weight, head) and torch.equal(again(ids).logits, m(ids).logits)
+    c = SeqmemConfig()
+    c.tie_word_embeddings = False  # set after construction: the one value changes
+    assert c.tie_embeddings is False
+    c.save_pretrained(tmp_path / "cfg")
+    saved = json.loads((tmp_path / "cfg" / "config.json").read_text())
+    assert (saved["tie_embeddings"], saved["tie_word_embeddings"]) == (False, False)
+    assert SeqmemConfig.from_pretrained(tmp_path / "cfg").tie_embeddings is False
+
+
+def test_config_checks_types_as_lm_config_does():
+    for kw in ({"tie_embeddings": "false"}, {"tie_word_embeddings": "false"}, {"tie_embeddings": 1},
+               {"mlp_ratio": "2"}, {"mlp_ratio": True}, {"norm_eps": "1e-5"}, {"init_std": True}):
+        with pytest.raises(ValueError, match="must be"):
+            SeqmemConfig(**kw)
+    assert SeqmemConfig(mlp_ratio=2).to_lm_config().mlp_ratio == 2
+
 def test_config_refuses_misspelt_fields(tmp_path):
     # transformers keeps unknown keywords as attributes: a misspelt field would build a default-sized model
     for kw, field in (({"d_modle": 32}, "d_model"), ({"mixers": "vla"}, "mixer"), ({"n_layer": 3}, "n_layers"),

@@ -23,10 +23,17 @@ class SeqmemConfig(PretrainedConfig):
     ``mixer`` (a registered mixer name, or one name per layer for hybrids), ``mixer_options`` (a dict for every layer,
     or one dict per layer), ``mlp_ratio`` (0 = no MLP), ``tie_embeddings``, ``norm_eps``, ``init_std``.  Every field
     has a default, so ``AutoConfig.for_model("seqmem")`` works (a 2-layer attention model over 256 byte tokens).
+
+    ``transformers``' names are aliases of the fields (``attribute_map``): reading or setting ``hidden_size``,
+    ``num_hidden_layers``, ``num_attention_heads`` or ``tie_word_embeddings`` reads or sets ``d_model``,
+    ``n_layers``, ``n_heads`` or ``tie_embeddings`` (one value, also after construction and in
+    ``from_pretrained(..., tie_word_embeddings=False)``).  The values are checked as :class:`LMConfig` checks them
+    (``tie_embeddings="false"`` is an error, not a tied model).
     """
 
     model_type = "seqmem"
-    attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads"}
+    attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
+                     "tie_word_embeddings": "tie_embeddings"}
 
     vocab_size: int = 256
     d_model: int = 128
@@ -39,7 +46,6 @@ class SeqmemConfig(PretrainedConfig):
     norm_eps: float = 1e-5
     init_std: float = 0.02
     use_cache: bool = True
-    tie_word_embeddings: bool | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         given = getattr(_given, "names", None)  # None: not called through __init__ (then: differs from the default)
@@ -59,13 +65,6 @@ class SeqmemConfig(PretrainedConfig):
             self.mixer_options = {}
         if isinstance(self.mixer, tuple):
             self.mixer = list(self.mixer)
-        if self.tie_word_embeddings is None:
-            self.tie_word_embeddings = bool(self.tie_embeddings)
-        elif explicit("tie_embeddings") and bool(self.tie_embeddings) != bool(self.tie_word_embeddings):
-            raise ValueError(f"SeqmemConfig: tie_word_embeddings={self.tie_word_embeddings!r} and tie_embeddings="
-                             f"{self.tie_embeddings!r} disagree (tie_word_embeddings is transformers' name for "
-                             "tie_embeddings); give one of them")
-        self.tie_embeddings = bool(self.tie_word_embeddings)
         self.to_lm_config()  # validate (clear ValueErrors) before anything is built
         super().__post_init__(**kwargs)
 
@@ -81,15 +80,14 @@ class SeqmemConfig(PretrainedConfig):
         """The equivalent :class:`seqmem.models.LMConfig`."""
         return LMConfig(
             vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
-            mixer=self.mixer, mixer_options=self.mixer_options or {}, mlp_ratio=float(self.mlp_ratio),
-            tie_embeddings=bool(self.tie_embeddings), norm_eps=float(self.norm_eps), init_std=float(self.init_std),
+            mixer=self.mixer, mixer_options=self.mixer_options or {}, mlp_ratio=self.mlp_ratio,
+            tie_embeddings=self.tie_embeddings, norm_eps=self.norm_eps, init_std=self.init_std,
         )
 
     @classmethod
     def from_lm_config(cls, cfg: LMConfig, **kwargs: Any) -> SeqmemConfig:
         """A ``SeqmemConfig`` with the fields of ``cfg`` (extra ``transformers`` kwargs allowed)."""
-        d = cfg.to_dict()
-        return cls(**d, tie_word_embeddings=d["tie_embeddings"], **kwargs)
+        return cls(**cfg.to_dict(), **kwargs)
 
 
 # seqmem's own fields; a keyword that is none of them nor one of transformers' but reads like one is a typo
