@@ -193,6 +193,23 @@ def test_config_refuses_misspelt_fields(tmp_path):
     assert SeqmemConfig.from_pretrained(tmp_path).to_dict() == c.to_dict()
 
 
+
+def test_config_refuses_other_transformers_models_names():
+    """initializer_range, intermediate_size, layer_norm_eps, n_embd, ... would be stored and ignored: refused, naming
+    the seqmem field (transformers sets none of them on a config by default)."""
+    from transformers import PretrainedConfig
+
+    for kw, field in (({"initializer_range": 0.5}, "init_std"), ({"intermediate_size": 4096}, "mlp_ratio"),
+                      ({"layer_norm_eps": 1e-2}, "norm_eps"), ({"rms_norm_eps": 1e-6}, "norm_eps"),
+                      ({"n_embd": 64}, "d_model"), ({"num_key_value_heads": 2}, "n_heads")):
+        assert not hasattr(PretrainedConfig(), next(iter(kw)))
+        with pytest.raises(ValueError, match=f"not a seqmem field .*did you mean '{field}'"):
+            SeqmemConfig(**kw)
+    for kw, what in (({"hidden_act": "gelu"}, "SwiGLU"), ({"head_dim": 8}, "n_heads"),
+                     ({"rope_theta": 1e4}, "rope_base")):
+        with pytest.raises(ValueError, match=what):
+            SeqmemConfig(**kw)
+
 def test_peft_prompt_tuning_trains():
     peft = pytest.importorskip("peft", reason="peft not installed (pip install peft)")
     m = _tiny()

@@ -95,8 +95,38 @@ _OWN_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "mixer", "mixer_o
                "norm_eps", "init_std")
 
 
+_MLP = "the SwiGLU width is mlp_ratio * d_model * 2/3 rounded up to a multiple of 8; mlp_ratio=0: no MLP"
+#: Names other ``transformers`` models give to sizes and settings that a seqmem model has under another name (or not
+#: at all): stored as attributes they would be ignored.  ``PretrainedConfig`` sets none of them on its own, so a
+#: config.json of a seqmem model never carries them.  name -> (the seqmem field or None, a note)
+_TRANSFORMERS_NAMES: dict[str, tuple[str | None, str]] = {
+    "initializer_range": ("init_std", ""),
+    "initializer_factor": ("init_std", ""),
+    "intermediate_size": ("mlp_ratio", _MLP),
+    "n_inner": ("mlp_ratio", _MLP),
+    "ffn_dim": ("mlp_ratio", _MLP),
+    "d_ff": ("mlp_ratio", _MLP),
+    "layer_norm_eps": ("norm_eps", ""),
+    "layer_norm_epsilon": ("norm_eps", ""),
+    "rms_norm_eps": ("norm_eps", ""),
+    "norm_epsilon": ("norm_eps", ""),
+    "n_embd": ("d_model", "or its alias hidden_size"),
+    "embed_dim": ("d_model", "or its alias hidden_size"),
+    "n_layer": ("n_layers", "or its alias num_hidden_layers"),
+    "num_layers": ("n_layers", "or its alias num_hidden_layers"),
+    "n_head": ("n_heads", "or its alias num_attention_heads"),
+    "num_heads": ("n_heads", "or its alias num_attention_heads"),
+    "num_key_value_heads": ("n_heads", "seqmem's layers have no grouped key/value heads"),
+    "head_dim": (None, "seqmem's heads split d_model (head_dim = d_model / n_heads): give n_heads, or a mixer's own "
+                       "head_dim in mixer_options"),
+    "hidden_act": (None, "seqmem's MLP is SwiGLU: mlp_ratio sets its width, 0 removes it"),
+    "rope_theta": (None, "give the attention mixers' RoPE base as mixer_options={'rope_base': ...}"),
+}
+
 def _refuse_misspelt(kwargs: dict[str, Any]) -> None:
-    """Refuse an unknown keyword that reads like one of seqmem's fields (``d_modle=32``, ``mixers="vla"``).
+    """Refuse an unknown keyword that reads like one of seqmem's fields (``d_modle=32``, ``mixers="vla"``) or is
+    another ``transformers`` model's name of one (``initializer_range``, ``intermediate_size``, ``layer_norm_eps``,
+    ``n_embd``: :data:`_TRANSFORMERS_NAMES`).
 
     ``transformers`` keeps every unknown keyword as an attribute (config.json files carry extra keys such as
     ``architectures`` or ``auto_map``), so a misspelt field would otherwise be stored and ignored: the model would be
@@ -106,6 +136,12 @@ def _refuse_misspelt(kwargs: dict[str, Any]) -> None:
     for key in kwargs:
         if key in SeqmemConfig.attribute_map or hasattr(base, key):
             continue
+        if key in _TRANSFORMERS_NAMES:
+            field, note = _TRANSFORMERS_NAMES[key]
+            if field is not None:
+                note = f"did you mean {field!r}?" + (f" ({note})" if note else "")
+            raise ValueError(f"SeqmemConfig: {key}={kwargs[key]!r} is another transformers model's name, not a "
+                             f"seqmem field (a seqmem model would ignore it); {note}")
         close = difflib.get_close_matches(key, _OWN_FIELDS, n=1, cutoff=0.8)
         if close:
             raise ValueError(f"SeqmemConfig: unknown field {key!r}; did you mean {close[0]!r}?")
