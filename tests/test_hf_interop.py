@@ -5,6 +5,7 @@ exported models that load with ``trust_remote_code``."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -107,6 +108,49 @@ def test_labels_with_inputs_embeds():
         b = m(inputs_embeds=m.get_input_embeddings()(ids), labels=ids).loss
     torch.testing.assert_close(a, b)
 
+
+
+@pytest.mark.parametrize("mixer", [["gated_deltanet", "attention"], "vla"])
+def test_generate_from_inputs_embeds_equals_input_ids(mixer):
+    torch.manual_seed(0)
+    m = SeqmemForCausalLM(SeqmemConfig(vocab_size=V, d_model=16, n_layers=2, n_heads=2, mixer=mixer,
+                                       init_std=0.3)).eval()
+    ids = torch.randint(1, V, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding
+    kw = {"attention_mask": mask, "max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
+    want = m.generate(ids, **kw)[:, 7:]
+    emb = m.get_input_embeddings()(ids).detach()
+    for use_cache in (True, False):
+        got = m.generate(inputs_embeds=emb, use_cache=use_cache, **kw)
+        assert torch.equal(got[:, -5:], want), use_cache
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "ecosystem.md").read_text()
+    assert "no `generate` from `inputs_embeds`" not in docs  # the limit the docs used to claim
+
+
+@pytest.mark.parametrize("cls", [SeqmemForCausalLM, SeqmemModel])
+def test_config_return_dict_false_gives_tuples(cls):
+    m = cls(SeqmemConfig(vocab_size=V, d_model=16, n_layers=1, n_heads=2, mixer="deltanet")).eval()
+    ids = torch.randint(0, V, (1, 5))
+    assert not isinstance(m(ids), tuple)
+    m.config.return_dict = False  # transformers' rule: the config's value unless return_dict is given
+    out = m(ids)
+    assert isinstance(out, tuple) and torch.equal(out[0], m(ids, return_dict=True)[0])
+    assert not isinstance(m(ids, return_dict=True), tuple)
+
+
+def test_cache_from_a_model_with_other_layers_is_refused():
+    def make(n):
+        return SeqmemForCausalLM(SeqmemConfig(vocab_size=V, d_model=16, n_layers=n, n_heads=2,
+                                              mixer="gated_deltanet")).eval()
+
+    m3, m2 = make(3), make(2)
+    ids = torch.randint(0, V, (1, 5))
+    out = m3(ids, use_cache=True)
+    cache = out["cache"] if "cache" in out else out["past_key_values"]
+    with pytest.raises(ValueError, match="3 layers' states but the model has 2 layers"):
+        m2(ids[:, :1], cache=cache, use_cache=True)
+    assert len(cache) == 3  # left as it was
 
 @pytest.mark.parametrize("cls", [SeqmemForCausalLM, SeqmemModel])
 def test_unknown_keyword_arguments_are_errors(cls):

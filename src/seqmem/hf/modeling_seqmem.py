@@ -290,6 +290,13 @@ class SeqmemPreTrainedModel(PreTrainedModel):
             if key in reference:
                 init.copy_(t, reference[key].to(device=t.device, dtype=t.dtype))
 
+    def _return_dict(self, return_dict: bool | None) -> bool:
+        """Whether forward returns an output object (else a tuple): ``return_dict`` when given, else
+        ``config.return_dict`` (``transformers``' ``can_return_tuple`` rule)."""
+        if return_dict is None:
+            return_dict = getattr(self.config, "return_dict", True)
+        return bool(return_dict)
+
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # the model creates its own SeqmemCache on the first forward
@@ -373,6 +380,10 @@ class SeqmemPreTrainedModel(PreTrainedModel):
                                  "packed call holds one row per sequence: continue with input_ids of that many rows)")
             if cache.batch_size != B:
                 raise ValueError(f"the cache holds {cache.batch_size} rows but input_ids has {B}")
+            n_layers = len(self._parts()[1])
+            if len(states) != n_layers:
+                raise ValueError(f"the cache holds {len(states)} layers' states but the model has {n_layers} layers "
+                                 "(a cache from another model?)")
         elif cache is not None and not isinstance(cache, SeqmemCache) and cache.get_seq_length() != 0:
             raise ValueError(f"the cache must be a SeqmemCache, got {type(cache).__name__}")
         packing = make_packing((B, T), input_ids.device, attention_mask, position_ids, cu_seqlens,
@@ -428,7 +439,7 @@ class SeqmemModel(SeqmemPreTrainedModel):
         h, out_cache, hidden, _ = self._backbone(input_ids, attention_mask, cache, use_cache, output_hidden_states,
                                                  inputs_embeds, past_key_values, position_ids, cu_seqlens)
         out = BaseModelOutputWithPast(last_hidden_state=h, hidden_states=hidden, **{_CACHE_FIELD: out_cache})
-        return out if return_dict is not False else out.to_tuple()
+        return out if self._return_dict(return_dict) else out.to_tuple()
 
 
 class SeqmemForCausalLM(SeqmemPreTrainedModel, GenerationMixin):
@@ -534,7 +545,7 @@ class SeqmemForCausalLM(SeqmemPreTrainedModel, GenerationMixin):
                     num_items_in_batch = num_items_in_batch.to(loss.device)
                 loss = loss / num_items_in_batch
         out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=hidden, **{_CACHE_FIELD: out_cache})
-        return out if return_dict is not False else out.to_tuple()
+        return out if self._return_dict(return_dict) else out.to_tuple()
 
 
 def from_run(run_dir: str, **config_kwargs: Any) -> SeqmemForCausalLM:
