@@ -137,3 +137,32 @@ def test_a_failed_start_leaves_an_existing_directory_as_it_was(tmp_path, monkeyp
         main([*TRAIN, "--out", str(tmp_path / "new" / "run")])
     assert not (tmp_path / "new").exists()
     assert seen == [True, True]  # the lock was held while it trained
+
+
+SMALL = ["train", "--task", "mqar", "--mixer", "deltanet", "--layers", "1", "--d-model", "16", "--heads", "2",
+         "--steps", "1", "--batch-size", "2", "--vocab-size", "16", "--num-pairs", "2", "--eval-examples", "2",
+         "--no-progress"]
+
+
+def test_flags_and_options_that_disagree_are_refused(tmp_path, capsys):
+    """An explicit flag never loses silently to --task-option / --mixer-option; d_model is no mixer option."""
+    out = tmp_path / "run"
+    cases = [
+        (["--seq-len", "16", "--task-option", "seq_len=32"], "--seq-len 16 and --task-option seq_len=32 disagree"),
+        (["--task-option", "vocab_size=8"], "--vocab-size 16 and --task-option vocab_size=8 disagree"),
+        (["--task-option", "num_pairs=3"], "--num-pairs 2 and --task-option num_pairs=3 disagree"),
+        (["--mixer-option", "n_heads=4"], "n_heads=4 and the model's n_heads=2 disagree"),
+        (["--mixer-option", "d_model=32"], "d_model=32 is not a mixer option"),
+    ]
+    for extra, message in cases:
+        assert main([*SMALL, *extra, "--out", str(out)]) == 2, extra
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+        assert not out.exists()
+    # agreeing values pass; a task option overrides a flag left at its --task default or taken from --config
+    assert main([*SMALL, "--seq-len", "24", "--task-option", "seq_len=24", "--mixer-option", "n_heads=2",
+                 "--out", str(out)]) == 0
+    assert main([*SMALL, "--task-option", "seq_len=20", "--out", str(tmp_path / "b")]) == 0
+    assert json.loads((tmp_path / "b" / "run.json").read_text())["task"]["options"]["seq_len"] == 20
+    assert main(["train", "--config", str(out), "--task-option", "seq_len=28", "--out", str(tmp_path / "c")]) == 0
+    assert json.loads((tmp_path / "c" / "run.json").read_text())["task"]["options"]["seq_len"] == 28

@@ -1,4 +1,4 @@
-"""``seqmem`` command line: list, train, eval, demo, repro, bench.
+"""``seqmem`` command line: list, train, eval, export-hf, eval-harness, demo, sweep, plot, repro, bench.
 
 Bad arguments print one line on stderr and exit with code 2.
 """
@@ -77,10 +77,32 @@ def _task_default_help(key: str, text: str, **task_own: Any) -> str:
 
 
 def _fill_task_defaults(args: argparse.Namespace) -> None:
-    """Options left at None take --task's default from TRAIN_TASK_DEFAULTS."""
+    """Options left at None take --task's default from TRAIN_TASK_DEFAULTS (the options filled are recorded in
+    ``args.task_defaults_filled``: they were not given)."""
+    filled = set(getattr(args, "task_defaults_filled", ()))
     for key, value in TRAIN_TASK_DEFAULTS.get(args.task, {}).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
+            filled.add(key)
+    args.task_defaults_filled = filled
+
+
+def _given(args: argparse.Namespace, dest: str) -> bool:
+    """Whether option ``dest`` was given on the command line (not a --task default, not taken from --config)."""
+    return (getattr(args, dest, None) is not None and dest not in getattr(args, "task_defaults_filled", ())
+            and dest not in getattr(args, "from_config", ()))
+
+
+def _flag_option(args: argparse.Namespace, opts: dict[str, Any], key: str, flag: str, dest: str) -> None:
+    """``opts[key]`` = the value of option ``flag`` (``args.<dest>``, when set) unless ``--task-option key=...`` set
+    it: then the two must agree if the flag was given on the command line (a --task default or a --config value
+    gives way to the task option)."""
+    value = getattr(args, dest, None)
+    if value is None:
+        return
+    if key in opts and opts[key] != value and _given(args, dest):
+        raise UsageError(f"{flag} {value} and --task-option {key}={json.dumps(opts[key])} disagree; give one of them")
+    opts.setdefault(key, value)
 
 
 def _task_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -96,13 +118,10 @@ def _task_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     if args.task != "lm" and (getattr(args, "dataset", None) is not None or getattr(args, "tokenizer", None)
                               not in (None, "byte")):
         raise UsageError("--dataset and --tokenizer apply to --task lm only")
-    if args.seq_len is not None:
-        opts.setdefault("seq_len", args.seq_len)
+    _flag_option(args, opts, "seq_len", "--seq-len", "seq_len")
     if args.task == "mqar":
-        if args.vocab is not None:
-            opts.setdefault("vocab_size", args.vocab)
-        if args.num_pairs is not None:
-            opts.setdefault("num_pairs", args.num_pairs)
+        _flag_option(args, opts, "vocab_size", "--vocab-size", "vocab")
+        _flag_option(args, opts, "num_pairs", "--num-pairs", "num_pairs")
     elif args.task == "lm":
         tokenizer = getattr(args, "tokenizer", None)
         dataset = getattr(args, "dataset", None)
@@ -110,11 +129,13 @@ def _task_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             # real datasets and/or non-byte tokenizers: the "text" task (seqmem.tasks.text)
             if dataset is not None and args.corpus is not None:
                 raise UsageError("give either --dataset or --corpus, not both")
-            opts.setdefault("dataset", dataset if dataset is not None else args.corpus or "code")
-            opts.setdefault("tokenizer", tokenizer or "byte")
+            _flag_option(args, opts, "dataset", "--dataset", "dataset")
+            _flag_option(args, opts, "dataset", "--corpus", "corpus")
+            opts.setdefault("dataset", "code")
+            _flag_option(args, opts, "tokenizer", "--tokenizer", "tokenizer")
+            opts.setdefault("tokenizer", "byte")
             return "text", opts
-        if args.corpus is not None:
-            opts.setdefault("corpus", args.corpus)
+        _flag_option(args, opts, "corpus", "--corpus", "corpus")
     return args.task, opts
 
 
@@ -632,9 +653,11 @@ def make_parser() -> argparse.ArgumentParser:
                    help="mixer name, or a comma-separated list (one per layer; required unless --config gives it; "
                         "default: none)")
     p.add_argument("--mixer-option", action="append", metavar="KEY=VALUE",
-                   help="mixer option (repeatable; default: the mixer's own options)")
+                   help="mixer option (repeatable; n_heads must agree with --heads, d_model is --d-model's; default: "
+                        "the mixer's own options)")
     p.add_argument("--task-option", action="append", metavar="KEY=VALUE",
-                   help="task option (repeatable; default: the task's own options)")
+                   help="task option (repeatable; one that a flag also sets, e.g. seq_len and --seq-len, must agree "
+                        "with the flag when both are given; default: the task's own options)")
     p.add_argument("--layers", type=_positive_int, default=2, help="number of blocks")
     p.add_argument("--d-model", type=_positive_int, default=None, help=_task_default_help("d_model", "model width"))
     p.add_argument("--heads", type=_positive_int, default=2, help="attention / memory heads per layer")
@@ -770,8 +793,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if getattr(args, "config", None):  # seqmem train --config: the run's settings as defaults, then the flags
-            args.config_parser.set_defaults(**config_defaults(args.config))
+            defaults = config_defaults(args.config)
+            args.config_parser.set_defaults(**defaults)
+            typed = args
             args = ap.parse_args(argv)
+            # the options --config set that the command line did not (their parser default is None)
+            args.from_config = {k for k in defaults if getattr(typed, k, None) is None}
         args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed, for the records a command writes
         apply_threads(args)  # every command: --threads, else OMP_NUM_THREADS, else 1 (each names it in its first line)
         return int(args.func(args) or 0)

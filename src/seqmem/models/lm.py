@@ -60,6 +60,20 @@ class LMConfig:
             self.mixer_options = [dict(o) for o in self.mixer_options]
         elif not isinstance(self.mixer_options, dict):
             raise ValueError("mixer_options must be a dict or a list of dicts (one per layer)")
+        per_layer = isinstance(self.mixer_options, list)
+        for i, opts in enumerate(self.mixer_options if per_layer else [self.mixer_options]):
+            where = f"mixer_options[{i}]" if per_layer else "mixer_options"
+            if not isinstance(opts, dict):
+                raise ValueError(f"{where} must be a dict of mixer options, got {opts!r}")
+            # the model sets every layer's width and heads: a mixer option for them would fail (d_model) or build
+            # a layer that differs from the configuration recorded (n_heads)
+            if "d_model" in opts:
+                raise ValueError(f"{where}: d_model={opts['d_model']!r} is not a mixer option: every layer has the "
+                                 f"model's width (d_model={self.d_model})")
+            if "n_heads" in opts and opts["n_heads"] != self.n_heads:
+                raise ValueError(f"{where}: n_heads={opts['n_heads']!r} and the model's n_heads={self.n_heads} "
+                                 "disagree (the model's n_heads, seqmem train --heads, sets every layer's heads); "
+                                 "give one of them")
 
     def layers(self) -> list[tuple[str, dict[str, Any]]]:
         names = self.mixer if isinstance(self.mixer, list) else [self.mixer] * self.n_layers
