@@ -244,6 +244,74 @@ def test_export_hf_into_the_runs_checkpoints_is_refused(tmp_path, capsys):
     assert (ck / "model.safetensors").read_bytes() == weights
 
 
+
+def _export_runs(tmp_path: Path) -> tuple[Path, Path]:
+    """A byte-level LM run (it exports a tokenizer) and an MQAR run (no tokenizer), one step each."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(12):
+        (corpus / f"d{i}.txt").write_text(f"document {i} " * 40)
+    common = ["--layers", "1", "--d-model", "16", "--heads", "2", "--steps", "1", "--batch-size", "2", "--seq-len",
+              "16", "--eval-examples", "2", "--no-progress"]
+    lm, mqar = tmp_path / "lm", tmp_path / "mqar"
+    assert main(["train", "--task", "lm", "--corpus", str(corpus), "--mixer", "deltanet", *common,
+                 "--out", str(lm)]) == 0
+    assert main(["train", "--task", "mqar", "--mixer", "deltanet", "--vocab-size", "16", "--num-pairs", "2", *common,
+                 "--out", str(mqar)]) == 0
+    return lm, mqar
+
+
+def test_export_hf_never_overwrites_an_export_or_writes_through_a_link(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("transformers")
+    import transformers
+
+    lm, mqar = _export_runs(tmp_path)
+    out = tmp_path / "hf"
+    old = os.umask(0o022)
+    try:
+        assert main(["export-hf", "--run", str(lm), "--out", str(out)]) == 0
+        assert {f.name: f.stat().st_mode & 0o777 for f in out.iterdir()} == {
+            n: 0o644 for n in ("README.md", "config.json", "configuration_seqmem.py", "generation_config.json",
+                               "model.safetensors", "modeling_seqmem.py", "tokenizer.json", "tokenizer_config.json")}
+        # another run's export into the same directory: refused (it would keep the LM run's tokenizer)
+        before = {f.name: f.read_bytes() for f in out.iterdir()}
+        _one_line_error(["export-hf", "--run", str(mqar), "--out", str(out)], capsys, "already holds an exported model")
+        # an export that fails half-way leaves the old one as it was, even with --overwrite
+        import seqmem.hf.modeling_seqmem as modeling
+
+        real = modeling.save_exported
+
+        def fail(model, where):
+            real(model, where)
+            raise OSError("No space left on device")
+
+        monkeypatch.setattr(modeling, "save_exported", fail)
+        assert main(["export-hf", "--run", str(mqar), "--out", str(out), "--overwrite"]) == 1
+        assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+        monkeypatch.setattr(modeling, "save_exported", real)
+        # --overwrite replaces the whole export: no tokenizer of the LM run stays next to the MQAR model
+        assert main(["export-hf", "--run", str(mqar), "--out", str(out), "--overwrite"]) == 0
+        assert sorted(f.name for f in out.iterdir()) == ["README.md", "config.json", "configuration_seqmem.py",
+                                                         "generation_config.json", "model.safetensors",
+                                                         "modeling_seqmem.py"]
+        assert json.loads((out / "config.json").read_text())["vocab_size"] == 16
+        # links planted under an export's names: counted as an export (refused), replaced with --overwrite
+        planted = tmp_path / "planted"
+        planted.mkdir()
+        victims = {}
+        for i, name in enumerate(("modeling_seqmem.py", "config.json", "tokenizer.json", "model.safetensors")):
+            (tmp_path / f"v{i}").mkdir()
+            victims[name] = _victim(tmp_path / f"v{i}")
+            (planted / name).symlink_to(victims[name])
+        _one_line_error(["export-hf", "--run", str(lm), "--out", str(planted)], capsys, "already holds")
+        assert main(["export-hf", "--run", str(lm), "--out", str(planted), "--overwrite"]) == 0
+        assert all(v.read_text() == "precious" for v in victims.values())
+        assert not [f for f in planted.iterdir() if f.is_symlink() or f.name.startswith(".")]
+        assert all(f.stat().st_mode & 0o777 == 0o644 for f in planted.iterdir())
+        assert len(transformers.AutoTokenizer.from_pretrained(planted)) == 256
+    finally:
+        os.umask(old)
+
 # ----------------------------------------------------------------------------- 8, 10, 14. results that lie
 @pytest.mark.parametrize("content, why", [
     ("", "not valid JSON"), ('{"status": "fini', "not valid JSON"), ("{}", "status"), ("[]", "not a JSON object"),

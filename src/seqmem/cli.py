@@ -498,9 +498,13 @@ def _eval(args: argparse.Namespace, evaluate: Any, latest_good_checkpoint: Any, 
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
     try:
-        from seqmem.hf import from_run, save_exported
+        from seqmem.hf import from_run
+        from seqmem.hf.modeling_seqmem import export_names, publish_export, save_exported
     except ImportError:
         raise UsageError("export-hf needs transformers (pip install seqmem[hf])") from None
+    import shutil
+    import tempfile
+
     from seqmem.hf.tokenizer import export_tokenizer
     from seqmem.train.checkpoint import read_run_spec
 
@@ -509,11 +513,23 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     target = Path(args.out).resolve()
     if target == ckpts or ckpts in target.parents:  # save_pretrained would overwrite a checkpoint's weights
         raise UsageError(f"--out {args.out} is inside the run's checkpoints ({ckpts}): export elsewhere")
+    overwrite = getattr(args, "overwrite", False)
+    held = [n for n in export_names(args.out) if n != "README.md"] if Path(args.out).is_dir() else []
+    if held and not overwrite:  # checked before the model is built; publish_export checks again
+        raise UsageError(f"--out {args.out} already holds an exported model ({', '.join(held)}): --overwrite "
+                         "replaces it, or choose another --out")
     model = from_run(str(args.run))
     out = _check_out_dir(args.out)
-    # the run's tokenizer (byte-level, trained BPE or Hugging Face) with EOS/pad, and eos_token_id in config.json
-    export_tokenizer(args.run, out, model)
-    save_exported(model, str(out))
+    # the export is built in a fresh private directory and moved in file by file: nothing is written through a
+    # link planted in --out, and an export that fails half-way leaves --out as it was
+    built = Path(tempfile.mkdtemp(dir=out, prefix=".seqmem-export-"))
+    try:
+        # the run's tokenizer (byte-level, trained BPE or Hugging Face) with EOS/pad, and eos_token_id in config.json
+        export_tokenizer(args.run, built, model)
+        save_exported(model, str(built))
+        publish_export(built, out, replace=overwrite)
+    finally:
+        shutil.rmtree(built, ignore_errors=True)
     print(f"load it with `import seqmem.hf` then AutoModelForCausalLM.from_pretrained({str(args.out)!r}), or without "
           "the import with trust_remote_code=True (seqmem installed)", file=sys.stderr)
     print(str(args.out))
@@ -746,9 +762,16 @@ def make_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export-hf", help="save a training run as a Hugging Face model (needs transformers)",
                        description="Save the newest good checkpoint of a training run with save_pretrained "
                                    "(config.json + model.safetensors) and, for text runs, its tokenizer with "
-                                   "EOS/pad tokens (eos_token_id in config.json).")
+                                   "EOS/pad tokens (eos_token_id in config.json).  The export is built in a fresh "
+                                   "directory and moved into --out file by file (a link planted there is "
+                                   "replaced, never written through; an export that fails leaves --out as it was); "
+                                   "an existing export is replaced only with --overwrite.")
     p.add_argument("--run", type=Path, required=True, help="run directory written by seqmem train")
-    p.add_argument("--out", type=_out_path, required=True, help="directory for save_pretrained")
+    p.add_argument("--out", type=_out_path, required=True,
+                   help="directory for the model; one that already holds an export is refused unless --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the export already in --out: its export files (config.json, weights, tokenizer "
+                        "files, README.md, the two .py files) are removed first; other files stay")
     p.set_defaults(func=cmd_export_hf)
 
     p = sub.add_parser("eval-harness", help="run lm-evaluation-harness tasks on an exported model (needs the eval "

@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import itertools
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,7 +42,8 @@ from seqmem.mixers.base import State
 from seqmem.models.lm import LanguageModel, Packing, check_ids, make_packing, run_blocks
 from seqmem.registry import build_mixer
 
-__all__ = ["SeqmemCache", "SeqmemForCausalLM", "SeqmemModel", "from_run", "save_exported"]
+__all__ = ["SeqmemCache", "SeqmemForCausalLM", "SeqmemModel", "export_names", "from_run", "publish_export",
+           "save_exported"]
 
 #: A layer's cached state: one batched ``State``, or one batch-1 ``State`` per row when the rows' states cannot be
 #: stacked (e.g. KV caches of different lengths after left padding).
@@ -612,13 +614,74 @@ or, without the import, `AutoModelForCausalLM.from_pretrained("THIS_DIRECTORY", 
 def save_exported(model: SeqmemPreTrainedModel, out: str) -> None:
     """``model.save_pretrained(out)`` plus ``auto_map`` in ``config.json`` and the two files it names, so that
     ``AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)`` loads it in a process that never imported
-    ``seqmem.hf`` (``seqmem`` installed; without ``trust_remote_code``, ``import seqmem.hf`` first)."""
-    from pathlib import Path
+    ``seqmem.hf`` (``seqmem`` installed; without ``trust_remote_code``, ``import seqmem.hf`` first).  The two files
+    and the ``README.md`` card (written only where none exists) replace a link rather than write through it.
+    ``seqmem export-hf`` builds the whole export in a fresh directory and moves it in (:func:`publish_export`)."""
+    import os
+
+    from seqmem.io import atomic_write_text
 
     model.config.auto_map = dict(AUTO_MAP)
     model.save_pretrained(str(out))
     for name, text in REMOTE_CODE.items():
-        (Path(out) / name).write_text(text)
+        atomic_write_text(Path(out) / name, text)
     card = Path(out) / "README.md"
-    if not card.exists():  # what transformers' refusal points the user to ("inspect the repository content")
-        card.write_text(EXPORT_CARD.format(mixer=model.config.mixer, layers=model.config.n_layers))
+    if not os.path.lexists(card):  # what transformers' refusal points the user to ("inspect the repository content")
+        atomic_write_text(card, EXPORT_CARD.format(mixer=model.config.mixer, layers=model.config.n_layers))
+
+
+#: The files an export may hold (``save_pretrained``, a tokenizer's ``save_pretrained``, :func:`save_exported`):
+#: what ``seqmem export-hf`` refuses to overwrite without ``--overwrite``, and removes first with it.
+EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+                "pytorch_model.bin", "pytorch_model.bin.index.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+                "chat_template.jinja", "chat_template.json", *REMOTE_CODE, "README.md")
+EXPORT_PATTERNS = ("model-*-of-*.safetensors", "pytorch_model-*-of-*.bin")
+
+
+def export_names(directory: str | Path) -> list[str]:
+    """The names in ``directory`` (files or links, not followed) that an export writes (:data:`EXPORT_FILES`, weight
+    shards); ``[]`` for a missing directory."""
+    import fnmatch
+    import os
+
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if n in EXPORT_FILES or any(fnmatch.fnmatch(n, p) for p in EXPORT_PATTERNS))
+
+
+def publish_export(built: str | Path, out: str | Path, replace: bool = False) -> None:
+    """Move the export in directory ``built`` (a fresh directory on the same file system, e.g. a
+    ``tempfile.mkdtemp(dir=out)``) into ``out``, file by file with ``os.replace``: a link planted in ``out`` under an
+    export file's name is replaced, never written through, and every file gets the umask's mode.
+
+    ``out`` must hold no export yet (:func:`export_names` other than a ``README.md``, which is then kept: a model
+    card written there), else ``FileExistsError``; with ``replace``, the export files in ``out`` are removed first,
+    ``config.json`` before the others, and the new ``config.json`` comes last, so an interrupted move never leaves a
+    ``config.json`` next to weights or files of another export.  Other files in ``out`` stay."""
+    import os
+
+    from seqmem.io import file_mode
+
+    built, out = Path(built), Path(out)
+    names = sorted(os.listdir(built))
+    for n in names:
+        if (built / n).is_symlink() or not (built / n).is_file():
+            raise ValueError(f"export: {built / n} is not a file")
+        os.chmod(built / n, file_mode())  # safetensors and mkstemp write 0600
+    old = export_names(out)
+    keep_card = False
+    if replace:
+        for n in sorted(old, key=lambda n: n != "config.json"):
+            os.unlink(out / n)  # a link is removed, not followed
+    else:
+        held = [n for n in old if n != "README.md"]
+        if held:
+            raise FileExistsError(f"{out} already holds an exported model ({', '.join(held)})")
+        keep_card = "README.md" in old
+    for n in sorted(names, key=lambda n: n == "config.json"):
+        if n == "README.md" and keep_card:
+            continue
+        os.replace(built / n, out / n)
