@@ -166,3 +166,52 @@ def test_flags_and_options_that_disagree_are_refused(tmp_path, capsys):
     assert json.loads((tmp_path / "b" / "run.json").read_text())["task"]["options"]["seq_len"] == 20
     assert main(["train", "--config", str(out), "--task-option", "seq_len=28", "--out", str(tmp_path / "c")]) == 0
     assert json.loads((tmp_path / "c" / "run.json").read_text())["task"]["options"]["seq_len"] == 28
+
+
+def _exit_code(argv):
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse's own errors
+        return e.code
+
+
+def test_eval_harness_checks_its_arguments_before_evaluating(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("transformers")
+    lm_eval = pytest.importorskip("lm_eval")
+    import seqmem.io
+
+    calls = []
+
+    def evaluate(**kw):
+        calls.append(kw)
+        return {"results": {"t": {"acc": 0.5}}}
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", evaluate)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "seqmem"}')
+    (tmp_path / "adir").mkdir()
+    base = ["eval-harness", "--model", str(model), "--tasks", "t"]
+    for extra, match in ((["--json", str(tmp_path / "adir")], "a directory"), (["--json", ""], "empty path"),
+                         (["--limit", "inf"], "--limit"), (["--limit", "nan"], "--limit"),
+                         (["--limit", "2.5"], "--limit"), (["--limit", "0"], "--limit"),
+                         (["--batch-size", "0"], "--batch-size"), (["--num-fewshot", "-2"], "--num-fewshot"),
+                         (["--device", "bogus"], "--device bogus"), (["--device", "meta"], "--device meta")):
+        capsys.readouterr()
+        assert _exit_code([*base, *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert match in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert not calls, extra  # refused before the evaluation
+    assert main([*base, "--limit", "3", "--num-fewshot", "0", "--json", str(tmp_path / "r.json")]) == 0
+    assert calls[-1]["limit"] == 3 and isinstance(calls[-1]["limit"], int) and calls[-1]["num_fewshot"] == 0
+    assert json.loads((tmp_path / "r.json").read_text())["results"] == {"t": {"acc": 0.5}}
+    assert main([*base, "--limit", "0.25"]) == 0 and calls[-1]["limit"] == 0.25
+    # a file that cannot be written after all: the results were printed first
+
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(seqmem.io, "atomic_write_text", full_disk)
+    capsys.readouterr()
+    assert main([*base, "--json", str(tmp_path / "r2.json")]) == 1
+    assert json.loads(capsys.readouterr().out)["results"] == {"t": {"acc": 0.5}}

@@ -21,6 +21,7 @@ from seqmem.cliargs import (  # noqa: E402  (re-exported: the names older code i
     apply_threads,
     check_device,
     check_out_dir,
+    nonnegative_int,
     out_file,
     out_path,
     parse_options,
@@ -536,6 +537,20 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     return 0
 
 
+def harness_limit(s: str) -> int | float:
+    """``eval-harness --limit``: an integer >= 1 (examples per task) or a fraction strictly between 0 and 1."""
+    import math
+
+    want = "an integer >= 1 (examples per task) or a fraction between 0 and 1"
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}") from None
+    if not math.isfinite(v) or v <= 0 or (v >= 1 and v != int(v)):
+        raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}")
+    return int(v) if v >= 1 else v
+
+
 def cmd_eval_harness(args: argparse.Namespace) -> int:
     try:
         import lm_eval
@@ -553,11 +568,12 @@ def cmd_eval_harness(args: argparse.Namespace) -> int:
     tasks = [t for t in args.tasks.split(",") if t]
     if not tasks:
         raise UsageError("--tasks: give at least one task name")
-    if args.limit is not None and args.limit <= 0:
-        raise UsageError(f"--limit must be positive, got {args.limit}")
-    if args.json is not None:
+    check_device(args.device)
+    if args.json is not None:  # checked before the evaluation (hours with real tasks), not after it
+        if args.json.is_dir() or not args.json.name:
+            raise UsageError(f"--json {args.json}: a directory, not a file")
         _check_out_dir(args.json.parent if str(args.json.parent) else Path("."))
-    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+    limit = args.limit
     task_manager = None
     if args.include_path is not None:
         if not args.include_path.is_dir():
@@ -573,11 +589,11 @@ def cmd_eval_harness(args: argparse.Namespace) -> int:
                                   task_manager=task_manager)
     record = {"model": str(model), "tasks": tasks, "limit": limit, "results": res["results"]}
     text = json.dumps(record, indent=2, default=str)
+    print(text, flush=True)  # first: the results are not lost if the file cannot be written
     if args.json is not None:
         from seqmem.io import atomic_write_text
 
         atomic_write_text(args.json, text + "\n")
-    print(text)
     return 0
 
 
@@ -781,14 +797,18 @@ def make_parser() -> argparse.ArgumentParser:
                                    "print the results as JSON.  Needs pip install 'seqmem[eval]'.")
     p.add_argument("--model", type=Path, required=True, help="directory written by seqmem export-hf")
     p.add_argument("--tasks", required=True, help="comma-separated lm-eval task names, e.g. lambada_openai,piqa")
-    p.add_argument("--limit", type=float, default=None,
-                   help="examples per task (an integer), or a fraction below 1 (lm-eval's --limit)")
-    p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (lm-eval's default if unset)")
-    p.add_argument("--batch-size", type=int, default=8, help="lm-eval batch size (default 8)")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--limit", type=harness_limit, default=None,
+                   help="examples per task (an integer >= 1), or a fraction of each task between 0 and 1 (lm-eval's "
+                        "--limit; default: every example)")
+    p.add_argument("--num-fewshot", type=nonnegative_int, default=None,
+                   help="few-shot examples (lm-eval's default if unset)")
+    p.add_argument("--batch-size", type=_positive_int, default=8, help="lm-eval batch size (default 8)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps (default cpu)")
     p.add_argument("--include-path", type=Path, default=None,
                    help="a directory of your own lm-eval task YAML files (e.g. on local data, offline)")
-    p.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    p.add_argument("--json", type=_out_file,
+                   help="also write the results to this JSON file (checked before the evaluation; the results are "
+                        "printed first)")
     p.set_defaults(func=cmd_eval_harness)
 
     from seqmem import demo, plotting

@@ -116,7 +116,7 @@ def check_device(name: str) -> str:
         if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
             raise UsageError(f"--device {name}: MPS is not available here; use --device cpu")
     elif dev.type != "cpu":
-        raise UsageError(f"--device {name}: training runs on cpu, cuda or mps, not {dev.type}")
+        raise UsageError(f"--device {name}: seqmem runs on cpu, cuda or mps, not {dev.type}")
     return name
 
 
