@@ -327,3 +327,40 @@ def test_exported_model_loads_with_trust_remote_code_or_the_import(tmp_path):
     assert res["remote"] == "LOADED seqmem.hf.modeling_seqmem SeqmemForCausalLM"
     torch.testing.assert_close(torch.load(out / "logits-remote.pt"), torch.load(out / "logits-import.pt"))
     assert "ERROR ValueError" in res["plain"] and "trust_remote_code=True" in res["plain"], res["plain"]
+
+
+_TOKENIZER = """
+import sys
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=False)
+print("LOADED", len(tok), tok.eos_token_id)
+"""
+
+
+def test_exported_tokenizer_loads_alone_without_the_import_or_a_prompt(tmp_path, capsys):
+    """config.json's auto_map makes a plain AutoTokenizer call ask whether to run the directory's code; the way the
+    card, the docs and export-hf's message give (trust_remote_code=False) loads it without a prompt."""
+    import os
+    import subprocess
+    import sys
+
+    from seqmem.cli import main
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(12):
+        (corpus / f"d{i}.txt").write_text(f"document {i} " * 40)
+    run, out = tmp_path / "run", tmp_path / "hf"
+    assert main(["train", "--task", "lm", "--corpus", str(corpus), "--mixer", "deltanet", "--layers", "1",
+                 "--d-model", "16", "--heads", "2", "--steps", "1", "--batch-size", "2", "--seq-len", "16",
+                 "--eval-examples", "2", "--no-progress", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["export-hf", "--run", str(run), "--out", str(out)]) == 0
+    assert "trust_remote_code=False" in capsys.readouterr().err
+    assert "trust_remote_code=False" in (out / "README.md").read_text()
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-c", _TOKENIZER, str(out)], env=env, capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip().splitlines()[-1] == "LOADED 256 0"
+    assert "Do you wish to run the custom code" not in p.stdout + p.stderr

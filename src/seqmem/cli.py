@@ -526,13 +526,16 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     built = Path(tempfile.mkdtemp(dir=out, prefix=".seqmem-export-"))
     try:
         # the run's tokenizer (byte-level, trained BPE or Hugging Face) with EOS/pad, and eos_token_id in config.json
-        export_tokenizer(args.run, built, model)
+        tokenizer = export_tokenizer(args.run, built, model)
         save_exported(model, str(built))
         publish_export(built, out, replace=overwrite)
     finally:
         shutil.rmtree(built, ignore_errors=True)
     print(f"load it with `import seqmem.hf` then AutoModelForCausalLM.from_pretrained({str(args.out)!r}), or without "
           "the import with trust_remote_code=True (seqmem installed)", file=sys.stderr)
+    if tokenizer is not None:  # a plain AutoTokenizer call would ask whether to run the directory's code
+        print(f"its tokenizer alone, without the import: AutoTokenizer.from_pretrained({str(args.out)!r}, "
+              "trust_remote_code=False)", file=sys.stderr)
     print(str(args.out))
     return 0
 

@@ -608,6 +608,11 @@ model = AutoModelForCausalLM.from_pretrained("THIS_DIRECTORY")
 
 or, without the import, `AutoModelForCausalLM.from_pretrained("THIS_DIRECTORY", trust_remote_code=True)`: the two
 `.py` files here only import the installed seqmem's classes.
+
+The tokenizer alone (when there is one) needs no code: without the import, load it with
+`AutoTokenizer.from_pretrained("THIS_DIRECTORY", trust_remote_code=False)` or
+`PreTrainedTokenizerFast.from_pretrained("THIS_DIRECTORY")`.  A plain `AutoTokenizer.from_pretrained` reads
+`config.json` first, finds its `auto_map` and asks on a terminal whether to run the code here.
 """
 
 
