@@ -286,7 +286,10 @@ class SeqmemPreTrainedModel(PreTrainedModel):
                 fresh = build_mixer(mixer_name, cfg.d_model, **{"n_heads": cfg.n_heads, **options})
             if cache is not None:
                 cache[("mixer", layer)] = fresh
-        ref = fresh.get_submodule(name)
+        try:
+            ref = fresh.get_submodule(name)
+        except AttributeError:  # a module added after construction (an adapter): not the mixer's own
+            return
         reference = dict(itertools.chain(ref.named_parameters(recurse=False), ref.named_buffers(recurse=False)))
         for key, t in own.items():
             if key in reference:
