@@ -64,6 +64,23 @@ def test_bad_arguments_exit_2_with_one_line(argv, tmp_path):
     assert len(lines) == 1 and "error" in lines[0], p.stderr
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["repro", "vla", "--scale", "smoke", "--models", "foo"],
+        ["repro", "vla", "--scale", "smoke", "--experiments", "nope"],
+        ["repro", "echo", "--scale", "smoke", "--action-mask", "--no-mqar"],  # action mask without --models ssm_ska
+        ["repro", "echo", "--scale", "smoke", "--models", "nope"],
+    ],
+)
+def test_bad_repro_arguments_print_one_line_and_create_nothing(argv, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main([*argv, "--out", str(out)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "error" in err[0], err
+    assert not out.exists()
+
+
 def test_unwritable_out_dir(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -645,6 +645,8 @@ def _add_repro(sub) -> None:
 
 def _run_repro(mod, paper: str):
     def f(args: argparse.Namespace) -> int:
+        if hasattr(mod, "check_args"):  # a bad argument: one line, nothing printed or created before it
+            mod.check_args(args)
         args.out = _check_out_dir(args.out or Path("runs/repro") / paper)
         print(f"seqmem repro {paper}: --scale {args.scale}, {threads_note()} -> {args.out}", file=sys.stderr)
         return int(mod.run(args) or 0)

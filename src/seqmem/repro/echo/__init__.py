@@ -38,7 +38,7 @@ from seqmem.repro.echo.models import (
 )
 from seqmem.repro.echo.mqar import mqar_grid
 from seqmem.repro.echo.paper import PAPER_PARAMS, PAPER_TABLE2, PAPER_TABLE3
-from seqmem.repro.echo.runner import add_arguments, run
+from seqmem.repro.echo.runner import add_arguments, check_args, run
 from seqmem.repro.echo.tables import plot_niah, write_tables
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "SCALES",
     "accuracy",
     "add_arguments",
+    "check_args",
     "echo180m_config",
     "echo50m_config",
     "hybrid_config",

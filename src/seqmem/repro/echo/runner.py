@@ -77,7 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args) -> int:
+def check_args(args) -> tuple:
+    """Every argument checked before anything is created or printed (``seqmem repro echo`` calls it first); returns
+    ``(scale, settings, chunk, power, action_mask, operator, out, seed, models)``."""
     scale = getattr(args, "scale", "small")
     if scale not in SCALES:
         raise ValueError(f"--scale must be one of {list(SCALES)}, got {scale!r}")
@@ -106,7 +108,6 @@ def run(args) -> int:
     sc.update({k: v for k, v, d in (("ska_chunk", chunk, 16), ("ska_power", power, 2), ("action_mask", action_mask,
                                     False), ("ska_operator", operator, "chunk_causal")) if v != d})
     out = Path(getattr(args, "out", None) or "docs/results/echo")
-    out.mkdir(parents=True, exist_ok=True)
     seed = int(getattr(args, "seed", 0) or 0)
     models = [m for m in str(getattr(args, "models", ",".join(MODELS))).split(",") if m]
     for m in models:
@@ -120,6 +121,12 @@ def run(args) -> int:
         if not getattr(args, "no_mqar", False) and sc["mqar_cells"]:
             raise ValueError("--action-mask applies to the transfer suite; the §4.2 MQAR grid trains every model "
                              "without it: add --no-mqar")
+    return scale, sc, chunk, power, action_mask, operator, out, seed, models
+
+
+def run(args) -> int:
+    scale, sc, chunk, power, action_mask, operator, out, seed, models = check_args(args)
+    out.mkdir(parents=True, exist_ok=True)
     if chunk >= 64 and "ssm_ska" in models and operator == "chunk_causal":
         print(f"[echo] note: SKA chunk {chunk} >= the training length 64: in training every position is in SKA's "
               "chunk 0, which reads no statistics, so SKA outputs 0 and, its output projection starting at 0, no "

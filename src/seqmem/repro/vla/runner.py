@@ -49,9 +49,20 @@ def run(args: argparse.Namespace) -> int:
         return _run(args, scale, cfg)
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Every argument checked before anything is created or printed (``seqmem repro vla`` calls it first)."""
+    _settings(args, args.scale, scale_config(args.scale))
+
+
 def _run(args: argparse.Namespace, scale: str, cfg: dict[str, Any]) -> int:
-    out = Path(args.out)
+    out, exps, models, steps, lrs, lrs_main = _settings(args, scale, cfg)
     out.mkdir(parents=True, exist_ok=True)
+    return _run_body(args, scale, cfg, out, exps, models, steps, lrs, lrs_main)
+
+
+def _settings(args: argparse.Namespace, scale: str, cfg: dict[str, Any]) -> tuple:
+    """The run's settings from ``args`` (``cfg`` updated in place), every argument checked."""
+    out = Path(args.out)
     exps = comma_list(getattr(args, "experiments", ",".join(EXPERIMENTS)))
     bad = sorted(set(exps) - set(EXPERIMENTS))
     if bad:
@@ -78,6 +89,11 @@ def _run(args: argparse.Namespace, scale: str, cfg: dict[str, Any]) -> int:
     if getattr(args, "seed", 0):
         rest = [s for s in cfg["seeds"] if s != int(args.seed)]
         cfg["seeds"] = [int(args.seed)] + rest[: len(cfg["seeds"]) - 1]
+    return out, exps, models, steps, lrs, lrs_main
+
+
+def _run_body(args: argparse.Namespace, scale: str, cfg: dict[str, Any], out: Path, exps: list[str],
+              models: list[str], steps: int | None, lrs: Any, lrs_main: Any) -> int:
     command = (f"seqmem repro vla --scale {scale} --out {out} --experiments {','.join(exps)} "
                f"--models {','.join(models)}"
                + (f" --lr-sweep {args.lr_sweep}" if getattr(args, "lr_sweep", None) else "")
