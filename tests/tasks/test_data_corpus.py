@@ -180,3 +180,36 @@ def test_code_corpus_loads():
 def test_docs_corpus_loads():
     c = load_corpus("docs", max_files=40, cache=False)
     assert c.name == "docs" and sum(c.num_bytes.values()) > 1000
+
+
+def test_held_out_copies_of_train_documents_are_counted_and_warned(tmp_path):
+    import json
+    import warnings
+
+    root = tmp_path / "c"
+    make_corpus(root, 40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # distinct documents: no warning
+        clean = load_corpus(root, cache_dir=tmp_path / "k")
+    meta = json.loads((Path(clean.cache_path) / "meta.json").read_text())
+    assert meta["shared_with_train"] == {"val": 0, "test": 0}
+    # the same licence text under every held-out document's name and one train document's name
+    lic = b"Permission is hereby granted, free of charge ... " * 50
+    train_doc = next(r for r in clean.documents["train"] if r.endswith(".txt"))
+    held = [r for s in ("val", "test") for r in clean.documents[s] if r.endswith((".txt", ".md"))]
+    for rel in [train_doc, *held]:
+        (root / rel).write_bytes(lic)
+    for cache in (True, False):
+        with pytest.warns(UserWarning, match="exact copies of train documents"):
+            c = load_corpus(root, cache=cache, cache_dir=tmp_path / "k")
+    with pytest.warns(UserWarning, match="exact copies"):  # a cache hit warns too
+        c = load_corpus(root, cache_dir=tmp_path / "k")
+    meta = json.loads((Path(c.cache_path) / "meta.json").read_text())
+    n_val = sum(1 for r in c.documents["val"] if r in held)
+    assert meta["shared_with_train"]["val"] == n_val * len(lic)
+    # a cache written before the copies were counted is rebuilt, not trusted
+    del meta["shared_with_train"]
+    (Path(c.cache_path) / "meta.json").write_text(json.dumps(meta))
+    with pytest.warns(UserWarning, match="exact copies"):
+        again = load_corpus(root, cache_dir=tmp_path / "k")
+    assert "shared_with_train" in json.loads((Path(again.cache_path) / "meta.json").read_text())
