@@ -751,6 +751,13 @@ def test_reuse_copies_only_identical_finished_runs(tmp_path):
     assert len(done_a) == 3
     # a spec that differs in the training steps reuses nothing
     assert reuse_finished(load_spec(tiny(name="x", train__steps=31)).points(), b, [a], dry_run=True) == 0
+    dry: list[str] = []  # a dry run lists the runs it would copy as reused, not as to run, and copies nothing
+    run_sweep(other, b, jobs=1, log=dry.append, probe=False, reuse=[a], dry_run=True)
+    for p in other.points():
+        listed = [line for line in dry if line.endswith(str(p.rel_dir)) or f" {p.rel_dir} " in line]
+        assert len(listed) == 1 and listed[0].lstrip().startswith("would reuse" if p in done_a else "would run")
+    assert any("3 of the runs to run would be copied from --reuse" in line for line in dry)
+    assert not b.exists() or not any(b.rglob("result.json"))
     log: list[str] = []
     res = run_sweep(other, b, jobs=1, log=log.append, probe=False, reuse=[a])
     assert res["finished_before"] == 3 and res["ran"] == 5 and any("reused 3 finished run(s)" in s for s in log)

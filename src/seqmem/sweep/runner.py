@@ -150,7 +150,7 @@ def _finished_runs(src: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
 
 
 def reuse_finished(points: list[Point], out: Path, sources: list[Path], dry_run: bool = False,
-                   log: Callable[[str], None] | None = None) -> int:
+                   log: Callable[[str], None] | None = None, found: set[Point] | None = None) -> int:
     """Copy finished runs that another sweep already trained with exactly these settings into ``out``.
 
     For every point not finished under ``out``: the first source directory holding a finished run that is the
@@ -159,7 +159,7 @@ def reuse_finished(points: list[Point], out: Path, sources: list[Path], dry_run:
     same layer, is still found) gives its ``metrics.jsonl`` and ``result.json`` (with ``reused_from`` naming the
     source run, and the row, family and setting labels of this sweep); ``run.json`` is written as this sweep's.
     Checkpoints are not copied (the run is finished).  Returns the number of runs reused (that would be, with
-    ``dry_run``).
+    ``dry_run``); ``found``, if given, receives their points.
     """
     n = 0
     out = Path(out)
@@ -186,6 +186,8 @@ def reuse_finished(points: list[Point], out: Path, sources: list[Path], dry_run:
                 log(f"not reused: {d}: {e}")
             continue
         n += 1
+        if found is not None:
+            found.add(p)
         if not dry_run:
             sw = p.run_spec.get("sweep", {})
             labels = {k: sw[k] for k in ("setting", "mixer", "family") if k in sw and k in res}
@@ -973,8 +975,10 @@ def run_sweep(
         log(f"  {why}: not counted as finished; the run {'would be' if dry_run else 'is'} trained again")
     if len(bad) > 5:
         log(f"  ... and {len(bad) - 5} more invalid result.json file(s)")
+    would_reuse: set[Point] = set()  # a dry run copies nothing: these are listed as reused, not as to run
     if reuse:  # an lr extension's runs too, before it is known whether the results ask for them
-        reuse_finished(points + extension_candidates(spec, points), out, list(reuse), dry_run=dry_run, log=log)
+        reuse_finished(points + extension_candidates(spec, points), out, list(reuse), dry_run=dry_run, log=log,
+                       found=would_reuse)
     groups = group_points(points)
     counts = plan_counts(spec, out, points)
     n_expected = sum(n for n, _ in counts.values())
@@ -982,6 +986,8 @@ def run_sweep(
     n_left = n_expected - done_before
     log(f"sweep {spec.name}: {n_expected} runs ({spec.lr_selection} lr selection), {done_before} finished, "
         f"{n_left} to run ({jobs} worker(s) x {threads} thread(s)) -> {out}")
+    if dry_run and would_reuse:
+        log(f"  ({len(would_reuse)} of the runs to run would be copied from --reuse, not trained)")
     # cost per row (all its runs share a model) for the ETA and for starting the runs with the most time left first
     row_cost: dict[tuple, float] = {}
     # the runs already part-trained, with the share of their steps done (what the ETA need not count again)
@@ -1023,6 +1029,9 @@ def run_sweep(
     if dry_run:
         todo = order([p for p in wanted_points(spec, out, points) if not is_finished(out / p.rel_dir)])
         for p in todo[:limit]:
+            if p in would_reuse:
+                log(f"  would reuse {p.rel_dir} (a finished run of --reuse; not trained)")
+                continue
             log(f"  would run {p.rel_dir}" + ("  (another process is training it now)"
                                                if is_locked(out / p.rel_dir) else ""))
         if spec.lr_selection == "first_seed":
