@@ -337,10 +337,11 @@ def load_corpus(
             "non-empty text file"
         )
     splits = {s: np.frombuffer(blobs[s], dtype=np.uint8) for s in SPLITS}
-    _warn_shared(name, {"shared_with_train": shared, "bytes": {s: len(blobs[s]) for s in SPLITS}})
+    sizes = {s: len(blobs[s]) for s in SPLITS}
+    _warn_shared(name, {"shared_with_train": shared, "bytes": sizes})
     if cdir is not None:
         meta = {"name": name, "root": str(root), "fractions": list(fractions), "documents": assign,
-                "skipped": skipped, "bytes": {s: len(blobs[s]) for s in SPLITS}, "version": _FORMAT_VERSION,
+                "skipped": skipped, "bytes": sizes, "version": _FORMAT_VERSION,
                 "sha256": {s: hashlib.sha256(blobs[s]).hexdigest() for s in SPLITS},
                 "shared_with_train": shared}
         try:

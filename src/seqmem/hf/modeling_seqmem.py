@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import math
 from pathlib import Path
 from typing import Any
 
@@ -260,13 +259,13 @@ class SeqmemPreTrainedModel(PreTrainedModel):
         if cache is not None and "roles" in cache:
             return cache["roles"]
         roles: dict[int, tuple] = {}
-        std, n_layers = float(self.config.init_std), int(self.config.n_layers)
+        std_gate_up, std_down = self.config.to_lm_config().mlp_init_stds()  # LanguageModel's
         for i, blk in enumerate(self._parts()[1]):
             for name, sub in blk.mixer.named_modules():
                 roles[id(sub)] = ("mixer", i, name)
             if blk.mlp is not None:
-                roles[id(blk.mlp.gate_up)] = ("normal", std)
-                roles[id(blk.mlp.down)] = ("normal", std / math.sqrt(2 * n_layers))
+                roles[id(blk.mlp.gate_up)] = ("normal", std_gate_up)
+                roles[id(blk.mlp.down)] = ("normal", std_down)
         if cache is not None:
             cache["roles"] = roles
         return roles
@@ -283,7 +282,7 @@ class SeqmemPreTrainedModel(PreTrainedModel):
             cfg = self.config.to_lm_config()
             mixer_name, options = cfg.layers()[layer]
             with torch.device("cpu"):
-                fresh = build_mixer(mixer_name, cfg.d_model, **{"n_heads": cfg.n_heads, **options})
+                fresh = build_mixer(mixer_name, cfg.d_model, **cfg.mixer_build_options(options))
             if cache is not None:
                 cache[("mixer", layer)] = fresh
         try:

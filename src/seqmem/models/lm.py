@@ -75,6 +75,14 @@ class LMConfig:
                                  "disagree (the model's n_heads, seqmem train --heads, sets every layer's heads); "
                                  "give one of them")
 
+    def mixer_build_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """A layer's options as its mixer is built with them: the model's ``n_heads`` unless they give it."""
+        return {"n_heads": self.n_heads, **options}
+
+    def mlp_init_stds(self) -> tuple[float, float]:
+        """The normal std of the SwiGLU's ``gate_up`` and ``down`` weights (``down``'s scaled by 1/sqrt(2 n_layers))."""
+        return self.init_std, self.init_std / math.sqrt(2 * self.n_layers)
+
     def layers(self) -> list[tuple[str, dict[str, Any]]]:
         names = self.mixer if isinstance(self.mixer, list) else [self.mixer] * self.n_layers
         opts = self.mixer_options if isinstance(self.mixer_options, list) else [self.mixer_options] * self.n_layers
@@ -106,9 +114,8 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: LMConfig, mixer_name: str, options: dict[str, Any]) -> None:
         super().__init__()
-        opts = {"n_heads": cfg.n_heads, **options}
         self.norm1 = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mixer = build_mixer(mixer_name, cfg.d_model, **opts)
+        self.mixer = build_mixer(mixer_name, cfg.d_model, **cfg.mixer_build_options(options))
         if cfg.mlp_ratio > 0:
             hidden = 8 * math.ceil(cfg.mlp_ratio * cfg.d_model * 2 / 3 / 8)
             self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -330,10 +337,11 @@ class LanguageModel(nn.Module):
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         nn.init.normal_(self.embed.weight, std=cfg.init_std)
+        std_gate_up, std_down = cfg.mlp_init_stds()
         for blk in self.blocks:
             if blk.mlp is not None:
-                nn.init.normal_(blk.mlp.gate_up.weight, std=cfg.init_std)
-                nn.init.normal_(blk.mlp.down.weight, std=cfg.init_std / math.sqrt(2 * cfg.n_layers))
+                nn.init.normal_(blk.mlp.gate_up.weight, std=std_gate_up)
+                nn.init.normal_(blk.mlp.down.weight, std=std_down)
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
         else:

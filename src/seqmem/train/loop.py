@@ -563,16 +563,17 @@ def train(
         # without it (the steps shrunk to the checkpoint's) gets it on its final-step record, as a full run's has
         result.final = evaluate(model, task, cfg.eval_examples, cfg.eval_batch_size, distributed=world > 1,
                                 precision=cfg.precision, lockstep=fsdp)
+        evaluated = {f"eval_{k}": v for k, v in result.final.items()}
         last = result.history[-1] if result.history and result.history[-1].get("step") == start else None
         if last is None or not any(k.startswith("eval_") for k in last):
             if last is None:
                 last = {"step": start}
                 result.history.append(last)
-            last.update({f"eval_{k}": v for k, v in result.final.items()})
+            last.update(evaluated)
             if metrics_path is not None:
                 _write_jsonl(metrics_path, result.history)
         if bar is not None or lines:
-            _say(_eval_line({"step": start, **{f"eval_{k}": v for k, v in result.final.items()}}, cfg.steps), bar)
+            _say(_eval_line({"step": start, **evaluated}, cfg.steps), bar)
     if bar is not None:
         bar.close()
     result.seconds = time.perf_counter() - t0
