@@ -19,7 +19,8 @@ sweep() {  # sweep SPEC PAPER DIR [extra args...]
     shift 3
     echo "== $spec -> docs/results/$paper/$dir ($(date -u +%H:%M) UTC)"
     $SEQMEM sweep "$spec" --out "docs/results/$paper/$dir/runs" --report-dir "docs/results/$paper/$dir" \
-        --jobs "$JOBS" --headline "docs/results/$paper/headline.json" --yes "$@"  # running this script is the yes
+        --jobs "$JOBS" --headline "docs/results/$paper/headline.json" --yes --resume-first "$@"
+    # running this script is the yes; --resume-first: a session that ends mid-run finishes that run first next time
 }
 
 dense_calibrated() {  # the dense-layout reference's seed-0 test recall >= 0.5 in every lag bin (chance 1/16)

@@ -621,6 +621,11 @@ def test_runs_with_the_most_time_left_start_first(tmp_path, monkeypatch):
     run_sweep(spec, tmp_path, jobs=1, log=lines.append, probe=True, dry_run=True)
     assert [x.split()[-1] for x in lines if x.strip().startswith("would run")] == [
         str(p.rel_dir) for p in (c, d, b, a)]
+    # --resume-first: the part-trained runs first, the furthest trained first; then the rest as before
+    lines.clear()
+    run_sweep(spec, tmp_path, jobs=1, log=lines.append, probe=True, dry_run=True, resume_first=True)
+    assert [x.split()[-1] for x in lines if x.strip().startswith("would run")] == [
+        str(p.rel_dir) for p in (a, b, c, d)]
 
 
 def test_the_eta_credits_what_runs_in_flight_have_trained(tmp_path):

@@ -51,6 +51,10 @@ def add_parser(sub) -> None:
     p.add_argument("--reuse", type=Path, action="append", default=[], metavar="DIR",
                    help="another sweep's --out: its finished runs with exactly this spec's settings (all but the "
                         "sweep's name) are copied instead of retrained, marked reused_from (repeatable)")
+    p.add_argument("--resume-first", action="store_true",
+                   help="start the part-trained runs (a checkpoint, no result) first, the furthest trained first, "
+                        "instead of the runs with the most CPU time left (suits sessions with a time limit: "
+                        "interrupted runs finish instead of waiting for the end of the campaign)")
     p.add_argument("--headline", type=Path, default=None, metavar="JSON",
                    help="also record the report in this paper's headline.json (its 'ours' entry for the spec: "
                         "chosen lr, mean ± std, per-seed values; the rest of the file is kept)")
@@ -125,7 +129,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             res = run_sweep(spec, out, jobs=args.jobs, threads=args.threads, probe=not args.no_probe,
                             dry_run=args.dry_run, limit=args.limit, log=lambda s: print(s, flush=True),
                             reuse=args.reuse, compile=args.compile, device=args.device,
-                            confirm_above_s=None if args.yes else LONG_JOB_CPU_S)
+                            confirm_above_s=None if args.yes else LONG_JOB_CPU_S,
+                            resume_first=args.resume_first)
         except SpecError as e:
             raise UsageError(str(e)) from None
         if args.dry_run:

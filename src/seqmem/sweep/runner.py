@@ -959,11 +959,15 @@ def run_sweep(
     compile: bool = False,
     device: str = "cpu",
     confirm_above_s: float | None = None,
+    resume_first: bool = False,
 ) -> dict[str, Any]:
     """Run every unfinished run of ``spec`` under ``out``; returns counts.  See the module docstring.
     ``device``: where every run trains (see :func:`run_point`); the ETA probe times CPU steps whatever it is.
     ``confirm_above_s``: when the probe's estimate for the runs this call would start exceeds this many CPU-seconds,
     raise :class:`NeedsConfirmation` (after printing the estimate) instead of starting them.
+    ``resume_first``: within a slice, part-trained runs (a checkpoint, no result) come first, the furthest trained
+    first, then the rest as usual — for time-limited sessions, where longest-first leaves every interrupted run to the
+    end of the campaign.
 
     With ``lr_selection = "first_seed"`` the second stage of a row (its other seeds at the chosen lr) starts as soon
     as the row's first-seed runs have finished, within the same invocation."""
@@ -1020,11 +1024,14 @@ def run_sweep(
     def order(todo: list[Point]) -> list[Point]:
         # slices (setting, model size) in spec order; within a slice the runs with the most CPU time left first
         # (a part-trained run counts by the steps it has left), so that the workers finish together
-        def left(p: Point) -> float:
-            return run_cost(row_cost, p.group) * (1.0 - trained_fraction(out / p.rel_dir,
-                                                                         p.run_spec["train"]["steps"]))
+        # (with ``resume_first``, the part-trained runs first, the furthest trained first)
+        def key(p: Point) -> tuple:
+            frac = trained_fraction(out / p.rel_dir, p.run_spec["train"]["steps"])
+            left = run_cost(row_cost, p.group) * (1.0 - frac)
+            first = (-frac,) if resume_first else ()
+            return (slice_order[(p.setting, p.model_axes)], *first, -left)
 
-        return sorted(todo, key=lambda p: (slice_order[(p.setting, p.model_axes)], -left(p)))
+        return sorted(todo, key=key)
 
     if dry_run:
         todo = order([p for p in wanted_points(spec, out, points) if not is_finished(out / p.rel_dir)])
