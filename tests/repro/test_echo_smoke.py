@@ -111,6 +111,16 @@ def test_repro_echo_seeds_resume_and_aggregate(tmp_path, monkeypatch):
         assert row[f"ours {label}"] == pytest.approx(sum(vals) / 2)
         assert srow[f"ours {label}"].startswith(f"{sum(vals) / 2:.1f} ± ")
     assert any(r["task"] == "NIAH T = 64" for r in seeds_t["rows"])
+    # Table 3's "Mean" is over all lengths and KV counts (its caption): it stands beside our mean over every cell,
+    # and our mean of the task means has no paper value
+    for rows in (t3["rows"], seeds_t["rows"]):
+        by_task = {r["task"]: r for r in rows}
+        assert "paper SSM" not in by_task["Mean (of task means)"]
+        assert by_task["Mean (of all cells)"]["paper SSM+SKA"] == 81.1
+    srow = next(r for r in seeds_t["rows"] if r["task"] == "Mean (of all cells)")
+    for m, label in (("ssm", "SSM"), ("ssm_ska", "SSM+SKA")):
+        cells = [[v for g in per[s][m]["grids"].values() for v in g.values()] for s in ("3", "4")]
+        assert srow[f"ours {label} per seed"] == pytest.approx([sum(c) / len(c) for c in cells])
 
     # a rerun trains nothing: every record is kept
     def no_training(*a, **k):
