@@ -498,10 +498,11 @@ def lattice() -> dict[str, Any]:
 def echo() -> dict[str, Any]:
     d, s, m = "echo/mqar_small", "M-4-gap-64", "report.accuracy"
     cal = True  # Mamba-2 + attention 1.000 at M = 4 gap 64 (echo_calibrate_small)
-    what_p = "the paper's peak lr 3e-4 (App. G) at our scale (2 layers, d 128, 2,000 steps x 16); 3 seeds"
+    what_p = ("the paper's synthetic-task peak lr 3e-4 (App. G Table 6; §5.2 does not restate it for MQAR: our "
+              "choice of the paper's nearest protocol) at our scale (2 layers, d 128, 2,000 steps x 16); 3 seeds")
     dp = "echo/mqar_paper_lr"  # echo_mqar_paper_lr: the four models at lr 3e-4, seeds 0-2
     settled = ("echo_mqar_paper_lr (src/seqmem/experiments/echo_mqar_paper_lr.toml): the four models at the paper's "
-               "lr 3e-4 (App. G), seeds 0-2, M = 4 gap 64")
+               "synthetic-task lr 3e-4 (App. G Table 6), seeds 0-2, M = 4 gap 64")
 
     def tuned(c: dict[str, Any]) -> dict[str, Any]:
         """The tuned protocol of one cell, its "what" naming the lrs that cell's row tried."""

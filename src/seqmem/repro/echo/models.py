@@ -30,7 +30,8 @@ def submillion_config(
     ska = {"rank": rank, "chunk_size": chunk_size, **({"power": power} if power != 2 else {}),
            **({"operator_scope": operator_scope} if operator_scope != "chunk_causal" else {})}
     opt = {"mamba2": {"d_state": d_state}, "attention": {}, "ska": ska}
-    # SwiGLU hidden = 8·ceil(ratio·d·2/3 / 8): ratio 4.5 gives d_ff = 384 at d = 128 (§4.1)
+    # SwiGLU hidden = 8·ceil(ratio·d·2/3 / 8): ratio 4.5 gives d_ff = 384 at d = 128, App. G Table 5's ⌈d·8/3⌉
+    # rounded up to 64 (§4.1 says only "SwiGLU MLPs")
     return LMConfig(
         vocab_size=vocab_size,
         d_model=d,
