@@ -34,6 +34,9 @@ def test_repro_vla_smoke(tmp_path):
     assert all(r["steps"] == 3 for r in runs)
     ood = json.loads((tmp_path / "ood.json").read_text())["rows"]
     assert all(r["ours OOD"] is not None for r in ood)
+    # Table 7's DeltaNet is the paper's eq. 4 (deltanet_paper): canonical deltanet has no paper value
+    copy = {r["model"]: r for r in json.loads((tmp_path / "copy.json").read_text())["rows"]}
+    assert copy["deltanet"]["paper final acc"] is None and copy["deltanet_paper"]["paper final acc"] == 1.0
 
 
 def test_repro_vla_rejects_unknown_experiment(tmp_path):

@@ -38,8 +38,10 @@ def exp_copy(out: Path, scale: str, cfg: dict[str, Any], command: str, models: l
                                        {"experiment": "copy"}, eval_every=max(1, cc["steps"] // 5)):
         acc150 = next((h.get("eval_accuracy") for h in r["history"] if h["step"] == 150
                        and "eval_accuracy" in h), None)
-        rows.append({"model": mk, "lr": lr, "paper acc@150": PAPER_COPY["step150"],
-                     "ours acc@150": acc150, "paper final acc": PAPER_COPY["final"],
+        # Table 7 has the paper's four models; its DeltaNet is eq. 4 (deltanet_paper): canonical deltanet has none
+        in_paper = mk in PAPER_CAPACITY
+        rows.append({"model": mk, "lr": lr, "paper acc@150": PAPER_COPY["step150"] if in_paper else None,
+                     "ours acc@150": acc150, "paper final acc": PAPER_COPY["final"] if in_paper else None,
                      "ours final acc": r["accuracy"], "ours loss": r["loss"],
                      "scale": f"{scale}: {cc['steps']} steps, batch {cc['batch']}, T={cc['seq_len']}"})
     note = f"{cc['steps']} steps (paper 1,500), batch {cc['batch']} (paper 32), seed {cfg['seeds'][0]}"
