@@ -1,4 +1,5 @@
-"""Copy task of the VLA paper (§5.2, Table 7): reproduce the first half after a separator.
+"""Copy task of the VLA paper (§5.2, Table 7: "reproduce the second half after a separator token"): after the
+separator, the sequence's second half repeats its first half.
 
 Layout (the paper gives only "a length-T sequence; reproduce the second half after a separator"; our reading,
 docs/vla.md)::
