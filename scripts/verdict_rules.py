@@ -429,7 +429,8 @@ def lattice() -> dict[str, Any]:
     rule_name = {"gated_deltanet": "gated-delta rule", "mamba2": "Mamba-2's SSD rule"}
     rule_deviation = {
         "gated_deltanet": "the gated-delta rule as the lattice mixer's delta objective (eq. 20) with its forget gate "
-                          "(eq. 16): the gate is a sigmoid, not Gated DeltaNet's exp-softplus form",
+                          "(eq. 16 defines only μ_t = 1 − γ_t λ_t): our gate is a sigmoid, not Gated DeltaNet's "
+                          "exp-softplus form",
         "mamba2": "Mamba-2's SSD rule as the lattice mixer's ssd objective (Mamba-2's Δ and A, zero initial state): "
                   "q and k (Mamba-2's C and B) L2-normalised as the block does for every rule, no D skip (Table 1's "
                   "Mamba2 row has none)",
