@@ -10,7 +10,7 @@ miniature), ablation ladder (Table 4).
 * ``lm``: byte-level LM on the offline ``code`` corpus (seqmem.tasks.lm.LMTask) for Transformer++
   (``attention``), Linear Attention, Mamba2, DeltaNet, Gated DeltaNet, TTT (eq. 19 in the Lattice block) and
   Lattice-DEC/ENC/SIM — the paper's Table 2 models.  The paper trains 110M models on 2.4B tokens of the Pile
-  and Books3 (perplexity, 32k-token vocabulary); we train ~0.1M-parameter models on ~10^5 bytes, so only the
+  and Books3 (perplexity per token; it names no tokenizer); we train ~0.1M-parameter models on ~10^5 bytes, so only the
   ORDERING can be compared, and at this scale it is mostly noise — see docs/results/lattice/README.md.
 * ``ablation``: Table 4's ladder in the Lattice block: DeltaNet update (eq. 20) → + orthogonal recurrence
   (eq. 7) → + normalized projection (eq. 14) → + forget gate (eq. 16).

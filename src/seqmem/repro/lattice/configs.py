@@ -18,7 +18,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
               "speed_reps": 2, "mem_T": 8192,
               "ctx_lengths": [128, 256, 512, 1024], "ctx_seeds": 3, "ctx_tokens_per_step": 2048, "ctx_steps": 100,
               "ctx_eval_tokens": 32768, "ctx_max_files": None},
-    # the paper's 110M setting (12 layers x 768, 2k context, 0.5M tokens/step, ~4,800 steps): far beyond a CPU
+    # the paper's 110M setting (Table 2; 2k context, 0.5M tokens/step, App. A, ~4,800 steps = 2.4B tokens): far
+    # beyond a CPU.  The paper gives no width, depth, heads or lr: 12 layers x 768, 12 heads and lr 3e-4 are ours
     "paper": {"d_model": 768, "n_layers": 12, "n_heads": 12, "seq_len": 2048, "batch": 256, "steps": 4800,
               "lr": 3e-4, "eval_examples": 1024, "max_files": None, "speed_T": 2048, "speed_B": 8,
               "speed_H": 12, "speed_d": 64, "speed_reps": 2, "mem_T": 8192,

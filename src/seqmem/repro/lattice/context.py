@@ -207,8 +207,8 @@ def run_context(cfg: dict[str, Any], out: Path, command: str, seed0: int, corpus
     scale = (f"{cfg['n_layers']} layers x d={cfg['d_model']}, {cfg['n_heads']} heads, byte-level {corpus!r} corpus "
              f"(val split; test unused), T in {lengths}; every run {steps} steps x {tok} bytes = {n_train:,} "
              f"training bytes whatever T (batch {tok}//T sequences), AdamW lr {cfg['lr']}, seeds {seeds}; "
-             f"val on {cfg['ctx_eval_tokens']} bytes per T. Paper: 110M params, 2.4B tokens, 32k vocab, "
-             f"perplexity per token (a different unit)")  # fmt: skip
+             f"val on {cfg['ctx_eval_tokens']} bytes per T. Paper: 110M params, 2.4B tokens, perplexity per "
+             f"token (a different unit; the paper names no tokenizer)")  # fmt: skip
     runs: list[dict[str, Any]] = []
     refs: dict[int, dict[str, float]] = {}
     t_start, cpu_start = time.perf_counter(), time.process_time()
