@@ -484,8 +484,8 @@ def memory_layer_stack(
 ) -> list[str]:
     """Mixer names for an LM stack: ``block_attention`` everywhere except ``memory_layers`` (0-indexed).
 
-    The paper puts the memory at the 9th of 12 layers (index 8): the default is ``round(0.75 * n_layers) − 1``
-    clipped to the stack.
+    The paper puts the memory at the 9th layer (index 8; §3.1); 12 layers in all is our inference (the paper gives
+    no depth), so the default is the layer at 3/4 depth, ``ceil(0.75 * n_layers) − 1``, clipped to the stack.
     """
     n_layers = check_positive_int("n_layers", n_layers)
     if memory_layers is None:
