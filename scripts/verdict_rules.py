@@ -231,7 +231,7 @@ def vort() -> dict[str, Any]:
               "4e-1 on validation at each lr; 3 seeds at the choice; β = 1 (the calibrated β)")
     pending = ("vort_settle and vort_settle_dense (src/seqmem/experiments/): power-law vs exponential with λ ∈ "
                "{4e-3, 4e-2, 4e-1} and mixture-5 at lr ∈ {3e-4, 1e-3}, 3 seeds each, our sparse and the paper's "
-               "dense anchor layout (the latter once its reference calibrates there: vort_calibrate_dense); λ and "
+               "dense anchor layout (where its reference calibrated: vort_calibrate_dense); λ and "
                "lr chosen on the validation mean over seeds")
     lam_note = {
         "exponential λ 4e-2 at lr 1e-3, seed 0 (validation 0.842 vs λ 4e-3's 0.844)":
@@ -262,8 +262,8 @@ def vort() -> dict[str, Any]:
         what_t = ("lr from 3e-4 / 1e-3 (an edge probed x3 or /3 with seed 0) and the exponential's λ chosen on the "
                   "validation mean over seeds; vort_settle, 3 seeds; β = 1 (the calibrated β)")
         settled = "vort_settle (src/seqmem/experiments/vort_settle.toml), our sparse layout"
-        pending = ("vort_settle_dense (src/seqmem/experiments/): the same at the paper's dense anchor layout, once its "
-                   "reference calibrates there (vort_calibrate_dense)")
+        pending = ("vort_settle_dense (src/seqmem/experiments/): the same at the paper's dense anchor layout, where "
+                   "its reference calibrated (vort_calibrate_dense)")
 
     def claim(name: str, a: str, b: str, pa: float, pb: float) -> dict[str, Any]:
         return finish({
