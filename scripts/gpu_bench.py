@@ -122,15 +122,14 @@ def run_bench(args: argparse.Namespace) -> int:
     import torch
 
     from seqmem import list_mixers
-    from seqmem.bench.common import device_name, parse_lengths
+    from seqmem.bench.common import device_name, parse_lengths, run_end, run_machine
     from seqmem.bench.speed import run_speed
-    from seqmem.io import machine_info
 
     t_end = time.monotonic() + args.budget
     device, dtype = torch.device(args.device), torch.bfloat16
     lengths = parse_lengths(args.lengths, [])
     mixers = _order(args.mixers.split(",") if args.mixers else list_mixers())
-    machine = machine_info()
+    machine = run_machine(device)  # with date, commit (null without .git: the page reads .whl/COMMIT), load
     payload: dict[str, Any] = {"bench": "speed", "card": device_name(device), "machine": machine,
                                "settings": {"dtype": "bfloat16", "d_model": args.d_model, "heads": args.heads,
                                             "batch": 2, "lengths": lengths, "max_seconds": args.max_seconds,
@@ -190,9 +189,11 @@ def run_bench(args: argparse.Namespace) -> int:
             save()
     except KeyboardInterrupt:  # the stage's time box ran out (SIGINT): keep what was measured
         payload["interrupted"] = name
+        payload["end"] = run_end()
         print(f"bench: interrupted during {name}; not reached: {', '.join(payload['not_reached'])}", flush=True)
         save()
         return 130
+    payload["end"] = run_end()
     save()
     done = len(mixers) - len(payload["not_reached"])
     print(f"bench: {done} of {len(mixers)} mixers done"

@@ -20,6 +20,7 @@ Default suite: T = 2,048 in pieces of 512 (a few seconds in all).  ``-m slow``: 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 
 import pytest
@@ -141,6 +142,8 @@ def test_cli_entry_point_writes_and_rerenders(tmp_path, capsys):
                  "bf16", "--json", str(js), "--markdown", str(md)]) == 0
     text = md.read_text()
     assert "| swa | bf16 | yes |" in text and "| ska | grows |" in text and "CPU" in text
+    assert "(shared)" not in text and "load average (1 min)" in text  # the load as measured, not a label
+    assert {"date", "commit", "load_1min"} <= set(json.loads(js.read_text())["machine"])
     assert main(["--render", str(js), "--markdown", str(md2)]) == 0
     assert md2.read_text() == text
     capsys.readouterr()

@@ -22,6 +22,46 @@ def _png_ok(path) -> bool:
     return path.exists() and path.read_bytes()[:8] == PNG and path.stat().st_size > 1000
 
 
+def _provenance_ok(data: dict, printed: str) -> None:
+    """The payload says which code ran when and under what load, and the Markdown header repeats it."""
+    import re
+
+    import seqmem
+
+    m = data["machine"]
+    for k in ("date", "commit", "dirty", "seqmem", "omp_num_threads", "load_1min"):
+        assert k in m, k
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", m["date"]) and m["seqmem"] == seqmem.__version__
+    assert m["commit"] is None or re.fullmatch(r"[0-9a-f]{40}", m["commit"])
+    assert m["dirty"] in (None, True, False) and (m["load_1min"] is None or m["load_1min"] >= 0)
+    assert data["end"]["date"] >= m["date"]
+    run = next(line for line in printed.splitlines() if line.startswith("Run: "))
+    assert f"started {m['date']}" in run and "load average (1 min)" in run
+    assert (m["commit"][:12] if m["commit"] else "commit not recorded") in run
+
+
+def test_run_machine_without_git_or_load(monkeypatch):
+    """No git (or not a git tree) and no load average: null, never an error; the header says "not recorded"."""
+    import subprocess
+
+    from seqmem.bench import common
+
+    def no_git(*a, **k):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    monkeypatch.setattr(common, "load_1min", lambda: None)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    m = common.run_machine("cpu")
+    assert m["commit"] is None and m["dirty"] is None and m["load_1min"] is None and m["omp_num_threads"] == "1"
+    assert "cuda_runtime" not in m
+    text = common.provenance_text(m, {"date": "2026-01-01T00:00:00Z", "load_1min": 1.5})
+    assert "commit not recorded" in text and "load average (1 min) not recorded" in text
+    assert "ended 2026-01-01T00:00:00Z, load 1.50" in text and "OMP_NUM_THREADS=1" in text
+    # a record from older code (machine_info only) renders too
+    assert "commit not recorded" in common.provenance_text({"cpu": "x", "cores": 2})
+
+
 def test_speed_end_to_end(tmp_path, capsys):
     js = tmp_path / "speed.json"
     assert main(["bench", "speed", *TINY, "--gemm-sizes", "256", "--json", str(js), "--plot", str(tmp_path / "p")]) == 0
@@ -29,6 +69,7 @@ def test_speed_end_to_end(tmp_path, capsys):
     assert "| mixer | T | fast_ms" in out and "crossover" in out
     data = json.loads(js.read_text())
     assert data["bench"] == "speed" and data["machine"]["torch"] == torch.__version__
+    _provenance_ok(data, out)
     assert data["gemm_peak"]["gflops"] > 0
     recs = data["records"]
     assert {(r["mixer"], r["impl"], r["seq_len"]) for r in recs} == {
@@ -57,11 +98,12 @@ def test_speed_end_to_end(tmp_path, capsys):
     assert _png_ok(tmp_path / "p" / "speed_time.png") and _png_ok(tmp_path / "p" / "speed_fast_vs_reference.png")
 
 
-def test_decode_end_to_end(tmp_path):
+def test_decode_end_to_end(tmp_path, capsys):
     js = tmp_path / "decode.json"
     args = ["bench", "decode", *TINY, "--piece", "50", "--impl", "fast", "--json", str(js), "--plot", str(tmp_path)]
     assert main(args) == 0
     data = json.loads(js.read_text())
+    _provenance_ok(data, capsys.readouterr().out)
     recs = {(r["mixer"], r["seq_len"]): r for r in data["records"]}
     assert set(recs) == {(m, n) for m in ("attention", "deltanet") for n in (64, 128)}
     assert all(r["status"] == "ok" and r["median_ms"] > 0 for r in recs.values())

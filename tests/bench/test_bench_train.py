@@ -20,9 +20,14 @@ def test_cli_writes_json(tmp_path, capsys):
     out = tmp_path / "t.json"
     assert main(["bench", "train", "--mixers", "attention", "--d-model", "16", "--seq-len", "8", "--batch-size",
                  "2", "--repeats", "1", "--warmup", "0", "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
+    data = json.loads(out.read_text())
+    rows = data["rows"]
     assert [r["mixer"] for r in rows] == ["attention"]
     printed = capsys.readouterr().out
+    # which code ran when, under what load (the payload and the header's "Run:" line)
+    assert data["bench"] == "train" and data["end"]["date"] >= data["machine"]["date"]
+    assert {"commit", "dirty", "seqmem", "omp_num_threads", "load_1min"} <= set(data["machine"])
+    assert f"Run: seqmem {data['machine']['seqmem']}, " in printed and "load average (1 min)" in printed
     assert "tokens / s" in printed
     # the Command line repeats the run: real options only (not the raw argv the CLI keeps for records)
     assert "Command: `seqmem bench train --mixers attention" in printed and "--argv" not in printed

@@ -1,4 +1,9 @@
-"""``seqmem bench speed|decode`` argument parsing (added to the main CLI by :func:`add_parser`)."""
+"""``seqmem bench speed|decode|profile|train|numerics`` argument parsing (added to the main CLI by :func:`add_parser`).
+
+Every JSON payload and Markdown header says which code ran when and under what load: the ``machine`` record of
+:func:`seqmem.bench.common.run_machine` (date, commit, dirty tree, seqmem version, ``OMP_NUM_THREADS``, the 1-minute
+load average, CUDA runtime and driver on a GPU) and, for the benchmarks that time, ``end`` (date and load when done).
+"""
 
 from __future__ import annotations
 
@@ -21,9 +26,12 @@ from seqmem.bench.common import (
     device_name,
     md_table,
     parse_lengths,
+    provenance_text,
     resolve_device,
     resolve_dtype,
     resolve_mixers,
+    run_end,
+    run_machine,
     write_json,
 )
 from seqmem.cliargs import nonnegative_int as _nonneg_int
@@ -60,8 +68,10 @@ def _mixer_option(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: Any) -> None:
-    """Add ``bench`` with sub-commands ``speed`` and ``decode`` to the CLI's sub-parsers ``sub``."""
-    p = sub.add_parser("bench", help="benchmarks: training speed and decode cost of the mixers")
+    """Add ``bench`` with sub-commands ``speed``, ``decode``, ``profile``, ``train`` and ``numerics`` to the CLI's
+    sub-parsers ``sub``."""
+    p = sub.add_parser("bench", help="benchmarks: layer speed, decode cost, profiles, training-step cost and "
+                                     "low-precision numerics of the mixers")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH", parser_class=type(p))
 
     s = bsub.add_parser("speed", help="forward+backward time of one mixer layer vs sequence length")
@@ -126,8 +136,6 @@ def add_parser(sub: Any) -> None:
 
 
 def _setup(args: argparse.Namespace):
-    from seqmem.repro.common import machine_info
-
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype)
     mixers = resolve_mixers(args.mixers)
@@ -151,7 +159,7 @@ def _setup(args: argparse.Namespace):
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     _log(f"seqmem bench {args.bench}: {len(mixers)} mixer(s) on {device}, {threads_note()}")
-    return device, dtype, mixers, machine_info()
+    return device, dtype, mixers, run_machine(device)
 
 
 def _log(msg: str) -> None:
@@ -183,16 +191,18 @@ def _emit(args: argparse.Namespace, text: str, payload: dict[str, Any]) -> int:
     return 0
 
 
-def _header(args: argparse.Namespace, machine: dict[str, Any], title: str, settings: str | None = None) -> str:
-    """Title, command line, machine and ``settings`` (default: those of speed / decode / profile)."""
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+def _header(args: argparse.Namespace, machine: dict[str, Any], title: str, settings: str | None = None,
+            end: dict[str, Any] | None = None) -> str:
+    """Title, command line, machine, the run's commit, dates and load (:func:`provenance_text`; ``end`` from
+    :func:`run_end` where the run is over) and ``settings`` (default: those of speed / decode / profile)."""
     if settings is None:
         settings = (f"d_model={args.d_model}, heads={args.heads}, batch={args.batch}, dtype={args.dtype}, "
                     f"device={args.device}, --max-seconds {args.max_seconds:g}")
     card = device_name(torch.device(getattr(args, "device", "cpu")))
     gpu = f"GPU {card}, " if card else ""
     return (f"## {title}\n\nCommand: `{_command(args)}`\n\nMachine: {gpu}{machine['cpu']}, {machine['cores']} cores, "
-            f"torch {machine['torch']}, {machine['threads']} thread(s), {when}; {settings}\n\n")
+            f"torch {machine['torch']}, {machine['threads']} thread(s).\n\nRun: {provenance_text(machine, end)}.\n\n"
+            f"Settings: {settings}\n\n")
 
 
 def cmd_speed(args: argparse.Namespace) -> int:
@@ -208,22 +218,24 @@ def cmd_speed(args: argparse.Namespace) -> int:
     ref_lengths = parse_lengths(args.ref_lengths, lengths) if args.ref_lengths is not None else lengths
     t0 = time.time()
     out = run_speed(args, device, dtype, mixers, lengths, ref_lengths, machine, _log)
+    end = run_end()
     rows, targets = summarize_speed(out["records"], (4096, 2048, 16384))
     peak = out["peak"]
-    text = _header(args, machine, "seqmem bench speed")
+    text = _header(args, machine, "seqmem bench speed", end=end)
     text += (f"GEMM peak ({peak['n']}×{peak['n']} {peak['dtype']} matmul, best of the runs at start and end): "
              f"{peak['gflops']:.1f} GFLOP/s. Total time {time.time() - t0:.0f} s.\n\n")
     text += "### Forward+backward time per length\n\n"
-    text += ("fast_ms / ref_ms: median ms (or why not measured); fast/ref: speed-up of impl=fast over "
-             "impl=reference; attn/mixer: attention's time over this mixer's (> 1: the mixer is faster); "
+    text += ("fast_ms / ref_ms: median ms (or why not measured), wall clock (CUDA events on a GPU); "
+             "fast/ref: speed-up of impl=fast over impl=reference; "
+             "attn/mixer: attention's time over this mixer's (> 1: the mixer is faster); "
              "floor: attention's time over the time of this layer's nn.Linear projections alone (forward+backward, "
              "same length) — the most any form of this layer can beat attention by; "
              "%peak: counted matrix GFLOP/s over the GEMM peak; form: the form the layer's ops ran in impl=fast "
              "(pytorch, or the kernel that took a call).\n\n")
-    text += md_table(rows, ["mixer", "T", "fast_ms", "spread_%", "ref_ms", "fast/ref", "attn/mixer", "floor",
-                            "ktok/s", "GFLOP/s", "%peak", "form"])
+    text += md_table(rows, ["mixer", "T", "fast_ms", "spread_%", "ref_ms", "fast/ref", "attn/mixer",
+                            "floor", "ktok/s", "GFLOP/s", "%peak", "form"])
     text += speed_targets_text(targets)
-    payload = {"bench": "speed", "command": _command(args), "machine": machine, "gemm_peak": peak,
+    payload = {"bench": "speed", "command": _command(args), "machine": machine, "end": end, "gemm_peak": peak,
                "settings": {"lengths": lengths, "ref_lengths": ref_lengths, "mixers": mixers,
                             **{k: v for k, v in vars(args).items() if k not in ("func", "json", "plot", "markdown")}},
                "records": out["records"], "summary": rows, "targets": targets}
@@ -235,8 +247,8 @@ def cmd_speed(args: argparse.Namespace) -> int:
 
 
 def speed_targets_text(targets: list[dict[str, Any]]) -> str:
-    """The speed-targets table ((a) fast/ref ≥ 10 at 4k, (b) faster than attention at 2k and ≥ 10x at 16k, (d) ≥ 25 %
-    of the GEMM peak at 16k), or one line saying which lengths it needs when none of them was measured."""
+    """The speed-targets table ((a) fast/ref ≥ 10 at 4k, (b) faster than attention at 2k and ≥ 10x at 16k,
+    (d) ≥ 25 % of the GEMM peak at 16k), or one line saying which lengths it needs when none of them was measured."""
     measured = [t for t in targets if any(v not in (None, "not measured", "—") and k not in ("mixer", "crossover")
                                           for k, v in t.items())]
     head = ("\n### Against the speed targets\n\n(a) the fast form ≥ 10x the reference at 4k; (b) faster than attention "
@@ -256,8 +268,9 @@ def cmd_decode(args: argparse.Namespace) -> int:
     contexts = parse_lengths(args.lengths, DEFAULT_CONTEXTS)
     t0 = time.time()
     out = run_decode(args, device, dtype, mixers, contexts, machine, _log)
-    text = _header(args, machine, "seqmem bench decode") + f"Total time {time.time() - t0:.0f} s.\n\n"
-    payload: dict[str, Any] = {"bench": "decode", "command": _command(args), "machine": machine,
+    end = run_end()
+    text = _header(args, machine, "seqmem bench decode", end=end) + f"Total time {time.time() - t0:.0f} s.\n\n"
+    payload: dict[str, Any] = {"bench": "decode", "command": _command(args), "machine": machine, "end": end,
                                "settings": {"contexts": contexts, "mixers": mixers,
                                             **{k: v for k, v in vars(args).items()
                                                if k not in ("func", "json", "plot", "markdown")}},
@@ -267,8 +280,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
     for impl in impls_of(args.impl):
         rows, flat = summarize_decode(out["records"], impl)
         text += f"### Decode, impl={impl}: ms per token and state per context\n\n"
-        text += ("attn/mixer: attention's step time over this mixer's at the same context (> 1: the mixer is "
-                 "faster).\n\n")
+        text += ("ms/token: median ms of one single-token step, wall clock (CUDA events on a GPU); attn/mixer: "
+                 "attention's step time over this mixer's at the same context (> 1: the mixer is faster).\n\n")
         text += md_table(rows, ["mixer", "context", "ms/token", "state_KiB", "attn/mixer"])
         text += f"\n### Flatness, impl={impl}\n\n"
         text += md_table(flat, list(flat[0]) if flat else ["mixer"]) + "\n"
@@ -299,13 +312,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 text += (f"### {name} impl={impl} T={n}: {r['total_self_ms']:.1f} ms self time in "
                          f"{r['op_calls']:,} op calls\n\n")
                 text += md_table(r["top"], ["op", "calls", "self_ms", "self_%"]) + "\n"
-    payload = {"bench": "profile", "command": _command(args), "machine": machine, "results": results}
+    payload = {"bench": "profile", "command": _command(args), "machine": machine, "end": run_end(), "results": results}
     return _emit(args, text, payload)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from seqmem.bench.train import markdown, train_step_seconds
-    from seqmem.io import machine_info
 
     mixers = resolve_mixers(args.mixers)
     options = check_mixer_options(mixers, args.mixer_option)
@@ -318,6 +330,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             check_writable_file(f, flag)
     torch.set_num_threads(args.threads)
     _log(f"seqmem bench train: {len(mixers)} mixer(s), {threads_note()}")
+    machine = run_machine(device)  # its thread count is args.threads, set above
     rows = []
     for i, m in enumerate(mixers, 1):
         kw = dict(scored=args.scored, full_head=args.full_head, options=options, device=device, dtype=dtype)
@@ -333,12 +346,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                     f"(x{c['seconds_per_step'] / r['seconds_per_step']:.2f}, compile {c['compile_seconds']:.0f} s)")
         _log(msg)
         rows.append(r)
-    machine = machine_info()  # its thread count is args.threads, set above
+    end = run_end()
     head = ", logits at every position" if args.full_head else ""
     text = _header(args, machine, "Training-step cost (fwd + bwd + AdamW)",
                    f"{args.layers} layers, d_model {args.d_model}, {args.heads} heads, vocab {args.vocab_size}, "
                    f"T = {args.seq_len}, batch {args.batch_size}; {args.scored:g} of the positions scored{head}; "
-                   f"{args.dtype} on {args.device}; median of {args.repeats} steps.") + markdown(rows)
-    return _emit(args, text, {"machine": machine, "config": {k: v for k, v in vars(args).items()
-                                                             if k not in ("func",) and not callable(v)},
-                              "rows": rows})
+                   f"{args.dtype} on {args.device}; median of {args.repeats} steps, wall clock (CUDA events "
+                   f"on a GPU).", end=end) + markdown(rows)
+    config = {k: v for k, v in vars(args).items() if k not in ("func",) and not callable(v)}
+    return _emit(args, text, {"bench": "train", "machine": machine, "end": end, "config": config, "rows": rows})

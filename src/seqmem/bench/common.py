@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
 import signal
 import statistics
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -281,6 +283,107 @@ def summarize_times(times_ms: list[float]) -> dict[str, float]:
     return {"median_ms": med, "min_ms": lo, "max_ms": hi, "spread": (hi - lo) / med if med > 0 else 0.0}
 
 
+# ------------------------------------------------------------------------------------------------ provenance
+def utc_now() -> str:
+    """The current time, UTC, ISO 8601 to the second (``"2026-11-25T00:16:03Z"``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def load_1min() -> float | None:
+    """The 1-minute load average (``/proc/loadavg``, else ``os.getloadavg``); None where the system has neither."""
+    try:
+        with open("/proc/loadavg") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return float(os.getloadavg()[0])
+    except (OSError, AttributeError):
+        return None
+
+
+def source_commit() -> dict[str, Any]:
+    """``{"commit": full hash, "dirty": bool}`` of the git tree seqmem was imported from, or both None where that
+    is not a git work tree (an installed wheel, no git on the machine, git failing): never raises.  ``dirty``: a
+    tracked file differs from the commit (``git status --porcelain --untracked-files=no``).  The package's own
+    files must be tracked by that tree, so a wheel installed inside some other repository is not given its commit."""
+    import seqmem
+
+    pkg = Path(seqmem.__file__).resolve().parent
+    none: dict[str, Any] = {"commit": None, "dirty": None}
+
+    def git(*cmd: str) -> str | None:
+        try:
+            p = subprocess.run(["git", *cmd], cwd=pkg, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return p.stdout.strip() if p.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit or git("ls-files", "--error-unmatch", "__init__.py") is None:
+        return none
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def gpu_driver() -> str | None:
+    """The NVIDIA driver version (``nvidia-smi``), or None where it cannot be asked."""
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = p.stdout.strip().splitlines() if p.returncode == 0 else []
+    return lines[0].strip() if lines else None
+
+
+def run_machine(device: torch.device | str | None = None) -> dict[str, Any]:
+    """The ``machine`` record of a benchmark, taken before it measures: :func:`~seqmem.io.machine_info` (CPU
+    model, cores, torch, threads, Python, GPU name) plus what says which code ran under which conditions:
+    ``date`` (UTC, ISO), ``seqmem`` (version), ``commit`` and ``dirty`` (None outside a git tree),
+    ``omp_num_threads`` (the variable as set, None if unset), ``load_1min`` (the 1-minute load average: other work
+    on the machine, which the wall-clock times include) and, on a CUDA device, ``cuda_runtime`` (torch's CUDA
+    version) and ``gpu_driver`` (the NVIDIA driver)."""
+    import seqmem
+
+    info = machine_info()
+    info.update({"date": utc_now(), "seqmem": seqmem.__version__, **source_commit(),
+                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "load_1min": load_1min()})
+    if device is not None and torch.device(device).type == "cuda":
+        info.update({"cuda_runtime": torch.version.cuda, "gpu_driver": gpu_driver()})
+    return info
+
+
+def run_end() -> dict[str, Any]:
+    """``{"date", "load_1min"}`` when a benchmark ends (beside :func:`run_machine`'s, taken at its start)."""
+    return {"date": utc_now(), "load_1min": load_1min()}
+
+
+def provenance_text(machine: dict[str, Any], end: dict[str, Any] | None = None) -> str:
+    """One line for a Markdown header: commit, start (and end) date and load average, from :func:`run_machine`'s
+    record (and :func:`run_end`'s); "not recorded" for what a record from older code lacks."""
+    commit, dirty = machine.get("commit"), machine.get("dirty")
+    code = "commit not recorded"
+    if commit:
+        code = f"commit {commit[:12]}" + (" with uncommitted changes" if dirty else "" if dirty is False
+                                          else " (uncommitted changes not known)")
+    if machine.get("seqmem"):
+        code = f"seqmem {machine['seqmem']}, {code}"
+
+    def load(v: Any) -> str:
+        return "not recorded" if v is None else f"{v:.2f}"
+
+    when = f"started {machine['date']}" if machine.get("date") else "start date not recorded"
+    text = f"{code}; {when}, load average (1 min) {load(machine.get('load_1min'))}"
+    if end:
+        text += f"; ended {end['date']}, load {load(end.get('load_1min'))}"
+    omp = machine.get("omp_num_threads")
+    text += f"; OMP_NUM_THREADS={omp if omp is not None else 'unset'}" if "omp_num_threads" in machine else ""
+    if machine.get("cuda_runtime") or machine.get("gpu_driver"):
+        text += f"; CUDA {machine.get('cuda_runtime') or '?'}, driver {machine.get('gpu_driver') or 'unknown'}"
+    return text
+
+
 # ------------------------------------------------------------------------------------------------ output
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     def clean(o: Any) -> Any:
@@ -352,4 +455,4 @@ def md_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(table_lines(columns, ([f(r.get(c)) for c in columns] for r in rows))) + "\n"
 
 
-__all__ = ["machine_info"]
+__all__ = ["machine_info", "run_machine", "run_end", "provenance_text", "source_commit"]

@@ -230,10 +230,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = json.loads(res.stdout)
     import triton
 
+    from seqmem.bench.common import source_commit, utc_now
+
+    src = source_commit()
+    commit = (f"commit {src['commit'][:12]}" + (" with uncommitted changes" if src["dirty"] else "")
+              if src["commit"] else "commit not recorded (not a git tree)")
     table = (
         "# seqmem's Triton kernels compiled for NVIDIA GPUs (no GPU used)\n\n"
         f"Written by `python -m seqmem.bench.compile_kernels{' --quick' if a.quick else ''}` with triton "
-        f"{triton.__version__}: each kernel launch the ops make on typical shapes (head size 64, and 128 where "
+        f"{triton.__version__} ({utc_now()}, {commit}): each kernel launch the ops make on typical shapes "
+        "(head size 64, and 128 where "
         "listed; recorded under Triton's CPU interpreter) compiled ahead of time for each architecture, with ptxas's "
         "registers per thread, spill bytes and shared memory.  This checks that the kernels compile and fit their "
         "programs; it measures no speed.\n\n" + _table(rows)

@@ -485,9 +485,15 @@ def _command(args: argparse.Namespace) -> str:
 
 def report(payload: dict[str, Any]) -> str:
     """The Markdown report of a run's JSON payload (what ``--json`` writes)."""
+    from seqmem.bench.common import provenance_text
+
     st, m = payload["settings"], payload["machine"]
+    if "date" in m:  # recorded by run_machine: commit, dates and load
+        run = f"Run: {provenance_text(m, payload.get('end'))}.\n\n"
+    else:  # a payload from before those were recorded: its date only
+        run = f"Run: {payload['when']}; commit and load not recorded.\n\n"
     return (f"## seqmem bench numerics\n\nCommand: `{payload['command']}`\n\nMachine: {m['cpu']}, "
-            f"{m['cores']} cores (shared), torch {m['torch']}, {m['threads']} thread(s), {payload['when']}; "
+            f"{m['cores']} cores, torch {m['torch']}, {m['threads']} thread(s).\n\n{run}Settings: "
             f"T={st['length']} streamed in pieces of {st['piece']}, d_model={st['d_model']}, heads={st['heads']}, "
             f"batch 1, impl={st['impl']}, seed {st['seed']}, registered default options (listed per mixer in the "
             f"JSON). Total time {payload['seconds']:.0f} s wall, {payload['cpu_seconds']:.0f} s CPU.\n\n"
@@ -500,8 +506,15 @@ def run(args: argparse.Namespace) -> int:
     With ``--render FILE`` only re-render the Markdown of a saved ``--json`` payload."""
     import json
 
-    from seqmem.bench.common import check_writable_file, resolve_device, resolve_mixers, write_json
-    from seqmem.repro.common import atomic_write_text, machine_info
+    from seqmem.bench.common import (
+        check_writable_file,
+        resolve_device,
+        resolve_mixers,
+        run_end,
+        run_machine,
+        write_json,
+    )
+    from seqmem.repro.common import atomic_write_text
 
     if getattr(args, "render", None) is not None:
         try:
@@ -531,7 +544,7 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"seqmem bench numerics: {len(mixers)} mixer(s), T={args.length}, {threads_note()}", file=sys.stderr,
           flush=True)
-    machine = machine_info()
+    machine = run_machine(dev)
     t0, c0 = time.time(), time.process_time()
     records = []
     for name in mixers:
@@ -554,7 +567,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name}: " + ", ".join(
             f"{p} {'ERR' if r.get('error') else _e(r['rel_err'])}" for p, r in rec["runs"].items()),
             file=sys.stderr, flush=True)
-    payload = {"bench": "numerics", "command": _command(args), "machine": machine,
+    payload = {"bench": "numerics", "command": _command(args), "machine": machine, "end": run_end(),
                "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seconds": time.time() - t0,
                "cpu_seconds": time.process_time() - c0,
                "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
