@@ -94,7 +94,8 @@ def test_speed_end_to_end(tmp_path, capsys):
     # attention's ratio to itself is 1; the reference speed-up is the ratio of the two medians
     row = next(s for s in data["summary"] if s["mixer"] == "attention" and s["T"] == "128")
     assert row["attn/mixer"] == pytest.approx(1.0)
-    assert row["fast/ref"] == pytest.approx(row["ref_ms"] / row["fast_ms"])
+    assert row["speed-up (ref/fast)"] == pytest.approx(row["ref_ms"] / row["fast_ms"])
+    assert "| speed-up (ref/fast) |" in out
     assert _png_ok(tmp_path / "p" / "speed_time.png") and _png_ok(tmp_path / "p" / "speed_fast_vs_reference.png")
 
 

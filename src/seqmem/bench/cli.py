@@ -226,13 +226,13 @@ def cmd_speed(args: argparse.Namespace) -> int:
              f"{peak['gflops']:.1f} GFLOP/s. Total time {time.time() - t0:.0f} s.\n\n")
     text += "### Forward+backward time per length\n\n"
     text += ("fast_ms / ref_ms: median ms (or why not measured), wall clock (CUDA events on a GPU); "
-             "fast/ref: speed-up of impl=fast over impl=reference; "
+             "speed-up (ref/fast): ref_ms / fast_ms, the speed-up of impl=fast over impl=reference; "
              "attn/mixer: attention's time over this mixer's (> 1: the mixer is faster); "
              "floor: attention's time over the time of this layer's nn.Linear projections alone (forward+backward, "
              "same length) — the most any form of this layer can beat attention by; "
              "%peak: counted matrix GFLOP/s over the GEMM peak; form: the form the layer's ops ran in impl=fast "
              "(pytorch, or the kernel that took a call).\n\n")
-    text += md_table(rows, ["mixer", "T", "fast_ms", "spread_%", "ref_ms", "fast/ref", "attn/mixer",
+    text += md_table(rows, ["mixer", "T", "fast_ms", "spread_%", "ref_ms", "speed-up (ref/fast)", "attn/mixer",
                             "floor", "ktok/s", "GFLOP/s", "%peak", "form"])
     text += speed_targets_text(targets)
     payload = {"bench": "speed", "command": _command(args), "machine": machine, "end": end, "gemm_peak": peak,
@@ -247,7 +247,7 @@ def cmd_speed(args: argparse.Namespace) -> int:
 
 
 def speed_targets_text(targets: list[dict[str, Any]]) -> str:
-    """The speed-targets table ((a) fast/ref ≥ 10 at 4k, (b) faster than attention at 2k and ≥ 10x at 16k,
+    """The speed-targets table ((a) speed-up ref/fast ≥ 10 at 4k, (b) faster than attention at 2k and ≥ 10x at 16k,
     (d) ≥ 25 % of the GEMM peak at 16k), or one line saying which lengths it needs when none of them was measured."""
     measured = [t for t in targets if any(v not in (None, "not measured", "—") and k not in ("mixer", "crossover")
                                           for k, v in t.items())]

@@ -269,7 +269,7 @@ def summarize_speed(records: list[dict[str, Any]], target_lengths: tuple[int, in
                     rec = all_recs[(impl, n)]
                     row[key] = f"{rec['status']} ({rec['note']})" if rec.get("note") else rec["status"]
             row["form"] = f.get("form") if f else None
-            row["fast/ref"] = rf["median_ms"] / f["median_ms"] if f and rf else None
+            row["speed-up (ref/fast)"] = rf["median_ms"] / f["median_ms"] if f and rf else None
             row["attn/mixer"] = attn[n] / f["median_ms"] if f and n in attn else None
             # the projection floor: attention's time over the time of this layer's nn.Linear projections alone
             row["floor"] = attn[n] / f["linear_ms"] if f and n in attn and f.get("linear_ms") else None
@@ -291,7 +291,7 @@ def summarize_speed(records: list[dict[str, Any]], target_lengths: tuple[int, in
 
         targets.append({
             "mixer": name,
-            f"fast/ref@{fmt_len(t_a)}": sp, "(a)": verdict(sp, 10.0),
+            f"speed-up (ref/fast)@{fmt_len(t_a)}": sp, "(a)": verdict(sp, 10.0),
             f"attn/mixer@{fmt_len(t_b)}": r2, f"attn/mixer@{fmt_len(t_long)}": r16,
             f"floor@{fmt_len(t_long)}": None if name == "attention" else fl16,
             "(b)": "—" if name == "attention" else (
