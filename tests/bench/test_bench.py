@@ -132,6 +132,23 @@ def test_speed_no_floor_skips_the_projections(tmp_path):
     assert all("linear_ms" not in r for r in data["records"]) and all(s["floor"] is None for s in data["summary"])
 
 
+def test_floor_is_timed_like_the_layer(monkeypatch):
+    """The projections alone get the layer's --warmup and --repeats (not a warm-up of their own)."""
+    from seqmem.bench import speed
+
+    calls = []
+    real = speed.measure
+
+    def spy(fn, **kw):
+        calls.append((kw["warmup"], kw["repeats"]))
+        return real(fn, **kw)
+
+    monkeypatch.setattr(speed, "measure", spy)
+    assert main(["bench", "speed", "--mixers", "deltanet", "--lengths", "64", "--d-model", "32", "--heads", "2",
+                 "--impl", "fast", "--no-flops", "--gemm-sizes", "64", "--warmup", "3", "--repeats", "2"]) == 0
+    assert calls == [(3, 2), (3, 2)]  # the layer, then its projections
+
+
 def test_time_cap_reports_not_run(tmp_path):
     js = tmp_path / "s.json"
     assert main(["bench", "speed", *TINY, "--impl", "fast", "--no-flops", "--max-seconds", "0.000001",

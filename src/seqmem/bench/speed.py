@@ -196,7 +196,7 @@ def _run_speed(args: Any, device: torch.device, dtype: torch.dtype, mixers: list
                            if impl == "fast" and not args.no_floor else None)  # no projection inputs if unused
                     if lin is not None:
                         try:
-                            lr = measure(lin, warmup=1, repeats=repeats, max_seconds=cap, device=device)
+                            lr = measure(lin, warmup=warmup, repeats=repeats, max_seconds=cap, device=device)
                         except Exception as e:  # the floor is a side measurement: never lose the timing
                             lr = {"status": "error", "note": f"{type(e).__name__}: {e}"[:300]}
                         if lr["status"] == "ok":
