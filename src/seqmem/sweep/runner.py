@@ -998,8 +998,8 @@ def run_sweep(
     started = part_trained(out, wanted_points(spec, out, points))
     if probe and n_left:
         log("measuring one-thread step times (CPU time, not inflated by load) for the ETA ..."
-            + (" (eager steps: --compile's are typically 0.75-1.0x of these, after a one-off compile per model)"
-               if compile else ""))
+            + (" (eager steps: --compile's measured 0.68-1.04x of eager ones, wall clock on a 2-core CPU, "
+               "docs/BENCHMARKS.md; plus a one-off compile per model)" if compile else ""))
         left = {k: n - d for k, (n, d) in counts.items() if d < n}
         left_rows = [groups[k] for k in left]
         c = estimate_costs([g[0] for g in left_rows], log,
