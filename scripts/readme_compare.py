@@ -19,19 +19,69 @@ from seqmem.io import atomic_write_text
 BEGIN, END = "<!-- compare-table:begin -->", "<!-- compare-table:end -->"
 
 
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def edge_cells(report: str) -> set[tuple[str, str]]:
+    """``(mixer cell, summary column)`` of every row whose chosen learning rate the report marks '(edge)' (at the
+    edge of the grid), from the per-setting tables: a setting's section ``## LABEL (...)`` and its table's axis
+    columns between ``mixer`` and ``state`` give the summary's column label (``LABEL, d_model 64``)."""
+    edges: set[tuple[str, str]] = set()
+    lines = report.splitlines()
+    label = None
+    for i, line in enumerate(lines):
+        if line.startswith("## "):
+            label = None if line.startswith("## Summary") else line[3:].split(" (")[0]
+            continue
+        if label is None or not line.startswith("| mixer"):
+            continue
+        head = _cells(line)
+        if "state" not in head or "lr*" not in head:
+            continue
+        axes = head[1:head.index("state")]
+        for row_line in lines[i + 2:]:
+            if not row_line.startswith("|"):
+                break
+            row = dict(zip(head, _cells(row_line)))
+            if "(edge)" in row.get("lr*", ""):
+                col = f"{label}, " + ", ".join(f"{a} {row[a]}" for a in axes) if axes else label
+                edges.add((row["mixer"], col))
+        label = None
+    return edges
+
+
+def mark_edges(table: str, edges: set[tuple[str, str]]) -> str:
+    """The summary table with ' (edge)' after each cell whose row's chosen learning rate is at the grid's edge."""
+    lines = table.splitlines()
+    head = _cells(lines[0])
+    out = lines[:2]
+    for line in lines[2:]:
+        cells = _cells(line)
+        cells = [c + " (edge)" if (cells[0], col) in edges and c != "—" else c for col, c in zip(head, cells)]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def table_block(report: str) -> str:
-    """The status line and summary table for the README, from the report's text."""
+    """The status line and summary table for the README, from the report's text: the cells whose chosen learning
+    rate the report marks '(edge)' keep the marker, and the training time is worded as the report's
+    'Runs finished' line words it."""
     m = re.search(r"## Summary:.*?\n\n(\| mixer.*?)\n\n", report, re.S)
-    runs = re.search(r"Runs finished: (\d+)/(\d+); training time of .*?: ([\d.]+) CPU-hours", report)
+    runs = re.search(r"^Runs finished: (\d+)/(\d+); training time of (.+?): ([\d.]+) CPU-hours(.*)$", report, re.M)
     if m is None or runs is None:
         raise ValueError("the report has no summary table or no 'Runs finished' line")
-    done, total, cpuh = runs.groups()
+    done, total, of, cpuh, rest = runs.groups()
+    basis = rest.split(". Machine:")[0].strip().rstrip(".")
+    hours = f"training time of {of}: {cpuh} CPU-hours" + (f" {basis}" if basis else "")
+    edges = edge_cells(report)
+    legend = " `(edge)`: the chosen learning rate is at the edge of the grid." if edges else ""
     if done == total:
-        status = f"**Status: complete — {total} runs ({cpuh} CPU-hours).**"
+        status = f"**Status: complete — {total} runs; {hours}.**{legend}"
     else:
-        status = (f"**Status: campaign in progress — {done} of {total} runs finished ({cpuh} CPU-hours so far); `*` "
-                  "marks a cell that is not final, `—` one not run yet.** Re-run `make compare` to continue it.")
-    return f"{status}\n\n{m.group(1)}"
+        status = (f"**Status: campaign in progress — {done} of {total} runs finished; {hours} so far; `*` marks a "
+                  f"cell that is not final, `—` one not run yet.**{legend} Re-run `make compare` to continue it.")
+    return f"{status}\n\n{mark_edges(m.group(1), edges)}"
 
 
 def replace_between_markers(readme: str, block: str) -> str:

@@ -125,6 +125,40 @@ def test_refresh_replaces_only_between_markers(tmp_path):
     assert text.startswith("# top\n") and text.endswith("## After\nkept\n")
 
 
+EDGE_REPORT = """# x
+
+## Summary: accuracy
+
+| mixer | 4 pairs, d_model 64 | 4 pairs, d_model 128 |
+|---|---:|---:|
+| `m` | 1.00 ± 0.00 (3) | 0.50 ± 0.10 (3) |
+| `n` | 0.90 ± 0.01 (3) | — |
+
+## 4 pairs ({"num_pairs": 4}, T = 32)
+
+Chance: 0.062.
+
+| mixer | d_model | state | params | lr* | accuracy (mean ± std) |
+|---|---|---|---|---|---|
+| `m` | 64 | 1 | 2 | 0.001 | 1.000 ± 0.000 |
+| `m` | 128 | 1 | 2 | 0.03 (edge) | 0.500 ± 0.100 |
+| `n` | 64 | 1 | 2 | 0.0003 (edge) | 0.900 ± 0.010 |
+
+Runs finished: 6/6; training time of all 7 finished runs (1 outside the report: seeds of an lr no longer chosen): \
+1.25 CPU-hours (one thread each; wall clock: old). Machine: x, 2 cores, torch y; report written z.
+"""
+
+
+def test_edge_markers_and_the_reports_wording_are_carried_over():
+    """A cell whose chosen lr the report marks '(edge)' keeps the marker; the hours are worded as the report's."""
+    block = _script().table_block(EDGE_REPORT)
+    assert "| `m` | 1.00 ± 0.00 (3) | 0.50 ± 0.10 (3) (edge) |" in block
+    assert "| `n` | 0.90 ± 0.01 (3) (edge) | — |" in block
+    assert ("complete — 6 runs; training time of all 7 finished runs (1 outside the report: seeds of an lr no "
+            "longer chosen): 1.25 CPU-hours (one thread each; wall clock: old).**") in block
+    assert "`(edge)`: the chosen learning rate is at the edge of the grid." in block
+
+
 @pytest.mark.parametrize(
     "body", ["no markers at all\n## After\n", "<!-- compare-table:end --> x <!-- compare-table:begin -->"]
 )
