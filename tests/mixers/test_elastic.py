@@ -129,6 +129,25 @@ def test_sampling_switch_changes_only_outputs():
         e.set_sampling("random")
 
 
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_set_sampling_while_decoding_takes_effect_at_once(mode):
+    """A switch of the sample points (Section 3.5) mid-block changes the very next decoding step: the memory tokens
+    cached for the block (same memory tensor) were built from the former points and must not be reused."""
+    import copy
+
+    e = make("elastic", hippo_n=6)
+    x = x_(t=20)
+    with mode():
+        _, s = e(x[:, :17])  # inside block 2: the memory is not empty
+        _, s2 = e(x[:, 17:18], s)  # a decoding step caches this block's memory tokens
+        e.set_sampling("uniform", eps=0.05)
+        y, _ = e(x[:, 18:19], s2)  # same memory tensor, same block
+        fresh = copy.deepcopy(e)
+        fresh._ctx_cache = None
+        y_ref, _ = fresh(x[:, 18:19], {k: v.clone() for k, v in s2.items()})
+    assert_rel_close(y, y_ref, 1e-13, "decoding step after set_sampling")
+
+
 def test_memorizing_fifo_is_bounded_and_holds_last_tokens():
     m = make("memorizing", n_queue=12)
     x = x_(t=5 * L + 3)

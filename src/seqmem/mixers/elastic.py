@@ -355,8 +355,9 @@ class Elastic(BlockAttention):
         self.hippo_n = check_positive_int("hippo_n", hippo_n)
         self.mem_tokens = self.hippo_n if mem_tokens is None else check_positive_int("mem_tokens", mem_tokens)
         self._bank: dict[tuple, tuple[Tensor, Tensor]] = {}
-        # decoding: the memory tokens of the current block, reused while the same memory tensor comes back
-        self._ctx_cache: tuple[Tensor, int, int, Ctx] | None = None
+        # decoding: the memory tokens of the current block, reused while the same memory tensor comes back (and the
+        # sample points are those they were built with: set_sampling clears it)
+        self._ctx_cache: tuple[Tensor, int | None, int, Any, Ctx] | None = None
         self._R: dict[tuple, Tensor] = {}
         self.set_sampling(sampling, alpha, eps)
 
@@ -370,6 +371,7 @@ class Elastic(BlockAttention):
             raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
         self.sampling, self.alpha, self.eps = sampling, alpha, float(eps)
         self._fractions = sample_fractions(sampling, self.mem_tokens, alpha=alpha, eps=self.eps)
+        self._ctx_cache = None  # memory tokens built from the former sample points
 
     def _recon(self, like: Tensor) -> Tensor:
         key = (self.sampling, self.alpha, self.eps, like.dtype, like.device)
@@ -413,10 +415,12 @@ class Elastic(BlockAttention):
         # The memory changes only at block ends, so token-by-token decoding passes the same tensor back L times:
         # reuse its memory tokens (Eq. 8) instead of rebuilding them per token.  Exact: same tensor object, same
         # version counter (not modified in place), same block; never while autograd records (no graph is kept).
-        # Inference-mode tensors have no version counter: there the same object and block are the key.
+        # Inference-mode tensors have no version counter: there the same object and block are the key.  The sample
+        # points they were built from are part of the key too (set_sampling replaces them and clears the cache).
         version = _version(C)
-        if cached is not None and cached[0] is C and cached[1] == version and cached[2] == blk:
-            return cached[3]
+        if (cached is not None and cached[0] is C and cached[1] == version and cached[2] == blk
+                and cached[3] is self._fractions):
+            return cached[4]
         b = C.shape[0]
         tok = self._recon(C) @ C  # Eq. 8: (b, L_mem, 2 d_model)
         h, dh = self.n_heads, self.head_dim
@@ -426,7 +430,7 @@ class Elastic(BlockAttention):
             "v": tok[..., self.d_model :].reshape(b, M, h, dh),
             "valid": torch.full((b, M), blk > 0, dtype=torch.bool, device=C.device),
         }
-        self._ctx_cache = None if torch.is_grad_enabled() else (C, version, blk, ctx)
+        self._ctx_cache = None if torch.is_grad_enabled() else (C, version, blk, self._fractions, ctx)
         return ctx
 
     def _mem_scan(self, mem: State, Kp: Tensor, Vp: Tensor, b0: int, done: int) -> tuple[Ctx, State]:
