@@ -183,6 +183,30 @@ def test_bad_input_raises(name, cfg):
 
 
 @pytest.mark.parametrize("name,cfg", CASES)
+def test_cache_of_the_wrong_length_raises(name, cfg):
+    """A state tensor whose length grows or shrinks with the sequence (a KV cache, a window's cache, the current
+    block's tokens) must hold exactly the tokens its position says: one token fewer (a truncated cache, or a
+    window-w state given to a full-attention layer) or one more is refused, never read at shifted positions."""
+    m = make(name, cfg)
+    x = inputs(m)
+    _, st = m(x[:, :20])
+    layout = m.state_layout(x)
+    assert layout is not None, f"{name}: the state layout probe failed"
+    for key, (dims, _) in layout.items():
+        for i, d in enumerate(dims):
+            if d is not None:
+                continue
+            n = st[key].shape[i + 1]
+            if n:
+                bad = st[key].narrow(i + 1, 1, n - 1)
+            else:
+                bad = torch.cat([st[key], st[key].new_zeros(*st[key].shape[: i + 1], 1, *st[key].shape[i + 2 :])],
+                                i + 1)
+            with pytest.raises(ValueError, match="expected"):
+                m(x[:, 20:], {**st, key: bad})
+
+
+@pytest.mark.parametrize("name,cfg", CASES)
 @pytest.mark.parametrize("impl", ["fast", "reference"])
 def test_tensors_are_made_on_the_input_device(name, cfg, impl):
     """Every tensor a mixer makes in its forward and backward is made on its input's device (``device=x.device``,

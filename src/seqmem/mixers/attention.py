@@ -109,6 +109,15 @@ class Attention(Mixer):
         else:
             k_cache, v_cache = state["k"], state["v"]
             start = int(state["pos"][0])
+            want = self._cache_len(start)
+            if k_cache.shape[2] != want or v_cache.shape[2] != want:
+                rule = ("every past token" if self.window is None
+                        else f"the last min(pos, window - 1) = min({start}, {self.window - 1}) tokens")
+                raise ValueError(
+                    f"{type(self).__name__}: state holds {k_cache.shape[2]} cached keys and {v_cache.shape[2]} "
+                    f"cached values at pos {start}, expected {want} ({rule}; window={self.window}): a state "
+                    "from another window or a truncated cache; pass state=None to start a new sequence"
+                )
         q, k, v = self.qkv(x).view(b, t, 3, h, dh).unbind(2)
         pos = torch.arange(start, start + t, device=x.device)
         q = apply_rope(q, pos, self.rope_base).transpose(1, 2)  # (b, h, t, dh)

@@ -173,10 +173,11 @@ class BlockAttention(Mixer):
             kc, vc = state["k"], state["v"]
             start = int(state["pos"][0])
             mem = {k: state[k] for k in self._mem_keys()}
-            if kc.shape[1] != start % self.block_len:
+            if kc.shape[1] != start % self.block_len or vc.shape[1] != start % self.block_len:
                 raise ValueError(
-                    f"{type(self).__name__}: state holds {kc.shape[1]} cached tokens, "
-                    f"expected {start % self.block_len}"
+                    f"{type(self).__name__}: state holds {kc.shape[1]} cached keys and {vc.shape[1]} cached values "
+                    f"at pos {start}, expected {start % self.block_len} (the current block's tokens, pos mod "
+                    f"block_len={self.block_len})"
                 )
         q, k, v = self.qkv(x).view(b, t, 3, h, dh).unbind(2)
         c = kc.shape[1]

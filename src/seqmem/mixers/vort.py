@@ -446,6 +446,8 @@ class VORT(Mixer):
         b, t, _ = x.shape
         h, dh = self.n_heads, self.head_dim
         start = 0 if state is None else int(state["pos"][0])
+        if state is not None:
+            self._check_cache_lengths(state, start)
         q, k, v = self.qkv(x).view(b, t, 3, h, dh).unbind(2)
         new_state: State = {}
         mode = self._op_mode()
@@ -500,6 +502,23 @@ class VORT(Mixer):
             o = o + loc
         new_state["pos"] = torch.full((b,), start + t, dtype=torch.long, device=x.device)
         return self.out(o.reshape(b, t, self.d_model)), new_state
+
+    def _check_cache_lengths(self, state: State, start: int) -> None:
+        """The KV cache (``k``, ``v``, ``coef``: every past token) holds ``pos`` tokens and the local window's cache
+        (``lk``, ``lv``) the last ``min(pos, local_window - 1)``: a truncated cache or one from another window would
+        shift every lag (eq. 2's w_{t-i} is indexed by the cache position)."""
+        want = {"k": start, "v": start, "coef": start} if self.uses_cache else {}
+        if self.local_window > 1:
+            want |= {"lk": min(start, self.local_window - 1), "lv": min(start, self.local_window - 1)}
+        for key, n in want.items():
+            if state[key].shape[1] != n:
+                what = ("every past token" if key in ("k", "v", "coef")
+                        else f"the last min(pos, local_window - 1) = min({start}, {self.local_window - 1}) tokens")
+                raise ValueError(
+                    f"{type(self).__name__}: state[{key!r}] holds {state[key].shape[1]} tokens at pos {start}, "
+                    f"expected {n} ({what}): a truncated cache or a state from another configuration; pass "
+                    "state=None to start a new sequence"
+                )
 
     def _cached(self, q, k, v, alpha, state, start, new_state) -> Tensor:
         """KV-cache path: exact exp scores (eq. 13) and/or exact GL weights; parallel or per-token."""
