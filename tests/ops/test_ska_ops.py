@@ -451,6 +451,19 @@ def test_bad_inputs_raise():
 
 
 @pytest.mark.parametrize("mode", ["chunk", "recurrent"])
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_integer_inputs_are_refused(mode, which):
+    """An integer v returned an integer output (the float result truncated by o.to(v.dtype)); integer q, k, v are
+    refused, naming the op and the argument."""
+    ins = dict(zip("qkv", qkv(B=1, T=6, H=1, r=3, P=2)))
+    ins[which] = ins[which].round().long()
+    with pytest.raises(ValueError, match=rf"spectral_koopman_attention: {which} must be a floating-point tensor"):
+        spectral_koopman_attention(ins["q"], ins["k"], ins["v"], chunk_size=2, mode=mode)
+    with pytest.raises(ValueError, match=r"spectral_koopman_attention: mode must be one of"):
+        spectral_koopman_attention(*qkv(B=1, T=6, H=1, r=3, P=2), mode="fast")
+
+
+@pytest.mark.parametrize("mode", ["chunk", "recurrent"])
 def test_the_state_is_shape_checked(mode):
     """A batch-1 state with a batch-2 input broadcast silently in the recurrent form (every sequence got the one
     state) and failed with a bare RuntimeError in the chunked one: each key's shape and dtype is checked now."""

@@ -19,7 +19,9 @@ from seqmem.ops._common import (
     check_choice,
     check_mode,
     check_number,
+    check_same_device,
     check_state_dict,
+    check_tensor,
     floor,
     full_precision,
     values_checked,
@@ -186,23 +188,24 @@ def _norm_scale(m: Tensor, norm: str) -> Tensor:
     return torch.where(m > 0, m.clamp_min(1e-6), torch.ones_like(m))
 
 
-def _validate(q, k, v, chunk_size, power, eps, norm, spec_iters, operator_form, mode):
-    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)):
-        raise ValueError("spectral_koopman_attention: q, k, v must be tensors")
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError("spectral_koopman_attention: q, k (B,T,H,r) and v (B,T,H,P) must be 4-D")
-    if q.shape != k.shape or k.shape[:3] != v.shape[:3]:
-        raise ValueError(
-            f"spectral_koopman_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, "
-            f"v {tuple(v.shape)} disagree"
-        )
-    check_int("chunk_size", chunk_size)
-    check_int("power (K)", power, 0)
-    check_number("spectral_koopman_attention", "eps", eps, positive=True)
-    check_int("spec_iters", spec_iters)
-    check_choice(None, "norm", norm, NORMS)
-    check_choice(None, "operator_form", operator_form, OPERATOR_FORMS)
-    check_mode(None, mode, MODES)
+_OP = "spectral_koopman_attention"
+
+
+def _validate(q, k, v, chunk_size, power, eps, norm, spec_iters, operator_form, mode, gamma=None, eta=None,
+              initial_state=None):
+    check_tensor(_OP, "q", q, (None, None, None, None), "batch, time, heads, r")
+    check_tensor(_OP, "k", k, tuple(q.shape), "batch, time, heads, r")
+    check_tensor(_OP, "v", v, (*q.shape[:3], None), "batch, time, heads, P")
+    check_int("chunk_size", chunk_size, prefix=f"{_OP}: ")
+    check_int("power (K)", power, 0, prefix=f"{_OP}: ")
+    check_number(_OP, "eps", eps, positive=True)
+    check_int("spec_iters", spec_iters, prefix=f"{_OP}: ")
+    check_choice(_OP, "norm", norm, NORMS)
+    check_choice(_OP, "operator_form", operator_form, OPERATOR_FORMS)
+    check_mode(_OP, mode, MODES)
+    extra = {f"initial_state[{key!r}]": t for key, t in (initial_state or {}).items() if isinstance(t, Tensor)}
+    check_same_device(_OP, q=q, k=k, v=v, **{n: t for n, t in (("gamma", gamma), ("eta", eta))
+                                              if isinstance(t, Tensor)}, **extra)
 
 
 _STATE_DIMS = {"G": "batch, heads, r, r", "M": "batch, heads, r, r", "Cv": "batch, heads, P, r",
@@ -265,7 +268,8 @@ def spectral_koopman_attention(
     output uses the mask of earlier chunks only.  In the state, ``"z_prev"`` is then ``m_{t-1} z_{t-1}`` (the
     previous key if it was in, else 0), so a split sequence with its mask split alike equals one call.
     """
-    _validate(q, k, v, chunk_size, power, eps, norm, spec_iters, operator_form, mode)
+    _validate(q, k, v, chunk_size, power, eps, norm, spec_iters, operator_form, mode, gamma, eta,
+              initial_state if isinstance(initial_state, dict) else None)
     if mask is not None:
         mask = check_action_mask(mask, tuple(k.shape[:2]), k.device, "spectral_koopman_attention")
     if initial_state is not None:
