@@ -53,6 +53,22 @@ def test_fla_constructor_names():
     assert lat.n_heads == 2
 
 
+def test_fla_mamba2_head_dim_is_headdim():
+    """fla's Mamba2 splits expand·hidden_size into num_heads heads of head_dim: head_dim is seqmem's headdim (it was
+    read as d_model / n_heads, so Mamba2(hidden_size=64, head_dim=16) built heads of 32 and fla's valid
+    Mamba2(hidden_size=64, num_heads=2, head_dim=64) was refused)."""
+    from seqmem.layers import Mamba2
+
+    m = Mamba2(hidden_size=64, num_heads=2, head_dim=64)
+    assert (m.n_heads, m.headdim, m.d_inner) == (2, 64, 128)
+    m = Mamba2(hidden_size=64, head_dim=16)
+    assert (m.n_heads, m.headdim) == (8, 16)
+    with pytest.raises(ValueError, match=r"n_heads=2 × headdim=16 must equal"):
+        Mamba2(hidden_size=64, num_heads=2, head_dim=16)
+    with pytest.raises(ValueError, match="head_dim=16 and headdim=8 disagree"):
+        Mamba2(hidden_size=64, head_dim=16, headdim=8)
+
+
 def test_zoology_adapter():
     z = seqmem.layers.ZoologyMixer(d_model=16, layer_idx=1, mixer="vla", n_heads=2)
     x = torch.randn(2, 7, 16)

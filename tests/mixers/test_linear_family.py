@@ -268,6 +268,22 @@ def test_state_sizes_exact():
     assert m2h.n_heads == 4 and m2h.state_size(1) == 3 * 48 + 4 * 8 * 8
 
 
+def test_mamba2_heads_and_headdim_must_agree():
+    """headdim sets the heads (expand·d_model / headdim); an n_heads given beside it that disagrees was overwritten
+    silently (n_heads=2, headdim=8 at d_model 16 built 4 heads): it is refused, an agreeing one accepted."""
+    with pytest.raises(ValueError, match=r"n_heads=2 × headdim=8 must equal expand \* d_model = 32"):
+        build_mixer("mamba2", 16, n_heads=2, headdim=8)
+    m = build_mixer("mamba2", 16, n_heads=4, headdim=8)
+    assert (m.n_heads, m.headdim) == (4, 8)
+    assert build_mixer("mamba2", 16).n_heads == 4  # the default without headdim
+    # a model's n_heads is not forced on a layer whose headdim sets its heads (Echo's Mamba-2 layers: headdim 64)
+    from seqmem.models import LanguageModel, LMConfig
+
+    lm = LanguageModel(LMConfig(vocab_size=16, d_model=32, n_layers=2, n_heads=2, mixer=["mamba2", "attention"],
+                                mixer_options=[{"headdim": 16, "d_state": 8}, {}]))
+    assert (lm.blocks[0].mixer.n_heads, lm.blocks[0].mixer.headdim, lm.blocks[1].mixer.n_heads) == (4, 16, 2)
+
+
 @pytest.mark.parametrize(
     "name,opts",
     [

@@ -282,7 +282,7 @@ class SeqmemPreTrainedModel(PreTrainedModel):
             cfg = self.config.to_lm_config()
             mixer_name, options = cfg.layers()[layer]
             with torch.device("cpu"):
-                fresh = build_mixer(mixer_name, cfg.d_model, **cfg.mixer_build_options(options))
+                fresh = build_mixer(mixer_name, cfg.d_model, **cfg.mixer_build_options(options, mixer_name))
             if cache is not None:
                 cache[("mixer", layer)] = fresh
         try:

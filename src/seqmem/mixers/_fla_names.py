@@ -1,6 +1,8 @@
 """Constructor arguments under flash-linear-attention's names: ``hidden_size`` (= ``d_model``), ``num_heads``
-(= ``n_heads``), ``head_dim`` (``d_model / n_heads``, unless the mixer has a ``head_dim`` option of its own) and
-``layer_idx`` (kept as an attribute, as fla layers keep it).  Applied by :class:`FlaNamesMeta`, the metaclass of
+(= ``n_heads``), ``head_dim`` (``d_model / n_heads``, unless the mixer has a ``head_dim`` option of its own or
+names another in ``head_dim_option``: Mamba2's ``headdim``, whose heads split ``expand·d_model`` as fla's Mamba2's
+do, ``num_heads · head_dim = expand · hidden_size``) and ``layer_idx`` (kept as an attribute, as fla layers keep
+it).  Applied by :class:`FlaNamesMeta`, the metaclass of
 :class:`~seqmem.mixers.base.Mixer`, before ``__init__`` runs, so every mixer class takes them."""
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ def translate(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
             _merge(cls, kwargs, "d_model", "hidden_size", hidden)
     if "num_heads" in kwargs:
         _merge(cls, kwargs, "n_heads", "num_heads", kwargs.pop("num_heads"))
+    own = getattr(cls, "head_dim_option", None)
+    if "head_dim" in kwargs and own is not None:
+        _merge(cls, kwargs, own, "head_dim", kwargs.pop("head_dim"))
     if "head_dim" in kwargs and not _has_option(cls, "head_dim"):
         head_dim = kwargs.pop("head_dim")
         d = args[0] if args else kwargs.get("d_model")

@@ -328,6 +328,11 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
     #: (a compressed memory of this many slots or tokens).  Comparisons scale them to the task's sequence length
     #: with one rule (:data:`seqmem.sweep.LENGTH_RULE`); chunk sizes of exact chunked forms are not lengths here.
     length_options: ClassVar[dict[str, str]] = {}
+    #: The option that sets the head size, and through it the head count, where that is not ``d_model / n_heads``
+    #: (Mamba2's ``headdim``: heads = ``expand·d_model / headdim``), or ``None``.  flash-linear-attention's
+    #: ``head_dim`` is read as this option (:mod:`seqmem.mixers._fla_names`), and a model
+    #: (:meth:`seqmem.models.LMConfig.mixer_build_options`) leaves its ``n_heads`` out of a layer that gives it.
+    head_dim_option: ClassVar[str | None] = None
     #: ``name`` is filled in by :func:`seqmem.registry.register`.
     name: ClassVar[str] = "mixer"
     #: Numeric domains of constructor options, e.g. ``{"eps": ">0"}`` (keys of ``_DOMAINS``).  Every subclass's

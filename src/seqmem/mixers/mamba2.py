@@ -39,7 +39,9 @@ __all__ = ["Mamba2"]
     ),
     description="Mamba-2 block: in-proj, causal conv, SSD (or Lattice-DEC's rule), D skip, gated RMSNorm, out-proj")
 class Mamba2(Mixer):
-    """Mamba-2 block with SSD (state-space duality); heads = ``n_heads`` unless ``headdim`` is given.
+    """Mamba-2 block with SSD (state-space duality); heads = ``n_heads`` (default 4) unless ``headdim`` is given,
+    which sets them to ``expand·d_model / headdim`` (both given: they must agree, ``n_heads·headdim =
+    expand·d_model``, else a ValueError).  fla's ``head_dim`` is ``headdim`` here, as in fla's Mamba2.
 
     ``rule`` picks the update run in this block: ``"ssd"`` (the default, the module docstring) or ``"lattice"``:
     Lattice-DEC's update (Karami & Mirrokni 2025, eqs. 7/13 and the sphere projection eq. 14, the ``lattice``
@@ -82,10 +84,12 @@ class Mamba2(Mixer):
         "d_state": ">0", "expand": ">0", "headdim": ">0", "d_conv": ">0", "chunk_size": ">0", "norm_eps": ">0",
     }
 
+    head_dim_option: ClassVar[str | None] = "headdim"
+
     def __init__(
         self,
         d_model: int,
-        n_heads: int = 4,
+        n_heads: int | None = None,
         impl: str = "fast",
         d_state: int = 64,
         expand: int = 2,
@@ -95,22 +99,31 @@ class Mamba2(Mixer):
         norm_eps: float = 1e-5,
         rule: str = "ssd",
     ) -> None:
+        d_inner = check_positive_int("expand", expand) * check_positive_int("d_model", d_model)
+        if headdim is None:
+            n_heads = 4 if n_heads is None else check_positive_int("n_heads", n_heads)
+            if d_inner % n_heads:
+                raise ValueError(f"expand * d_model = {d_inner} must be divisible by n_heads={n_heads}")
+            headdim = d_inner // n_heads
+        else:
+            headdim = check_positive_int("headdim", headdim)
+            if d_inner % headdim:
+                raise ValueError(f"expand * d_model = {d_inner} must be divisible by headdim={headdim}")
+            if n_heads is not None and n_heads * headdim != d_inner:
+                raise ValueError(
+                    f"Mamba2: n_heads={n_heads} × headdim={headdim} must equal expand * d_model = {d_inner} (the "
+                    f"heads split the inner width); give one of them (headdim={headdim} alone makes "
+                    f"{d_inner // headdim} heads)"
+                )
+            n_heads = d_inner // headdim  # headdim, when given, sets the number of heads
         super().__init__(d_model, n_heads, impl)
         self.rule = check_choice("rule", rule, self.RULES)
         self.d_state = check_positive_int("d_state", d_state)
-        self.expand = check_positive_int("expand", expand)
+        self.expand = expand
         self.d_conv = check_positive_int("d_conv", d_conv)
         self.chunk_size = check_positive_int("chunk_size", chunk_size)
-        self.d_inner = expand * d_model
-        if headdim is None:
-            if self.d_inner % n_heads:
-                raise ValueError(f"expand * d_model = {self.d_inner} must be divisible by n_heads={n_heads}")
-            self.headdim = self.d_inner // n_heads
-        else:
-            self.headdim = check_positive_int("headdim", headdim)
-            if self.d_inner % self.headdim:
-                raise ValueError(f"expand * d_model = {self.d_inner} must be divisible by headdim={headdim}")
-            self.n_heads = self.d_inner // self.headdim  # headdim, when given, sets the number of heads
+        self.d_inner = d_inner
+        self.headdim = headdim
         h = self.n_heads
         if rule == "lattice" and self.d_state > self.headdim:
             raise ValueError(

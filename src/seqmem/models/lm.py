@@ -23,7 +23,7 @@ from seqmem.mixers.base import (
     stack_states,
 )
 from seqmem.ops._common import check_action_mask
-from seqmem.registry import build_mixer
+from seqmem.registry import build_mixer, get_entry
 
 
 @dataclass
@@ -75,8 +75,14 @@ class LMConfig:
                                  "disagree (the model's n_heads, seqmem train --heads, sets every layer's heads); "
                                  "give one of them")
 
-    def mixer_build_options(self, options: dict[str, Any]) -> dict[str, Any]:
-        """A layer's options as its mixer is built with them: the model's ``n_heads`` unless they give it."""
+    def mixer_build_options(self, options: dict[str, Any], mixer: str | None = None) -> dict[str, Any]:
+        """A layer's options as its mixer is built with them: the model's ``n_heads`` unless they give it, or give
+        the option that sets the heads of ``mixer`` itself (:attr:`~seqmem.mixers.base.Mixer.head_dim_option`:
+        Mamba2's ``headdim``, whose heads split ``expand·d_model``, not ``d_model``)."""
+        if mixer is not None:
+            own = get_entry(mixer).cls.head_dim_option
+            if own is not None and options.get(own) is not None:
+                return dict(options)
         return {"n_heads": self.n_heads, **options}
 
     def mlp_init_stds(self) -> tuple[float, float]:
@@ -115,7 +121,7 @@ class Block(nn.Module):
     def __init__(self, cfg: LMConfig, mixer_name: str, options: dict[str, Any]) -> None:
         super().__init__()
         self.norm1 = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mixer = build_mixer(mixer_name, cfg.d_model, **cfg.mixer_build_options(options))
+        self.mixer = build_mixer(mixer_name, cfg.d_model, **cfg.mixer_build_options(options, mixer_name))
         if cfg.mlp_ratio > 0:
             hidden = 8 * math.ceil(cfg.mlp_ratio * cfg.d_model * 2 / 3 / 8)
             self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps)
