@@ -73,7 +73,10 @@ def test_alpha_modes_and_routing_gradients():
     assert m.alpha_x.bias.grad.abs() > 0 and m.entity_probe.weight.grad.abs().max() > 0
     # entity flags given as input raise α (w_e = +2 at init)
     m = mk("vort", entity="input")
-    m(x)
+    with pytest.raises(ValueError, match="entity_flags"):  # was: e = 0 without a word
+        m(x)
+    with m.entity_flags(torch.zeros(2, 50, dtype=torch.float64)):
+        m(x)
     a0 = m.last_alpha.clone()
     with m.entity_flags(torch.ones(2, 50, dtype=torch.float64)):
         m(x)

@@ -276,7 +276,9 @@ class VORT(Mixer):
             setattr(self, attr, None)
 
     def entity_flags(self, e: Tensor) -> contextlib.AbstractContextManager:
-        """Within this context, use ``e`` (batch, time) in [0, 1] as the entity flag of eq. (11)."""
+        """Within this context, use ``e`` (batch, time) in [0, 1] as the entity flag of eq. (11).  Required with
+        ``entity="input"`` (a call without it raises a ValueError; ``entity="none"`` is e = 0); with ``"probe"`` it
+        replaces the probe's flags."""
         return self._overriding("_entity_override", e)
 
     def alpha_override(self, alpha: Tensor) -> contextlib.AbstractContextManager:
@@ -385,6 +387,12 @@ class VORT(Mixer):
                 )
         elif self.entity == "probe":
             e = torch.sigmoid(self.entity_probe(x)[..., 0])
+        elif self.entity == "input":
+            raise ValueError(
+                f"{type(self).__name__}: entity='input' takes the entity flags e_t of eq. (11) from the caller: run "
+                "the layer inside `with layer.entity_flags(e):` with e of shape (batch, time) = "
+                f"{tuple(x.shape[:2])} (entity='none' for e = 0, 'probe' to learn them)"
+            )
         else:
             e = torch.zeros_like(x[..., 0])
         z = self.alpha_x(x)[..., 0] + self.alpha_h * ent + self.alpha_e * e
