@@ -309,6 +309,48 @@ def test_minibatch_streams_across_partial_chunks():
 # ---------------------------------------------------------------------------------------------------------------
 # errors
 # ---------------------------------------------------------------------------------------------------------------
+_DEVICE_CHECK = """
+import torch, seqmem.ops as O
+q = torch.randn(1, 3, 1, 4); k = torch.nn.functional.normalize(torch.randn(1, 3, 1, 4), dim=-1)
+v = torch.randn(1, 3, 1, 4); g = torch.rand(1, 3, 1)
+_, st = O.lattice_scan(q, k, v, g)
+meta = {"v": dict(v=v.to("meta")), "gamma": dict(gamma=g.to("meta")),
+        "state": dict(initial_state={"S": st["S"].to("meta")})}
+for name, change in meta.items():
+    for op, backends in ((O.lattice_scan, ("cpp", "torch", "auto")), (O.lattice_minibatch, (None,))):
+        for backend in backends:
+            a = {**dict(q=q, k=k, v=v, gamma=g), **change, **({"backend": backend} if backend else {})}
+            try:
+                op(**a)
+            except ValueError as e:
+                assert f"{op.__name__}: all tensors must be on one device" in str(e), (name, e)
+            else:
+                raise AssertionError(f"{op.__name__} accepted {name} on another device")
+try:
+    O.lattice_minibatch(q, k, v, g, initial_state={"S": st["S"], "A": st["S"].to("meta"),
+                                                   "pos": torch.zeros(1, dtype=torch.long)})
+except ValueError as e:
+    assert "lattice_minibatch: all tensors must be on one device" in str(e), e
+else:
+    raise AssertionError("lattice_minibatch accepted its update on another device")
+print("ok")
+"""
+
+
+def test_tensors_on_another_device_are_refused_before_any_kernel():
+    """v, gamma or the state on another device than k went to the C++ kernel (which checked k's device only) and
+    crashed the process (a segfault); every tensor's device is checked first, a ValueError naming the op.  Run in
+    a subprocess so that a crash fails this test instead of the test runner."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-c", _DEVICE_CHECK], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-500:]} {r.stderr[-2000:]}"
+    assert r.stdout.strip().endswith("ok")
+
+
 def test_bad_inputs_raise():
     q, k, v, gam, _, S0 = _inputs(1, 5, 1, 4, 4, D64)
     with pytest.raises(ValueError, match="m <= d"):

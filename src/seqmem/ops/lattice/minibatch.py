@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from seqmem.io import check_int
-from seqmem.ops._common import check_mode, check_state_keys, state_dict
+from seqmem.ops._common import check_mode, check_state_keys, check_tensor, state_dict
 from seqmem.ops.lattice.naive import lattice_minibatch_naive
 from seqmem.ops.lattice.step import _OSR, _check, _prepare, sphere_retract
 
@@ -61,7 +61,14 @@ def lattice_minibatch(
         state = {"S": state["S"], "A": None, "pos": None}
     check_state_keys("lattice_minibatch", state, STATE_KEYS)
     S0, A, offset = _state_parts(q, k, v, state, chunk_size)
-    y, (S0, A) = _run(q, k, v, gamma, S0, objective, chunk_size, A, offset, mode)
+    if k.shape[1] == 0:  # an empty piece: no output, the state unchanged (checked as any other)
+        B, _, H, m, d = _lattice_minibatch_checks(q, k, v, gamma, S0, objective, chunk_size, A, offset)
+        dt = _common_dtype(q, k, v, gamma, S0, A)
+        S0 = torch.eye(d, m, dtype=dt, device=k.device).expand(B, H, d, m).clone() if S0 is None else S0.to(dt)
+        A = torch.zeros_like(S0) if A is None else A.to(dt)
+        y = v.new_zeros((B, 0, H, d), dtype=dt)
+    else:
+        y, (S0, A) = _run(q, k, v, gamma, S0, objective, chunk_size, A, offset, mode)
     pos = torch.full((k.shape[0],), offset, dtype=torch.long, device=k.device) if state is None or \
         state["pos"] is None else state["pos"]
     return y, {"S": S0, "A": A, "pos": pos + k.shape[1]}
@@ -78,7 +85,7 @@ def _state_parts(q, k, v, state, chunk_size) -> tuple[Tensor | None, Tensor | No
     if not isinstance(pos, Tensor) or pos.dtype != torch.long or pos.shape != (B,):
         got = getattr(pos, "shape", pos)
         raise ValueError(f"lattice_minibatch: initial_state['pos'] must be an int64 (batch={B},) tensor, got {got}")
-    check_int("chunk_size", chunk_size)
+    check_int("chunk_size", chunk_size, prefix="lattice_minibatch: ")
     off = pos % chunk_size
     if B and not bool((off == off[0]).all()):
         raise ValueError("lattice_minibatch: all sequences of a batch must be at the same position in their chunk")
@@ -107,10 +114,23 @@ def lattice_chunked(
     return _run(q, k, v, gamma, initial_state, objective, chunk_size, initial_update, offset, mode)
 
 
+def _common_dtype(*tensors) -> torch.dtype:
+    """The promoted dtype of the floating tensors among ``tensors`` (the op computes in it)."""
+    dt = None
+    for t in tensors:
+        if isinstance(t, Tensor) and t.is_floating_point():
+            dt = t.dtype if dt is None else torch.promote_types(dt, t.dtype)
+    return dt or torch.get_default_dtype()
+
+
 def _run(q, k, v, gamma, S0, objective, chunk_size, A, offset, mode) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """Both entry points on the former arguments (``S0`` the chunk-start slots, ``A`` the update of the current
     chunk, ``offset`` the tokens already in it): the per-token reference after the input checks, or the chunked
-    form.  Returns ``(y, (S_chunk_start, update))``."""
+    form.  Inputs of mixed floating dtypes are computed in their promoted dtype (``y`` and the state in it).
+    Returns ``(y, (S_chunk_start, update))``."""
+    dt = _common_dtype(q, k, v, gamma, S0, A)  # (each mode then checks the inputs; integers stay for it to refuse)
+    q, k, v, gamma, S0, A = (x.to(dt) if isinstance(x, Tensor) and x.is_floating_point() else x
+                             for x in (q, k, v, gamma, S0, A))
     if mode == "recurrent":
         _lattice_minibatch_checks(q, k, v, gamma, S0, objective, chunk_size, A, offset)
         return lattice_minibatch_naive(q, k, v, gamma, S0, objective=objective, chunk_size=chunk_size,
@@ -122,16 +142,20 @@ def _run(q, k, v, gamma, S0, objective, chunk_size, A, offset, mode) -> tuple[Te
 def _lattice_minibatch_checks(q, k, v, gamma, initial_state, objective, chunk_size, initial_update, offset):
     """The public op's input checks (both modes); returns ``(B, T, H, m, d)``."""
     if objective not in _OSR:
-        raise ValueError(f"lattice_minibatch supports objectives {list(_OSR)}, got {objective!r}")
+        raise ValueError(f"lattice_minibatch: supports objectives {list(_OSR)}, got {objective!r}")
+    if initial_update is not None and not isinstance(initial_update, Tensor):
+        raise ValueError(f"lattice_minibatch: the update (initial_state['A'], or initial_update) must be a tensor or "
+                         f"None, got {type(initial_update).__name__}")
     B, T, H, m, d = _check(q, k, v, gamma, initial_state, objective, True, None, None, "scan", chunk_size,
-                           op="lattice_minibatch")
+                           op="lattice_minibatch", **{"initial_state['A']": initial_update})
     if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < chunk_size:
-        raise ValueError(f"offset must be an integer in [0, chunk_size={chunk_size}), got {offset!r}")
-    if initial_update is not None and (
-        not isinstance(initial_update, Tensor) or initial_update.shape != (B, H, d, m)
-    ):
-        raise ValueError(f"the update (initial_state['A'], or initial_update) must be (B, H, d, m)=({B}, {H}, {d}, "
-                         f"{m}) or None")
+        raise ValueError(f"lattice_minibatch: offset must be an integer in [0, chunk_size={chunk_size}), got "
+                         f"{offset!r}")
+    if initial_update is not None:
+        if initial_update.shape != (B, H, d, m):
+            raise ValueError(f"lattice_minibatch: the update (initial_state['A'], or initial_update) must be "
+                             f"(B, H, d, m)=({B}, {H}, {d}, {m}) or None, got {tuple(initial_update.shape)}")
+        check_tensor("lattice_minibatch", "initial_state['A']", initial_update, (B, H, d, m), "batch, heads, d, m")
     return B, T, H, m, d
 
 

@@ -70,7 +70,8 @@ def lattice_scan(
     ``TRITON_INTERPRET=1``), ``"auto"`` = triton on CUDA, else cpp where available, else torch.
     Precision: float16 / bfloat16 inputs, and any inputs under ``torch.autocast``, are computed in float32 with
     autocast off, forward and backward (float64 stays float64): the returned state is float32 and ``y`` is in
-    the inputs' dtype.
+    the dtype of k and v promoted (``torch.promote_types(k.dtype, v.dtype)``: bfloat16 ``v`` with float32 ``k``
+    gives a float32 ``y``).  T = 0 returns an empty ``y`` and the state unchanged.
     :func:`seqmem.backends.record_forms` reports which form ran (``"triton"``, ``"cpp"``, ``"pytorch"``,
     ``"pytorch-checkpointed"``).
     """
@@ -96,6 +97,9 @@ def lattice_scan(
         if out is not None:
             _backends.note_form("lattice_scan", "triton")
             return out[0].to(out_dtype), {"S": out[1]}
+    if T == 0:  # an empty piece: no output, the state unchanged (the identity slots when none is given)
+        S = c(S_in) if S_in is not None else torch.eye(d, m, dtype=cd, device=k.device).expand(B, H, d, m).clone()
+        return v.new_zeros((B, 0, H, d), dtype=out_dtype), {"S": S}
     with full_precision(q.device):
         y, S = _scan(c(q), c(k), c(v), c(gamma), c(S_in), objective, normalize, c(forget), c(l1), mode, chunk_size,
                      eps, backend)  # fmt: skip

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from seqmem.io import check_int
-from seqmem.ops._common import check_number, check_values, floor, values_checked
+from seqmem.ops._common import check_number, check_same_device, check_tensor, check_values, floor, values_checked
 
 __all__ = ["LATTICE_OBJECTIVES", "lattice_step", "orthonormal_slots", "soft_threshold", "sphere_retract"]
 
@@ -114,59 +114,64 @@ def lattice_step(
 # ------------------------------------------------------------------------------------------------------------
 # argument handling
 # ------------------------------------------------------------------------------------------------------------
-def _check(q, k, v, gamma, initial_state, objective, normalize, forget, l1, mode, chunk_size, op="lattice_scan"):
+def _check(q, k, v, gamma, initial_state, objective, normalize, forget, l1, mode, chunk_size, op="lattice_scan",
+           **more: Tensor | None):
+    """The checks shared by ``lattice_scan`` and ``lattice_minibatch`` (each error names ``op`` and the argument):
+    shapes, floating dtypes and one device for every tensor (``more``: further tensors of the op, by name) before
+    any kernel runs (the C++ kernel reads raw pointers: a tensor on another device crashed the process).
+    Returns ``(B, T, H, m, d)``."""
     if objective not in LATTICE_OBJECTIVES:
-        raise ValueError(f"objective must be one of {list(LATTICE_OBJECTIVES)}, got {objective!r}")
+        raise ValueError(f"{op}: objective must be one of {list(LATTICE_OBJECTIVES)}, got {objective!r}")
     if mode not in _MODES:
         hint = " (non-linear recurrence: no exact chunk form; see lattice_minibatch)" if mode == "chunk" else ""
-        raise ValueError(f"mode must be one of {list(_MODES)}, got {mode!r}{hint}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor) or t.dim() != 4:
-            got = getattr(t, "shape", type(t).__name__)
-            raise ValueError(f"{name} must be a (batch, time, heads, dim) tensor, got {got}")
-        if not t.is_floating_point():
-            raise ValueError(f"{name} must be floating point, got {t.dtype}")
-    B, T, H, m = k.shape
-    if q.shape != k.shape:
-        raise ValueError(f"q must have the shape of k {tuple(k.shape)}, got {tuple(q.shape)}")
-    if v.shape[:3] != (B, T, H):
-        raise ValueError(f"v must be (batch={B}, time={T}, heads={H}, d), got {tuple(v.shape)}")
+        raise ValueError(f"{op}: mode must be one of {list(_MODES)}, got {mode!r}{hint}")
+    check_tensor(op, "q", q, (None, None, None, None), "batch, time, heads, m")
+    B, T, H, m = q.shape
+    check_tensor(op, "k", k, (B, T, H, m), "batch, time, heads, m")
+    check_tensor(op, "v", v, (B, T, H, None), "batch, time, heads, d")
     d = v.shape[-1]
-    if T == 0 or B == 0:
-        raise ValueError("empty input (batch and time must be >= 1)")
+    if B == 0:
+        raise ValueError(f"{op}: empty batch (batch must be >= 1), got q of shape {tuple(q.shape)}")
     if objective in _OSR and normalize and m > d:
-        raise ValueError(f"slots m={m} > slot dimension d={d}: unit slots from orthonormal S_0 need m <= d")
+        raise ValueError(f"{op}: slots m={m} > slot dimension d={d}: unit slots from orthonormal S_0 need m <= d")
     if isinstance(gamma, Tensor):
         if gamma.shape not in ((B, T, H), (B, T, H, m)):
-            raise ValueError(f"gamma must be (B, T, H)=({B}, {T}, {H}) or (B, T, H, m), got {gamma.shape}")
+            raise ValueError(f"{op}: gamma must be (B, T, H)=({B}, {T}, {H}) or (B, T, H, m), got "
+                             f"{tuple(gamma.shape)}")
         if not gamma.is_floating_point():
             raise ValueError(f"{op}: gamma must be a floating-point tensor, got dtype {gamma.dtype}")
-        if values_checked():  # one reduction; skipped inside torch.compile (a graph break); NaN propagates
-            check_values(op, "gamma", gamma, ~torch.isinf(gamma), "finite")
     elif not isinstance(gamma, (int, float)) or isinstance(gamma, bool):
-        raise ValueError(f"gamma must be a tensor or a number, got {gamma!r}")
+        raise ValueError(f"{op}: gamma must be a tensor or a number, got {gamma!r}")
     else:
         check_number(op, "gamma", gamma)
-    if forget is not None and (not isinstance(forget, Tensor) or forget.shape != (B, T, H)):
-        raise ValueError(f"forget must be a (B, T, H)=({B}, {T}, {H}) tensor or None, got {forget!r:.80}")
+    if forget is not None:
+        if not isinstance(forget, Tensor) or forget.shape != (B, T, H):
+            raise ValueError(f"{op}: forget must be a (B, T, H)=({B}, {T}, {H}) tensor or None, got {forget!r:.80}")
+        check_tensor(op, "forget", forget, (B, T, H), "batch, time, heads")
     if l1 is not None:
         if isinstance(l1, Tensor):
             if l1.shape != (B, T, H):
                 raise ValueError(f"{op}: l1 must be (B, T, H)=({B}, {T}, {H}) or a float, got {tuple(l1.shape)}")
             if not l1.is_floating_point():
                 raise ValueError(f"{op}: l1 must be a floating-point tensor, got dtype {l1.dtype}")
-            if values_checked():  # the threshold γλ of eq. 18: a negative λ grows every entry instead
-                check_values(op, "l1", l1, ~((l1 < 0) | torch.isinf(l1)), "finite and >= 0 (eq. 18's λ_t)")
         elif isinstance(l1, bool) or not isinstance(l1, (int, float)):
             raise ValueError(f"{op}: l1 must be a non-negative float or a tensor, got {l1!r}")
         else:
             check_number(op, "l1", l1, nonnegative=True)
-    if initial_state is not None and (
-        not isinstance(initial_state, Tensor) or initial_state.shape != (B, H, d, m)
-    ):
-        got = getattr(initial_state, "shape", initial_state)
-        raise ValueError(f"initial_state['S'] must be (B, H, d, m)=({B}, {H}, {d}, {m}), got {got}")
-    check_int("chunk_size", chunk_size)
+    if initial_state is not None:
+        if not isinstance(initial_state, Tensor) or initial_state.shape != (B, H, d, m):
+            got = tuple(initial_state.shape) if isinstance(initial_state, Tensor) else initial_state
+            raise ValueError(f"{op}: initial_state['S'] must be (B, H, d, m)=({B}, {H}, {d}, {m}), got {got}")
+        check_tensor(op, "initial_state['S']", initial_state, (B, H, d, m), "batch, heads, d, m")
+    check_int("chunk_size", chunk_size, prefix=f"{op}: ")
+    tensors = {"q": q, "k": k, "v": v, "gamma": gamma, "forget": forget, "l1": l1,
+               "initial_state['S']": initial_state, **more}
+    check_same_device(op, **{n: t for n, t in tensors.items() if isinstance(t, Tensor)})
+    # value checks last (one reduction each; skipped inside torch.compile, a graph break); NaN propagates
+    if isinstance(gamma, Tensor) and values_checked():
+        check_values(op, "gamma", gamma, ~torch.isinf(gamma), "finite")
+    if isinstance(l1, Tensor) and values_checked():  # the threshold γλ of eq. 18: a negative λ grows every entry
+        check_values(op, "l1", l1, ~((l1 < 0) | torch.isinf(l1)), "finite and >= 0 (eq. 18's λ_t)")
     return B, T, H, m, d
 
 
