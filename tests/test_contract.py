@@ -224,6 +224,21 @@ def test_tensors_are_made_on_the_input_device(name, cfg, impl):
     assert x.grad is not None and x.grad.device == x.device and y3.device == x.device
 
 
+@pytest.mark.parametrize("name,cfg", CASES)
+def test_deepcopy_after_a_training_step(name, cfg):
+    """A layer deep-copies (``copy.deepcopy``, ``torch.optim.swa_utils.AveragedModel``, EMA copies) after a forward
+    and backward with gradients: no tensor of the autograd graph may be kept on the module (VORT kept its α of the
+    last call, a non-leaf tensor, and deepcopy refused it)."""
+    import copy
+
+    m = make(name, cfg)
+    y, _ = m(inputs(m, t=9))
+    y.square().sum().backward()
+    c = copy.deepcopy(m)
+    x = inputs(m, t=5, seed=4)
+    assert_rel_close(c(x)[0], m(x)[0], 0.0, f"{name}: the copy computes what the layer does")
+
+
 def test_registry_errors():
     with pytest.raises(ValueError, match="registered mixers"):
         build_mixer("no_such_mixer", 16)

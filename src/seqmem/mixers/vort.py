@@ -472,7 +472,7 @@ class VORT(Mixer):
         else:
             loc, ent = None, x.new_zeros(b, t)
         alpha = self._alpha(x, ent)
-        self.last_alpha = alpha
+        self.last_alpha = alpha.detach()  # for inspection; a graph kept here stopped copy.deepcopy of the layer
         if self.uses_cache:
             o = self._cached(q, k, v, alpha, state, start, new_state)
         else:
