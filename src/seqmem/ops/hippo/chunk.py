@@ -15,7 +15,7 @@ from numpy.polynomial.legendre import leggauss
 from torch import Tensor
 
 from seqmem.io import check_int
-from seqmem.ops._common import check_choice, check_state_keys
+from seqmem.ops._common import check_choice, check_same_device, check_state_keys
 from seqmem.ops.hippo.naive import hippo_compress_naive
 
 __all__ = [
@@ -230,10 +230,10 @@ def _batched(name: str, x: Tensor) -> Tensor:
 
 
 def _check_signal(signal: Tensor) -> Tensor:
-    signal = _batched("signal", signal)
-    if signal.dim() != 3 or signal.shape[1] == 0:
+    signal = _batched("hippo_compress: signal", signal)
+    if signal.dim() != 3:
         raise ValueError(
-            "signal must have shape (time,), (time, channels) or (batch, time, channels), "
+            "hippo_compress: signal must have shape (time,), (time, channels) or (batch, time, channels), "
             f"got {tuple(signal.shape)}"
         )
     return signal
@@ -274,13 +274,18 @@ def hippo_compress(
     signal = _check_signal(signal)
     N = _check_n(N)
     if mode not in ("recurrent", "chunk", "direct"):
-        raise ValueError(f"mode must be 'recurrent', 'chunk' or 'direct', got {mode!r}")
+        raise ValueError(f"hippo_compress: mode must be 'recurrent', 'chunk' or 'direct', got {mode!r}")
     b, t, ch = signal.shape
+    c, t0 = _compress_start(initial_state, t0, b, N, ch, signal.device)
+    if c is not None and c.dtype != signal.dtype:  # mixed floating dtypes: computed in their promoted dtype
+        dt = torch.promote_types(c.dtype, signal.dtype)
+        signal, c = signal.to(dt), c.to(dt)
     dt, dev = signal.dtype, signal.device
-    c, t0 = _compress_start(initial_state, t0, b, N, ch)
     if c is None:
         c = signal.new_zeros(b, N, ch)
-    if mode == "direct":
+    if t == 0:  # an empty piece: the coefficients unchanged
+        pass
+    elif mode == "direct":
         P = legs_transition(N, t0, t0 + t, dt).to(dev)
         K = legs_input_kernel(N, t0, t, t0 + t, dt).to(dev)
         c = P @ c + K @ signal
@@ -289,7 +294,7 @@ def hippo_compress(
     else:
         L = block_len if block_len is not None else max(1, min(t + t0, 1024))
         if isinstance(L, bool) or not isinstance(L, int) or L <= 0:
-            raise ValueError(f"block_len must be a positive integer, got {block_len!r}")
+            raise ValueError(f"hippo_compress: block_len must be a positive integer, got {block_len!r}")
         s = 0
         while s < t:
             pos = t0 + s
@@ -303,9 +308,15 @@ def hippo_compress(
     return c, {"c": c, "t": torch.full((b,), t0 + t, dtype=torch.long, device=dev)}
 
 
-def _compress_start(initial_state, t0, b: int, N: int, ch: int) -> tuple[Tensor | None, int]:
-    """``(c, t0)`` where :func:`hippo_compress` starts: ``c`` None for an empty history (zero coefficients)."""
+def _compress_start(initial_state, t0, b: int, N: int, ch: int, device: torch.device) -> tuple[Tensor | None, int]:
+    """``(c, t0)`` where :func:`hippo_compress` starts: ``c`` None for an empty history (zero coefficients).  The
+    state's tensors must be on the signal's ``device`` (checked before the position is read)."""
     op = "hippo_compress"
+    if isinstance(initial_state, dict):
+        tensors = {f"initial_state[{key!r}]": v for key, v in initial_state.items() if isinstance(v, Tensor)}
+        check_same_device(op, signal=torch.empty(0, device=device), **tensors)
+    elif isinstance(initial_state, Tensor):
+        check_same_device(op, signal=torch.empty(0, device=device), initial_state=initial_state)
     if t0 is None and isinstance(initial_state, Tensor):
         # a bare tensor says nothing of the tokens it summarises: read at t0 = 0 it was dropped (the history
         # restarted), so a continuation from it was silently the output of the new tokens alone
@@ -317,7 +328,7 @@ def _compress_start(initial_state, t0, b: int, N: int, ch: int) -> tuple[Tensor 
         if isinstance(initial_state, dict):
             raise ValueError(f"{op}: give the position in initial_state['t'], not as t0")
         if t0 is not None and (isinstance(t0, bool) or not isinstance(t0, int) or t0 < 0):
-            raise ValueError(f"t0 must be a non-negative integer, got {t0!r}")
+            raise ValueError(f"{op}: t0 must be a non-negative integer, got {t0!r}")
         warnings.warn(f"{op}: a tensor initial_state and t0 are deprecated; pass the state dict "
                       "{'c': coefficients, 't': tokens seen (batch,) int64} (the form return_state=True returns)",
                       DeprecationWarning, stacklevel=3)
@@ -334,9 +345,11 @@ def _compress_start(initial_state, t0, b: int, N: int, ch: int) -> tuple[Tensor 
         if t0 < 0 or bool((pos != t0).any()):
             raise ValueError(f"{op}: initial_state['t'] must be one non-negative position for the whole batch, "
                              f"got {pos.tolist()}")
-    if c is None or t0 == 0:
+    if c is not None and not isinstance(c, Tensor):
+        raise ValueError(f"{op}: initial_state['c'] must be a tensor, got {type(c).__name__}")
+    if c is None or (t0 == 0 and c.dim() == 3):
         return None, t0
-    if not isinstance(c, Tensor) or c.shape != (b, N, ch):
+    if c.shape != (b, N, ch):
         raise ValueError(f"{op}: initial_state['c'] must have shape (batch, N, channels) = {(b, N, ch)}, got "
                          f"{tuple(c.shape) if isinstance(c, Tensor) else type(c).__name__}")
     if not c.is_floating_point():

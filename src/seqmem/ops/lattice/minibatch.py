@@ -85,6 +85,9 @@ def _state_parts(q, k, v, state, chunk_size) -> tuple[Tensor | None, Tensor | No
     if not isinstance(pos, Tensor) or pos.dtype != torch.long or pos.shape != (B,):
         got = getattr(pos, "shape", pos)
         raise ValueError(f"lattice_minibatch: initial_state['pos'] must be an int64 (batch={B},) tensor, got {got}")
+    if isinstance(k, Tensor) and pos.device != k.device:  # before its value is read
+        raise ValueError(f"lattice_minibatch: all tensors must be on one device, got {{'k': {k.device!r}, "
+                         f"\"initial_state['pos']\": {pos.device!r}}}")
     check_int("chunk_size", chunk_size, prefix="lattice_minibatch: ")
     off = pos % chunk_size
     if B and not bool((off == off[0]).all()):

@@ -12,7 +12,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqmem.io import check_int
-from seqmem.ops._common import check_chunk_size, check_mode, check_state_keys
+from seqmem.ops._common import (
+    check_chunk_size,
+    check_mode,
+    check_same_device,
+    check_scale,
+    check_state_keys,
+    check_tensor,
+)
 from seqmem.ops.local_attention.naive import windowed_softmax_naive
 
 __all__ = ["sliding_window_attention"]
@@ -42,12 +49,20 @@ def sliding_window_attention(
     * ``"k"``: (batch, min(P + T, window − 1), heads, D) the most recent keys;
     * ``"v"``: (batch, min(P + T, window − 1), heads, Dv) their values.
 
-    A cache of any length P is accepted (only its last ``window − 1`` entries are seen).  ``past_k, past_v``
+    A cache of any length P is accepted (only its last ``window − 1`` entries are seen).  ``mode``: ``"chunk"``
+    (blocks of ``chunk_size`` queries), ``"parallel"`` (one block of all T queries) or ``"recurrent"`` (the
+    reference, one query at a time).  Tensors of mixed floating dtypes are computed in their promoted dtype;
+    T = 0 returns an empty ``o`` and the cache unchanged.  ``past_k, past_v``
     (the former way to pass the cache) are read as ``initial_state={"k": past_k, "v": past_v}`` with a
     DeprecationWarning.
     """
-    past_k, past_v = window_cache("sliding_window_attention", initial_state, past_k, past_v)
-    keys, vals, n_past = join_past(q, k, v, window, past_k, past_v, mode, chunk_size)
+    op = "sliding_window_attention"
+    past_k, past_v = window_cache(op, initial_state, past_k, past_v)
+    q, keys, vals, n_past = join_past(q, k, v, window, past_k, past_v, mode, chunk_size, op)
+    if scale is not None:
+        scale = check_scale(op, scale, q.shape[-1])
+    if q.shape[1] == 0:  # an empty piece: no output, the cache unchanged
+        return vals.new_zeros((*q.shape[:3], vals.shape[-1])), window_state(keys, vals, window)
     o, _ = windowed_softmax(q, keys, vals, window, n_past, mode=mode, chunk_size=chunk_size, scale=scale)
     return o, window_state(keys, vals, window)
 
@@ -75,28 +90,33 @@ def window_cache(
     return initial_state["k"], initial_state["v"]
 
 
-def join_past(q, k, v, window, past_k, past_v, mode, chunk_size) -> tuple[Tensor, Tensor, int]:
-    """Validate the arguments of a sliding-window op; return ``(keys, vals, n_past)`` with the past prepended."""
-    check_int("window", window)
-    check_mode(None, mode, MODES)
-    check_chunk_size(None, chunk_size)
-    if q.dim() != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
-        raise ValueError(
-            f"q, k must be (batch, time, heads, D) and v (batch, time, heads, Dv); got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
+def join_past(q, k, v, window, past_k, past_v, mode, chunk_size, op: str | None = None
+              ) -> tuple[Tensor, Tensor, Tensor, int]:
+    """Validate the arguments of a sliding-window op ``op`` (its name starts every error): shapes, floating
+    dtypes, one device.  Return ``(q, keys, vals, n_past)``, the past prepended to the keys and values; tensors of
+    mixed floating dtypes are cast to their promoted dtype (the output's)."""
+    where = f"{op}: " if op else ""
+    check_int("window", window, prefix=where)
+    check_mode(op, mode, MODES)
+    check_chunk_size(op, chunk_size)
+    check_tensor(op, "q", q, (None, None, None, None), "batch, time, heads, D")
+    B, T, H, D = q.shape
+    check_tensor(op, "k", k, (B, T, H, D), "batch, time, heads, D")
+    check_tensor(op, "v", v, (B, T, H, None), "batch, time, heads, Dv")
     if (past_k is None) != (past_v is None):
-        raise ValueError("give both the past keys and values (state 'k' and 'v'), or neither")
+        raise ValueError(f"{where}give both the past keys and values (state 'k' and 'v'), or neither")
+    if past_k is not None:
+        check_tensor(op, "initial_state['k']", past_k, (B, None, H, D), "batch, P, heads, D")
+        check_tensor(op, "initial_state['v']", past_v, (B, past_k.shape[1], H, v.shape[3]), "batch, P, heads, Dv")
+    check_same_device(op or "sliding window", q=q, k=k, v=v, **{"initial_state['k']": past_k,
+                                                                "initial_state['v']": past_v})
+    dt = q.dtype
+    for t in (k, v, past_k, past_v):
+        dt = dt if t is None else torch.promote_types(dt, t.dtype)
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)  # no copies when the dtypes agree
     if past_k is None:
-        return k, v, 0
-    if past_k.dim() != 4 or past_k.shape[0] != q.shape[0] or past_k.shape[2:] != k.shape[2:] or (
-        past_v.shape[:3] != past_k.shape[:3] or past_v.shape[3] != v.shape[3]
-    ):
-        raise ValueError(
-            f"the past keys/values (state 'k'/'v') must be (batch, P, heads, ·) matching k/v; got "
-            f"{tuple(past_k.shape)}, {tuple(past_v.shape)}"
-        )
-    return torch.cat([past_k, k], 1), torch.cat([past_v, v], 1), past_k.shape[1]
+        return q, k, v, 0
+    return q, torch.cat([past_k.to(dt), k], 1), torch.cat([past_v.to(dt), v], 1), past_k.shape[1]
 
 
 def windowed_softmax(

@@ -243,8 +243,9 @@ def spectral_koopman_attention(
     """Chunk-causal SKA (eqs. 7–10 + App. F), ``q, k`` (B, T, H, r), ``v`` (B, T, H, P) → ``(o (B,T,H,P), state)``.
 
     Token ``t`` (global position ``pos``) reads the statistics of all tokens in chunks before
-    ``pos // chunk_size``.  Statistics are accumulated, and the readout solved, in at least float32 with autocast
-    off (under ``torch.autocast`` too; ``o`` is in ``v``'s dtype).  ``mode="recurrent"`` is the
+    ``pos // chunk_size``.  Statistics are accumulated, and the readout solved, in the promoted dtype of q, k and
+    v and at least float32, with autocast off (under ``torch.autocast`` too; ``o`` is in ``v``'s dtype).  T = 0
+    returns an empty ``o`` and the state unchanged.  ``mode="recurrent"`` is the
     per-token loop (App. F steps per token, commits at chunk boundaries; ``naive.py``); ``mode="chunk"`` the
     parallel form (exclusive prefix sums + collapse).
 
@@ -277,14 +278,25 @@ def spectral_koopman_attention(
         p = initial_state["pos"]
         if p.numel() and bool((p != p.reshape(-1)[0]).any()):
             raise ValueError("spectral_koopman_attention: all sequences in a batch must be at the same position")
+    # computed in the promoted dtype of q, k and v, at least float32 (o in v's dtype)
+    out_dtype = v.dtype
+    cdt = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.promote_types(v.dtype, torch.float32))
+    B, T, H, r = k.shape
+    if T == 0:  # an empty piece: no output, the state unchanged (the empty state when none is given)
+        st = initial_state if initial_state is not None else ska_init_state(B, H, r, v.shape[-1], cdt, k.device)
+        return v.new_zeros((B, 0, H, v.shape[-1])), {key: (val.to(cdt) if val.is_floating_point() else val)
+                                                     for key, val in st.items()}
+    q, k, v = q.to(cdt), k.to(cdt), v.to(cdt)
     kw = dict(power=power, gamma=gamma, eta=eta, spec_iters=spec_iters, operator_form=operator_form)
     # autocast off: the statistics, the Cholesky solves and the power iterations in float32 (or float64).  Under
     # bfloat16 autocast the einsums and matmuls ran in bfloat16, and on keys spanning few directions (repeated
     # tokens) the ridge solve amplified that rounding: outputs 1e4 times too large, with no error raised
     with full_precision(k.device):
         if mode == "recurrent":
-            return ska_naive(q, k, v, initial_state, chunk_size=chunk_size, eps=eps, norm=norm, mask=mask, **kw)
-        return _ska_chunk_op(q, k, v, initial_state, chunk_size, eps, norm, mask, kw)
+            o, st = ska_naive(q, k, v, initial_state, chunk_size=chunk_size, eps=eps, norm=norm, mask=mask, **kw)
+        else:
+            o, st = _ska_chunk_op(q, k, v, initial_state, chunk_size, eps, norm, mask, kw)
+    return o.to(out_dtype), st
 
 
 def _ska_chunk_op(q, k, v, initial_state, chunk_size, eps, norm, mask, kw):

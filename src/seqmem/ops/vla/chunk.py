@@ -50,6 +50,7 @@ from seqmem.ops._common import (
     check_chunk_size,
     check_mode,
     check_number,
+    check_same_device,
     check_state_dict,
     check_values,
     floor,
@@ -203,8 +204,6 @@ def _check_inputs(
         raise ValueError(f"{fn}: q {tuple(q.shape)} and k {tuple(k.shape)} must have the same shape")
     if v.shape[:3] != k.shape[:3]:
         raise ValueError(f"{fn}: v {tuple(v.shape)} must match k {tuple(k.shape)} in (batch, time, heads)")
-    if q.shape[1] == 0:
-        raise ValueError(f"{fn}: empty sequence")
     check_mode(fn, mode)
     check_chunk_size(fn, chunk_size)
     if normalizer not in NORMALIZERS:
@@ -260,6 +259,18 @@ def _check_vla_args(
     if return_trace and mode != "recurrent":
         raise ValueError(f"{fn}: return_trace needs mode='recurrent'")
     _check_state(initial_state, B, H, D, v.shape[-1], fixed_A, normalizer == "paper")
+    check_same_device(fn, q=q, k=k, v=v, w_u=w_u, **_state_by_name(initial_state))
+
+
+def _state_by_name(state) -> dict[str, Tensor]:
+    """The tensors of a (checked) state dict by the names an error gives them."""
+    return {f"initial_state[{key!r}]": t for key, t in (state or {}).items()}
+
+
+def _empty(v: Tensor, state: dict[str, Tensor], cd: torch.dtype) -> tuple[Tensor, dict[str, Tensor]]:
+    """T = 0: an empty output and ``state`` unchanged (its floating tensors in the compute dtype ``cd``)."""
+    B, _, H, Dv = v.shape
+    return v.new_zeros((B, 0, H, Dv)), {key: (t.to(cd) if t.is_floating_point() else t) for key, t in state.items()}
 
 
 def vla_attention(
@@ -305,6 +316,17 @@ def vla_attention(
     _check_vla_args(q, k, v, w_u, lam0=lam0, refresh_period=refresh_period, eps=eps, normalizer=normalizer,
                     mode=mode, chunk_size=chunk_size, return_trace=return_trace, fixed_A=fixed_A,
                     initial_state=initial_state)
+    if q.shape[1] == 0 and return_trace:
+        raise ValueError("vla_attention: return_trace needs at least one token (the trace is per step)")
+    if q.shape[1] == 0:  # an empty piece: no output, the state unchanged
+        cd = _compute_dtype(q, k, v, w_u, *_state_tensors(initial_state))
+        B, _, H, D = k.shape
+        if initial_state is None:
+            S, A, z, pos = _vla_init_state(None, B, H, D, v.shape[-1], lam0, fixed_A, normalizer == "paper",
+                                           k.new_zeros((), dtype=cd))
+            initial_state = {"S": S, "pos": pos, **({} if A is None else {"A": A.clone()}),
+                             **({} if z is None else {"z": z})}
+        return _empty(v, initial_state, cd)
     if mode == "recurrent":
         return vla_attention_naive(
             q, k, v, w_u, lam0=lam0, u_scale=u_scale, refresh_period=refresh_period, refresh_eta=refresh_eta,
@@ -445,14 +467,20 @@ def vla_paper_delta_rule(
         raise ValueError(f"{fn}: beta must have shape (batch, time, heads) = {(B, T, H)}, got {got}")
     if not beta.is_floating_point():
         raise ValueError(f"{fn}: beta must be a floating-point tensor, got dtype {beta.dtype}")
-    if values_checked():
-        # a decay: below 0 the chunked form (log β, clamped at the dtype's tiny) and the recurrent one (β as given)
-        # silently disagree, and β > 1 grows the state without bound; β = 0, a saturated sigmoid, is exact in both
-        check_values(fn, "beta", beta, ~((beta < 0) | (beta > 1)), "in [0, 1] (eq. 4: a per-step decay)")
     want = {"S": (B, H, v.shape[-1], D)}
     if normalizer == "paper":
         want["z"] = (B, H, D)
     check_state_dict(fn, initial_state, want, _STATE_DIMS)
+    check_same_device(fn, q=q, k=k, v=v, beta=beta, **_state_by_name(initial_state))
+    if values_checked():
+        # a decay: below 0 the chunked form (log β, clamped at the dtype's tiny) and the recurrent one (β as given)
+        # silently disagree, and β > 1 grows the state without bound; β = 0, a saturated sigmoid, is exact in both
+        check_values(fn, "beta", beta, ~((beta < 0) | (beta > 1)), "in [0, 1] (eq. 4: a per-step decay)")
+    if T == 0:  # an empty piece: no output, the state unchanged (zeros when none is given)
+        cd = _compute_dtype(q, k, v, beta, *_state_tensors(initial_state))
+        if initial_state is None:
+            initial_state = {key: k.new_zeros(shape, dtype=cd) for key, shape in want.items()}
+        return _empty(v, initial_state, cd)
     if mode == "recurrent":
         return vla_paper_delta_rule_naive(q, k, v, beta, eps=eps, normalizer=normalizer, initial_state=initial_state)
     body = _triton_form("paper_delta_rule", q, k, v, beta, initial_state) or _vla_paper_delta_rule

@@ -32,8 +32,9 @@ import math
 import torch
 from torch import Tensor
 
+from seqmem.io import check_int
 from seqmem.ops import _backends, _triton
-from seqmem.ops._common import check_choice, check_number, check_tensor, floor
+from seqmem.ops._common import check_choice, check_number, check_same_device, check_tensor, floor
 from seqmem.ops.fractional import gl_weights, soe_coefficients
 from seqmem.ops.local_attention.chunk import join_past, window_cache, window_state, windowed_softmax
 from seqmem.ops.vort.gla import soe_retention_gla
@@ -100,43 +101,75 @@ def soe_retention(
     With ``k_log_scale``, G, b, z are in units of e^{m} (a state without ``m`` is read as m = 0), and the read-out
     is o_t = φ(q_t)·G̃_t / (φ(q_t)·b̃_t + ε0) with ε0 added in those units.  Each key's shape is checked against
     (batch, heads, ...) above, and a key this call would not read (``"m"`` without ``k_log_scale``, ``"z"`` with
-    ``normalizer="kernel"``, an unknown one) is refused rather than dropped.
+    ``normalizer="kernel"``, an unknown one) is refused rather than dropped.  Tensors of mixed floating dtypes
+    are computed in their promoted dtype.  T = 0 returns an empty ``o`` and the state unchanged (with
+    ``k_log_scale`` and no state given, ``"m"`` is −inf: no key scale yet).
     """
-    check_choice(None, "mode", mode, MODES)
-    check_choice(None, "normalizer", normalizer, NORMALIZERS)
-    if q.dim() != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
-        raise ValueError(
-            f"q, k must be (batch, time, heads, F) and v (batch, time, heads, Dv); got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
+    op = "soe_retention"
+    check_choice(op, "mode", mode, MODES)
+    check_choice(op, "normalizer", normalizer, NORMALIZERS)
+    check_tensor(op, "q", q, (None, None, None, None), "batch, time, heads, F")
     B, T, H, F = q.shape
+    check_tensor(op, "k", k, (B, T, H, F), "batch, time, heads, F")
+    check_tensor(op, "v", v, (B, T, H, None), "batch, time, heads, Dv")
     if not isinstance(output_final_state, bool):
-        raise ValueError(f"output_final_state must be True or False, got {output_final_state!r}")
+        raise ValueError(f"{op}: output_final_state must be True or False, got {output_final_state!r}")
+    if not isinstance(coef, Tensor) or not coef.is_floating_point() or coef.dim() not in (1, 3, 4):
+        got = f"shape {tuple(coef.shape)}, dtype {coef.dtype}" if isinstance(coef, Tensor) else type(coef).__name__
+        raise ValueError(f"{op}: coef must be a floating-point tensor of shape (batch, time[, heads], S') or (S',), "
+                         f"got {got}")
+    S = coef.shape[-1]
+    if coef.dim() > 1 and coef.shape[:coef.dim() - 1] != (B, T, H)[:coef.dim() - 1]:
+        raise ValueError(f"{op}: coef must be (batch, time[, heads], S') = ({B}, {T}[, {H}], S'), got "
+                         f"{tuple(coef.shape)}")
+    check_tensor(op, "xi", xi, (S,), "S'")
+    if coef_now is not None:
+        if coef.dim() == 1:
+            if not isinstance(coef_now, Tensor) or coef_now.dim() != 0:
+                got = tuple(coef_now.shape) if isinstance(coef_now, Tensor) else type(coef_now).__name__
+                raise ValueError(f"{op}: with one set of weights coef (S',), coef_now must be a 0-d tensor or None, "
+                                 f"got shape {got}")
+            check_tensor(op, "coef_now", coef_now, (), "a 0-d tensor")
+        elif not isinstance(coef_now, Tensor) or coef_now.dim() not in (2, 3):
+            got = tuple(coef_now.shape) if isinstance(coef_now, Tensor) else type(coef_now).__name__
+            raise ValueError(f"{op}: coef_now must be (batch, time[, heads]) = ({B}, {T}[, {H}]), got {got}")
+        else:
+            check_tensor(op, "coef_now", coef_now, (B, T, H)[:coef_now.dim()], "batch, time[, heads]")
+    if k_log_scale is not None:
+        check_tensor(op, "k_log_scale", k_log_scale, (B, T, H), "batch, time, heads")
+    check_int("chunk_size", chunk_size, prefix=f"{op}: ")
+    _check_soe_state(initial_state, B, H, S, F, v.shape[-1], normalizer, k_log_scale is not None)
+    state_in = {f"initial_state[{key!r}]": t for key, t in (initial_state or {}).items()}
+    check_same_device(op, q=q, k=k, v=v, coef=coef, xi=xi, coef_now=coef_now, k_log_scale=k_log_scale, **state_in)
+    # mixed floating dtypes: computed in their promoted dtype (no copies when they agree)
+    dt = q.dtype
+    for t in (k, v, coef, xi, coef_now, k_log_scale, *(initial_state or {}).values()):
+        dt = dt if t is None else torch.promote_types(dt, t.dtype)
+    q, k, v, coef, xi = (x.to(dt) for x in (q, k, v, coef, xi))
+    coef_now = None if coef_now is None else coef_now.to(dt)
+    k_log_scale = None if k_log_scale is None else k_log_scale.to(dt)
+    if initial_state is not None:
+        initial_state = {key: t.to(dt) for key, t in initial_state.items()}
+    scaled = k_log_scale is not None
+    if T == 0:  # an empty piece: no output, the state unchanged (zeros when none is given)
+        if initial_state is None:
+            initial_state = {"G": q.new_zeros(B, H, S, F, v.shape[-1]), "b": q.new_zeros(B, H, S, F)}
+            if normalizer == "plain":
+                initial_state["z"] = q.new_zeros(B, H, F)
+            if scaled:  # no key scale yet: the first key sets it (e^{-inf} units of an all-zero state)
+                initial_state["m"] = q.new_full((B, H), float("-inf"))
+        return v.new_zeros((B, 0, H, v.shape[-1])), (initial_state if output_final_state else None)
     shared = None  # (c (S',), c_now 0-d or None): one set of channel weights for every token
     if coef.dim() == 1:
-        if coef_now is not None and coef_now.dim() != 0:
-            raise ValueError(f"with one set of weights coef (S',), coef_now must be a 0-d tensor or None, got shape "
-                             f"{tuple(coef_now.shape)}")
         shared = (coef, coef_now)
         coef = coef.expand(B, T, H, coef.shape[0])
         coef_now = None if coef_now is None else coef_now.expand(B, T, H)
     if coef.dim() == 3:
         coef = coef[:, :, None, :].expand(B, T, H, coef.shape[-1])
-    if coef.shape[:3] != (B, T, H):
-        raise ValueError(f"coef must be (batch, time[, heads], S'), got {tuple(coef.shape)}")
-    S = coef.shape[-1]
-    if xi.shape != (S,):
-        raise ValueError(f"xi must have shape ({S},), got {tuple(xi.shape)}")
-    if k_log_scale is not None and k_log_scale.shape != (B, T, H):
-        raise ValueError(f"k_log_scale must be (batch, time, heads) = {(B, T, H)}, got {tuple(k_log_scale.shape)}")
     if coef_now is None:
         coef_now = q.new_zeros(B, T, H)
     elif coef_now.dim() == 2:
         coef_now = coef_now[:, :, None].expand(B, T, H)
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-    _check_soe_state(initial_state, B, H, S, F, v.shape[-1], normalizer, k_log_scale is not None)
-    scaled = k_log_scale is not None
     if (shared is not None and normalizer == "kernel" and mode == "chunk" and initial_state is None
             and not output_final_state and T > 1 and lag_form_applies(T, S, F, v.shape[-1])
             and not _gla_applies(q, k, v, coef, coef_now, None, k_log_scale)):
@@ -547,11 +580,17 @@ def local_window_attention(
     The state is opt-in (``return_state``) rather than always returned so that the two-value return existing
     callers unpack, ``out, ent = ...``, keeps its meaning; the entropy is this op's second output, so the state
     comes third.  ``past_k, past_v`` (the former way to pass the cache) are read as
-    ``initial_state={"k": past_k, "v": past_v}`` with a DeprecationWarning.
+    ``initial_state={"k": past_k, "v": past_v}`` with a DeprecationWarning.  ``mode`` and the dtype rule are
+    :func:`sliding_window_attention`'s (``"chunk"``, ``"parallel"`` or ``"recurrent"``; mixed floating dtypes in
+    their promoted dtype); T = 0 returns empty outputs and the cache unchanged.
     """
-    past_k, past_v = window_cache("local_window_attention", initial_state, past_k, past_v)
-    keys, vals, n_past = join_past(q, k, v, window, past_k, past_v, mode, chunk_size)
-    out, ent = windowed_softmax(q, keys, vals, window, n_past, mode=mode, chunk_size=chunk_size, entropy=True)
+    op = "local_window_attention"
+    past_k, past_v = window_cache(op, initial_state, past_k, past_v)
+    q, keys, vals, n_past = join_past(q, k, v, window, past_k, past_v, mode, chunk_size, op)
+    if q.shape[1] == 0:  # an empty piece: no output, the cache unchanged
+        out, ent = vals.new_zeros((*q.shape[:3], vals.shape[-1])), q.new_zeros(q.shape[:2])
+    else:
+        out, ent = windowed_softmax(q, keys, vals, window, n_past, mode=mode, chunk_size=chunk_size, entropy=True)
     if return_state:
         return out, ent, window_state(keys, vals, window)
     return out, ent
