@@ -239,6 +239,31 @@ def test_deepcopy_after_a_training_step(name, cfg):
     assert_rel_close(c(x)[0], m(x)[0], 0.0, f"{name}: the copy computes what the layer does")
 
 
+@pytest.mark.parametrize("name,cfg", CASES)
+def test_numpy_scalars_are_options_like_python_numbers(name, cfg):
+    """Options read from a NumPy array or config (``np.int64(16)``, ``np.float64(1e-3)``) build the layer Python
+    numbers build: ``build_mixer("deltanet", np.int64(16))`` was refused ("d_model must be a positive integer, got
+    np.int64(16)") while the option checks took NumPy integers."""
+    import numpy as np
+
+    def np_(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return v
+        return np.int64(v) if isinstance(v, int) else np.float64(v)
+
+    opts = {"n_heads": H, **cfg}
+    d = opts.pop("d_model", D)
+    torch.manual_seed(0)
+    a = build_mixer(name, d, **opts)
+    torch.manual_seed(0)
+    b = build_mixer(name, np_(d), **{k: np_(v) for k, v in opts.items()})
+    assert a.extra_repr() == b.extra_repr()
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
+    x = torch.randn(2, 5, d, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a(x)[0], b(x)[0])
+
+
 def test_registry_errors():
     with pytest.raises(ValueError, match="registered mixers"):
         build_mixer("no_such_mixer", 16)

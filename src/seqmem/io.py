@@ -10,6 +10,7 @@ import errno
 import functools
 import importlib
 import math
+import numbers
 import os
 import pkgutil
 import platform
@@ -296,12 +297,13 @@ def mean_std(values: Iterable[float]) -> tuple[float, float]:
 
 
 def check_int(name: str, value: Any, minimum: int = 1, prefix: str = "") -> int:
-    """``value`` as an int ≥ ``minimum`` (bools refused), else one ``ValueError`` line naming ``name``:
-    "must be a positive integer" (minimum 1), "a non-negative integer" (0) or "an integer >= minimum"."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    """``value`` as an int ≥ ``minimum`` (any integer: ``int``, a NumPy integer, any ``numbers.Integral``; bools
+    refused), else one ``ValueError`` line naming ``name``: "must be a positive integer" (minimum 1), "a
+    non-negative integer" (0) or "an integer >= minimum"."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         kind = {1: "a positive integer", 0: "a non-negative integer"}.get(minimum, f"an integer >= {minimum}")
         raise ValueError(f"{prefix}{name} must be {kind}, got {value!r}")
-    return value
+    return int(value)
 
 
 #: the lock file of a run directory (see :func:`run_lock`)

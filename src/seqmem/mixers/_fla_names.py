@@ -8,6 +8,7 @@ it).  Applied by :class:`FlaNamesMeta`, the metaclass of
 from __future__ import annotations
 
 import inspect
+import numbers
 from typing import Any
 
 FLA_NAMES = ("hidden_size", "num_heads", "head_dim", "layer_idx")
@@ -59,13 +60,13 @@ def translate(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
         d = args[0] if args else kwargs.get("d_model")
         if d is None:
             raise ValueError(f"{cls.__name__}: head_dim={head_dim} needs hidden_size (or d_model)")
-        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or d % head_dim:
+        if isinstance(head_dim, bool) or not isinstance(head_dim, numbers.Integral) or head_dim <= 0 or d % head_dim:
             raise ValueError(f"{cls.__name__}: head_dim={head_dim!r} must be a positive divisor of d_model={d} "
                              "(seqmem's heads split d_model: head_dim = d_model / n_heads)")
         if "n_heads" in kwargs and kwargs["n_heads"] * head_dim != d:
             raise ValueError(f"{cls.__name__}: head_dim={head_dim} × n_heads={kwargs['n_heads']} must equal "
                              f"d_model={d} (seqmem's heads split d_model)")
-        kwargs["n_heads"] = d // head_dim
+        kwargs["n_heads"] = int(d // head_dim)
     return kwargs, layer_idx
 
 

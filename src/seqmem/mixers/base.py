@@ -34,6 +34,7 @@ in flash-linear-attention: pack every row into one.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, ClassVar
 
 import torch
@@ -193,8 +194,9 @@ def check_positive_int(name: str, value: Any) -> int:
 
 
 def check_positive_float(name: str, value: Any, allow_zero: bool = False) -> float:
-    """A real number > 0 (>= 0 with ``allow_zero``), else a ValueError naming the option."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A real number > 0 (>= 0 with ``allow_zero``; any ``numbers.Real``: a NumPy float too, not a bool) as a
+    float, else a ValueError naming the option."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or not (value >= 0 if allow_zero else value > 0):
         raise ValueError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number, got {value!r}")
     return float(value)
@@ -236,7 +238,6 @@ def check_option(owner: str, name: str, value: Any, annotation: Any, domain: str
     ``bool``: exactly ``True``/``False`` (not 0/1 or a string); ``int``: an integer, not a bool or a float;
     ``float``: a finite real number, not a bool (NaN and ±Inf are refused); ``str``: a string; ``X | None``: ``None``
     or an ``X``; other annotations are not checked.  ``domain`` is a key of ``_DOMAINS`` (e.g. ``">0"``)."""
-    import numbers
     import types
     import typing
 

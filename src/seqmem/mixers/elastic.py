@@ -34,6 +34,7 @@ Streaming state: ``k``, ``v`` — raw keys / values of the current partial block
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, ClassVar
 
 import torch
@@ -123,7 +124,7 @@ class BlockAttention(Mixer):
         super().__init__(d_model, n_heads, impl)
         self.head_dim = self._head_dim(rope=True)
         self.block_len = check_positive_int("block_len", block_len)
-        if not (isinstance(rope_base, (int, float)) and rope_base > 1):
+        if not (isinstance(rope_base, numbers.Real) and not isinstance(rope_base, bool) and rope_base > 1):
             raise ValueError(f"rope_base must be a number > 1, got {rope_base!r}")
         self.rope_base = float(rope_base)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
@@ -366,11 +367,12 @@ class Elastic(BlockAttention):
         """Switch the retrieval sample points: test-time inductive-bias injection (Section 3.5)."""
         check_choice("sampling", sampling, SAMPLINGS)
         eps = getattr(self, "eps", 1e-3) if eps is None else eps
-        if not (isinstance(eps, (int, float)) and 0 < eps < 1):
+        if not (isinstance(eps, numbers.Real) and not isinstance(eps, bool) and 0 < eps < 1):
             raise ValueError(f"eps must be in (0, 1), got {eps!r}")
-        if alpha is not None and not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
+        if alpha is not None and not (isinstance(alpha, numbers.Real) and not isinstance(alpha, bool)
+                                      and 0 < alpha < 1):
             raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
-        self.sampling, self.alpha, self.eps = sampling, alpha, float(eps)
+        self.sampling, self.alpha, self.eps = sampling, None if alpha is None else float(alpha), float(eps)
         self._fractions = sample_fractions(sampling, self.mem_tokens, alpha=alpha, eps=self.eps)
         self._ctx_cache = None  # memory tokens built from the former sample points
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import warnings
 from typing import Any
 
@@ -179,7 +180,7 @@ def floor(value: float, dtype: torch.dtype) -> float:
 def check_scale(op: str, scale, dk: int) -> float:
     if scale is None:
         return dk**-0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
         raise ValueError(f"{op}: scale must be a finite number or None, got {scale!r}")
     return float(scale)
 

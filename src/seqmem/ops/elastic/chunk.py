@@ -13,6 +13,7 @@ call with an explicit mask over ``[memory; block]``.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +37,7 @@ def _check(q, k, v, k_mem, v_mem, mem_valid, offset, mode):
     if k.shape[:2] != (b, nb) or k.shape[3:] != (h, d) or v.shape[:4] != k.shape[:4]:
         raise ValueError(f"trapezoidal_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
                          "disagree")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 or offset + lq > lk:
+    if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 0 or offset + lq > lk:
         raise ValueError(f"trapezoidal_attention: offset must be an integer with 0 <= offset and offset + "
                          f"{lq} queries <= {lk} keys, got {offset!r}")
     if (k_mem is None) != (v_mem is None) or (k_mem is None) != (mem_valid is None):

@@ -6,6 +6,7 @@ taken at the chunk-start state, as in TTT's mini-batch training.  A DIFFERENT mo
 
 from __future__ import annotations
 
+import numbers
 import warnings
 
 import torch
@@ -151,7 +152,7 @@ def _lattice_minibatch_checks(q, k, v, gamma, initial_state, objective, chunk_si
                          f"None, got {type(initial_update).__name__}")
     B, T, H, m, d = _check(q, k, v, gamma, initial_state, objective, True, None, None, "scan", chunk_size,
                            op="lattice_minibatch", **{"initial_state['A']": initial_update})
-    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < chunk_size:
+    if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or not 0 <= offset < chunk_size:
         raise ValueError(f"lattice_minibatch: offset must be an integer in [0, chunk_size={chunk_size}), got "
                          f"{offset!r}")
     if initial_update is not None:

@@ -8,6 +8,8 @@ Per head the state ``S ∈ R^{d×m}`` holds ``m`` memory slots (columns ``s_i``)
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import Tensor
 
@@ -140,7 +142,7 @@ def _check(q, k, v, gamma, initial_state, objective, normalize, forget, l1, mode
                              f"{tuple(gamma.shape)}")
         if not gamma.is_floating_point():
             raise ValueError(f"{op}: gamma must be a floating-point tensor, got dtype {gamma.dtype}")
-    elif not isinstance(gamma, (int, float)) or isinstance(gamma, bool):
+    elif not isinstance(gamma, numbers.Real) or isinstance(gamma, bool):
         raise ValueError(f"{op}: gamma must be a tensor or a number, got {gamma!r}")
     else:
         check_number(op, "gamma", gamma)
@@ -154,7 +156,7 @@ def _check(q, k, v, gamma, initial_state, objective, normalize, forget, l1, mode
                 raise ValueError(f"{op}: l1 must be (B, T, H)=({B}, {T}, {H}) or a float, got {tuple(l1.shape)}")
             if not l1.is_floating_point():
                 raise ValueError(f"{op}: l1 must be a floating-point tensor, got dtype {l1.dtype}")
-        elif isinstance(l1, bool) or not isinstance(l1, (int, float)):
+        elif isinstance(l1, bool) or not isinstance(l1, numbers.Real):
             raise ValueError(f"{op}: l1 must be a non-negative float or a tensor, got {l1!r}")
         else:
             check_number(op, "l1", l1, nonnegative=True)

@@ -40,6 +40,7 @@ normaliser z = Σ φ(k) passes float16's maximum after ~10⁵ tokens.  The state
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -253,8 +254,8 @@ def _check_vla_args(
     if not isinstance(w_u, Tensor) or w_u.shape != (H, D, D):
         raise ValueError(f"{fn}: w_u must have shape (heads, dim, dim) = {(H, D, D)}")
     check_number(fn, "lam0", lam0, positive=True)
-    if refresh_period is not None and (isinstance(refresh_period, bool) or not isinstance(refresh_period, int)
-                                       or refresh_period < 0):
+    if refresh_period is not None and (isinstance(refresh_period, bool)
+                                       or not isinstance(refresh_period, numbers.Integral) or refresh_period < 0):
         raise ValueError(f"{fn}: refresh_period must be None or an integer >= 0, got {refresh_period!r}")
     if return_trace and mode != "recurrent":
         raise ValueError(f"{fn}: return_trace needs mode='recurrent'")

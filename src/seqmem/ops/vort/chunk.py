@@ -28,6 +28,7 @@ gradient descent on per-token α (Section 5; our reading, see docs/vort.md).
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor
@@ -652,7 +653,7 @@ def refine_alpha(
     if not (0 < min_alpha <= 1):  # NaN fails too
         raise ValueError(f"refine_alpha: min_alpha must be in (0, 1], got {min_alpha!r}")
     check_number("refine_alpha", "lr", lr, positive=True)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
         raise ValueError(f"refine_alpha: steps must be a non-negative integer, got {steps!r}")
     a = alpha.detach().clamp(min_alpha, 1.0).clone()
     hist = []
