@@ -264,6 +264,41 @@ def test_numpy_scalars_are_options_like_python_numbers(name, cfg):
     assert torch.equal(a(x)[0], b(x)[0])
 
 
+@pytest.mark.parametrize("name,cfg", CASES)
+def test_state_tensors_own_their_memory(name, cfg):
+    """Every tensor of a returned state owns exactly its own numbers: no view into a buffer of the whole call (a
+    slice of the padded chunks, of the keys of every token).  Such a view kept the whole buffer alive as long as the
+    state lived, and ``torch.save`` wrote all of it (deltanet at T = 4,096, d_model 64: a 10 kB state kept and saved
+    3.2 MB); safetensors refused it.  Batch 1 too, where a slice along time is contiguous but still a view."""
+    m = make(name, cfg)
+    for b in (1, B):
+        with torch.no_grad():
+            _, st = m(inputs(m, b=b, t=T))
+            _, st1 = m(inputs(m, b=b, t=1), st)  # a decoding step from a state
+        for which, state in (("after T tokens", st), ("after a decoding step", st1)):
+            for key, v in state.items():
+                own = v.numel() * v.element_size()
+                held = v.untyped_storage().nbytes()
+                assert held == own, (f"{name}: state[{key!r}] {which} (batch {b}) holds {held} bytes of storage for "
+                                     f"{own} bytes of numbers (a view into a larger buffer)")
+
+
+@pytest.mark.parametrize("name,cfg", CASES)
+def test_state_round_trips_through_safetensors(name, cfg):
+    """The README's promise: a state saves with safetensors as it is (``save(state)``: it is a flat dict of
+    tensors), and the loaded state continues the sequence exactly.  safetensors refused the views and
+    non-contiguous tensors 22 of the 26 mixers returned."""
+    st_mod = pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
+    m = make(name, cfg)
+    x = inputs(m)
+    y, _ = m(x)
+    for cut in (20, 1):
+        y1, st = m(x[:, :cut])
+        st2 = seqmem.state_to(st_mod.load(st_mod.save({k: v.cpu() for k, v in st.items()})), DEVICE)
+        y2, _ = m(x[:, cut:], st2)
+        assert_rel_close(torch.cat([y1, y2], 1), y, TOL[torch.float64], f"{name}: continue from safetensors")
+
+
 def test_registry_errors():
     with pytest.raises(ValueError, match="registered mixers"):
         build_mixer("no_such_mixer", 16)

@@ -100,6 +100,19 @@ def count_state(state: State | None) -> int:
     return total
 
 
+def own_memory(state: State) -> State:
+    """``state`` with every tensor that is a view into a larger buffer, or not contiguous, replaced by a contiguous
+    copy of its own numbers (the others as they are: no copy).  A state built by slicing a whole call's buffers
+    (the last ``k − 1`` padded inputs of a convolution, the keys of a window) otherwise keeps the whole buffer
+    alive as long as it lives, ``torch.save`` writes all of it, and safetensors refuses it.  Exact (a copy)."""
+    out = {}
+    for k, v in state.items():
+        if not v.is_contiguous() or v.untyped_storage().nbytes() != v.numel() * v.element_size():
+            v = v.clone(memory_format=torch.contiguous_format)
+        out[k] = v
+    return out
+
+
 def state_to(state: State | None, device: torch.device | str | None = None, dtype: torch.dtype | None = None):
     """Move a mixer state to ``device`` (and cast its floating tensors to ``dtype``)."""
     if state is None:
@@ -437,6 +450,12 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
                 self._final_state_wanted = True
         else:
             y, new_state = self._forward_varlen(x, state, bounds, output_final_state)
+        if output_final_state and not torch.compiler.is_compiling():
+            # every state tensor owns its numbers (no view keeping a whole call's buffer alive; safetensors saves it)
+            if isinstance(new_state, list):
+                new_state = [own_memory(s) for s in new_state]
+            elif new_state is not None:
+                new_state = own_memory(new_state)
         if _CHECK_FINITE:
             bad = _nonfinite_count(y)
             if bad:

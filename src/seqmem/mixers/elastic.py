@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmem.mixers.attention import rope_angles
-from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
+from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int, own_memory
 from seqmem.ops.elastic import trapezoidal_attention
 from seqmem.ops.elastic.naive import trapezoidal_attention_token
 from seqmem.ops.hippo import SAMPLINGS, hippo_compress, legs_block, legs_reconstruction_matrix, sample_fractions
@@ -200,12 +200,12 @@ class BlockAttention(Mixer):
         y = self.out(y.reshape(b, t, d))
         n = c + t
         keep = (start + t) % self.block_len
-        new_state: State = {
+        new_state: State = own_memory({  # own copies (no views into K, V): the decode cache below keys on them
             "k": K[:, n - keep :].reshape(b, keep, d),
             "v": V[:, n - keep :].reshape(b, keep, d),
             "pos": torch.full((b,), start + t, dtype=torch.long, device=x.device),
             **mem,
-        }
+        })
         if k_rot is not None and keep == n and not torch.is_grad_enabled():
             self._krot_cache = ((new_state["k"], _version(new_state["k"]), k_rot),) + (
                 ((kc, _version(kc), k_rot[:, :c]),) if c > 0 else ())

@@ -68,9 +68,11 @@ def sliding_window_attention(
 
 
 def window_state(keys: Tensor, vals: Tensor, window: int) -> dict[str, Tensor]:
-    """The state ``{"k", "v"}`` after a segment: the last ``min(len, window − 1)`` of ``keys``/``vals``."""
+    """The state ``{"k", "v"}`` after a segment: the last ``min(len, window − 1)`` of ``keys``/``vals``, as copies
+    (a slice would keep every key of the segment alive while the state lives)."""
     keep = min(keys.shape[1], window - 1)
-    return {"k": keys[:, keys.shape[1] - keep :], "v": vals[:, vals.shape[1] - keep :]}
+    return {"k": keys[:, keys.shape[1] - keep :].clone(memory_format=torch.contiguous_format),
+            "v": vals[:, vals.shape[1] - keep :].clone(memory_format=torch.contiguous_format)}
 
 
 def window_cache(
