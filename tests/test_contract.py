@@ -299,6 +299,25 @@ def test_state_round_trips_through_safetensors(name, cfg):
         assert_rel_close(torch.cat([y1, y2], 1), y, TOL[torch.float64], f"{name}: continue from safetensors")
 
 
+@pytest.mark.parametrize("name,cfg", CASES)
+def test_every_parameter_gets_a_gradient(name, cfg):
+    """A forward and backward on a random input gives every parameter a gradient, but those the configuration
+    names in ``unused_parameters()`` with a reason (a parameter that never gets one inflates parameter counts and
+    stops plain DistributedDataParallel; ``vla_fixed_a`` built the unused ``w_u``)."""
+    m = make(name, cfg)
+    x = inputs(m).requires_grad_(True)
+    y, _ = m(x)
+    (y * torch.randn(y.shape, generator=torch.Generator().manual_seed(5), dtype=y.dtype).to(DEVICE)).sum().backward()
+    unused = m.unused_parameters()
+    names = dict(m.named_parameters())
+    assert set(unused) <= set(names), f"{name}: unused_parameters names no parameter: {set(unused) - set(names)}"
+    assert all(isinstance(r, str) and r.strip() for r in unused.values())
+    missing = sorted(k for k, p in names.items() if p.grad is None and k not in unused)
+    assert not missing, f"{name}: no gradient for {missing} (list them in unused_parameters() with the reason)"
+    stale = sorted(k for k in unused if names[k].grad is not None)
+    assert not stale, f"{name}: unused_parameters() lists {stale}, which got a gradient"
+
+
 def test_registry_errors():
     with pytest.raises(ValueError, match="registered mixers"):
         build_mixer("no_such_mixer", 16)

@@ -86,3 +86,25 @@ def test_paper_deltanet_state_and_decay():
         _, st1 = m(x)
         sv = torch.linalg.svdvals(st1["S"])
         assert (sv[..., 1] < 1e-12 * sv[..., 0]).all()
+
+
+def test_fixed_a_has_no_unused_w_u_and_loads_state_dicts_that_have_it():
+    """vla_fixed_a never reads W_u (no Sherman-Morrison step): it is not a parameter (it got no gradient, inflated
+    the parameter count and stopped plain DDP).  It is still drawn at construction, so every other parameter
+    initialises as before, and a state dict saved with it loads (the key is dropped)."""
+    torch.manual_seed(0)
+    full = build_mixer("vla", 16, n_heads=2, fixed_A=False)
+    torch.manual_seed(0)
+    m = build_mixer("vla_fixed_a", 16, n_heads=2)
+    after = torch.rand(4)
+    assert "w_u" not in dict(m.named_parameters()) and "w_u" not in m.state_dict() and m.w_u is None
+    sd = full.state_dict()
+    assert all(torch.equal(m.state_dict()[k], sd[k]) for k in m.state_dict())  # the same draws, in order
+    torch.manual_seed(0)
+    build_mixer("vla", 16, n_heads=2, fixed_A=False)
+    assert torch.equal(torch.rand(4), after)  # the generator is left where it was
+    old = dict(m.state_dict(), w_u=sd["w_u"])  # a state dict saved when the layer had w_u
+    m.load_state_dict(old)  # strict: the unused key is dropped, nothing is missing
+    x = torch.randn(1, 6, 16)
+    y, _ = m(x)
+    assert y.shape == x.shape and torch.isfinite(y).all()

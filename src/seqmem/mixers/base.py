@@ -409,6 +409,13 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
         recognise an identical training run under another row label (``seqmem sweep --reuse``)."""
         return dict(options)
 
+    def unused_parameters(self) -> dict[str, str]:
+        """The parameters this configuration never reads, by name, each with the reason: they get no gradient (and
+        plain ``DistributedDataParallel`` needs ``find_unused_parameters=True`` for them).  Every other parameter
+        gets a gradient from a forward and backward (``tests/test_contract.py::test_every_parameter_gets_a_gradient``,
+        every mixer and configuration).  A method, not a class fact: it depends on the options."""
+        return {}
+
     def long_range_reason(self, seq_len: int) -> str | None:
         """Why the output at position ``seq_len - 1`` cannot depend on the first token, or ``None`` when it can.
 

@@ -142,6 +142,12 @@ class SKAMixer(Mixer):
         g = min(max((gamma_init - 1.0) / 0.5, 2.5e-3), 1 - 1e-6)
         self.gamma_raw = nn.Parameter(torch.tensor(math.log(g / (1 - g))))
 
+    def unused_parameters(self) -> dict[str, str]:
+        if self.power == 0:  # kept so that power=0 layers load the state dicts of their runs (compare_diagnose)
+            return {"gamma_raw": "power=0 reads the ridge readout only: γ (eq. 12) scales the powers of the Koopman "
+                                 "operator, none of which is read"}
+        return {}
+
     @property
     def gamma(self) -> Tensor:
         """``γ = 1 + 0.5·sigmoid(ρ) ∈ (1, 1.5)`` (eq. 12)."""

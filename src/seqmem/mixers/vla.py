@@ -27,6 +27,11 @@ from seqmem.ops.vla.chunk import NORMALIZERS, vla_attention, vla_paper_delta_rul
 from seqmem.registry import register
 
 
+def _drop_unused_w_u(module: nn.Module, state_dict: dict, prefix: str, *args: object) -> None:
+    """Load a state dict saved when a fixed-A layer still had its unused ``w_u``: the key is dropped."""
+    state_dict.pop(prefix + "w_u", None)
+
+
 class _HeadProjections(Mixer):
     """q/k/v/o projections shared by the VLA family."""
 
@@ -107,8 +112,15 @@ class VLA(_HeadProjections):
                 raise ValueError(f"{name} must be a bool, got {val!r}")
         self.normalize_key, self.normalize_alpha, self.fixed_A = normalize_key, normalize_alpha, fixed_A
         dh = self.head_dim
-        # W_u: per-head map of the raw key to the penalty direction (f_θ of eq. 8); nn.Linear-style init
-        self.w_u = nn.Parameter(torch.empty(n_heads, dh, dh).uniform_(-(dh**-0.5), dh**-0.5))
+        # W_u: per-head map of the raw key to the penalty direction (f_θ of eq. 8); nn.Linear-style init.  Drawn
+        # with fixed_A too, which never reads it (no Sherman-Morrison step), and then dropped: the random draws of
+        # construction stay those of every earlier build, so the other parameters initialise as they did
+        w_u = torch.empty(n_heads, dh, dh).uniform_(-(dh**-0.5), dh**-0.5)
+        if fixed_A:
+            self.register_parameter("w_u", None)  # no parameter without a gradient (plain DDP refuses one)
+            self.register_load_state_dict_pre_hook(_drop_unused_w_u)
+        else:
+            self.w_u = nn.Parameter(w_u)
 
     def state_keys(self) -> set[str]:
         keys = {"S", "pos"}

@@ -251,8 +251,11 @@ def _check_vla_args(
 ) -> None:
     fn = "vla_attention"
     B, T, H, D = _check_inputs(q, k, v, mode, chunk_size, normalizer, eps, fn)
-    if not isinstance(w_u, Tensor) or w_u.shape != (H, D, D):
-        raise ValueError(f"{fn}: w_u must have shape (heads, dim, dim) = {(H, D, D)}")
+    if w_u is None and fixed_A:  # the fixed-A ablation has no penalty direction to map
+        pass
+    elif not isinstance(w_u, Tensor) or w_u.shape != (H, D, D):
+        raise ValueError(f"{fn}: w_u must have shape (heads, dim, dim) = {(H, D, D)}"
+                         + ("" if fixed_A else " (None only with fixed_A=True)"))
     check_number(fn, "lam0", lam0, positive=True)
     if refresh_period is not None and (isinstance(refresh_period, bool)
                                        or not isinstance(refresh_period, numbers.Integral) or refresh_period < 0):
@@ -298,7 +301,8 @@ def vla_attention(
 
     q, k: raw (pre-feature-map) queries and keys (B, T, H, D); v: values (B, T, H, Dv); w_u: (H, D, D),
     the learned penalty-direction map applied to the raw key (u = L2norm(W_u k_raw)·u_scale; u_scale None →
-    1/√D as in Algorithm 1, 1.0 → eq. 8).  ``refresh_period`` None/0 disables the +ηI refresh.
+    1/√D as in Algorithm 1, 1.0 → eq. 8); None with ``fixed_A`` (which never reads u).  ``refresh_period``
+    None/0 disables the +ηI refresh.
     Variants: ``normalize_alpha=False`` (VLAv2-style unnormalised write α = A k̂), ``fixed_A=True`` (the
     "A_t = 10 I fixed" ablation: no SM update, no A state), ``normalize_key=False`` (the "no k̂ norm"
     ablation), ``normalizer="none"`` (o = S φ(q)).
@@ -317,6 +321,8 @@ def vla_attention(
     _check_vla_args(q, k, v, w_u, lam0=lam0, refresh_period=refresh_period, eps=eps, normalizer=normalizer,
                     mode=mode, chunk_size=chunk_size, return_trace=return_trace, fixed_A=fixed_A,
                     initial_state=initial_state)
+    if w_u is None:  # fixed_A: no Sherman-Morrison step reads u; zeros stand in for the map
+        w_u = q.new_zeros((k.shape[2], k.shape[3], k.shape[3]))
     if q.shape[1] == 0 and return_trace:
         raise ValueError("vla_attention: return_trace needs at least one token (the trace is per step)")
     if q.shape[1] == 0:  # an empty piece: no output, the state unchanged
