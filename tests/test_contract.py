@@ -180,6 +180,11 @@ def test_bad_input_raises(name, cfg):
     _, st = m(x[:, :5])
     with pytest.raises(ValueError):
         m(inputs(m, b=B + 1, t=3), st)  # state from another batch size
+    with pytest.raises(ValueError, match=r"impl must be one of \['reference', 'fast'\], got 'Fast'"):
+        m.impl = "Fast"  # checked when set after construction too (it ran the fast form silently)
+    assert m.impl == "fast"
+    m.impl = "reference"
+    assert m.impl == "reference"
 
 
 @pytest.mark.parametrize("name,cfg", CASES)

@@ -388,6 +388,13 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
         self.n_heads = check_positive_int("n_heads", n_heads)
         self.impl = check_choice("impl", impl, IMPLS)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # impl is checked whenever it is set, not only at construction: a typo set later (m.impl = "Fast") ran
+        # the fast form without a word
+        if name == "impl":
+            value = check_choice(f"{type(self).__name__}.impl", value, IMPLS)
+        super().__setattr__(name, value)
+
     def _op_mode(self, fast: str = "chunk") -> str:
         """The ``mode`` of the op this mixer runs: ``"recurrent"`` for ``impl="reference"``, else ``fast``."""
         return "recurrent" if self.impl == "reference" else fast
