@@ -323,6 +323,25 @@ def test_every_parameter_gets_a_gradient(name, cfg):
     assert not stale, f"{name}: unused_parameters() lists {stale}, which got a gradient"
 
 
+@pytest.mark.parametrize("name,option,value", [
+    ("exp_decay", "decay_rate", 0.01), ("exp_mixture", "n_exp", 3), ("vla_paper_deltanet", "eps", 1e-3),
+    ("vla_paper_deltanet", "normalizer", "none"), ("vla_paper_deltanet", "chunk_size", 8),
+    ("lattice", "chunk_size", 8), ("lattice", "conv_size", 2), ("lattice", "gamma_per_slot", True),
+    ("lattice", "forget_gate", True), ("lattice", "l1", 0.1), ("koopman_mlp", "d_k", 32), ("vort", "chunk_size", 8),
+    ("vort", "horizon", 64), ("vort_fixed_alpha", "alpha", 0.5), ("vort", "entity", "none"),
+])
+def test_extra_repr_shows_the_options_that_matter(name, option, value):
+    """``repr(layer)`` tells two layers apart that compute differently (a state error quotes it too): each of these
+    options was missing from it."""
+    a, b = build_mixer(name, D, n_heads=H), build_mixer(name, D, n_heads=H, **{option: value})
+    assert a.extra_repr() != b.extra_repr() and f"{option}=" in b.extra_repr(), b.extra_repr()
+
+
+def test_extra_repr_leaves_out_options_the_kernel_does_not_read():
+    assert "n_soe" not in build_mixer("exp_decay", D).extra_repr()  # one exponential: no SOE channels
+    assert "n_soe" not in build_mixer("exp_mixture", D).extra_repr()
+
+
 def test_registry_errors():
     with pytest.raises(ValueError, match="registered mixers"):
         build_mixer("no_such_mixer", 16)

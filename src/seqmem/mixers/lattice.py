@@ -233,7 +233,9 @@ class LatticeMixer(Mixer):
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, objective={self.objective!r}, normalize={self.normalize}, "
-            f"head_dim={self.head_dim}, n_slots={self.n_slots}"
+            f"head_dim={self.head_dim}, n_slots={self.n_slots}, conv_size={self.conv_size}, "
+            f"chunk_size={self.chunk_size}, gamma_per_slot={self.gamma_per_slot}, forget_gate={self.forget_gate}, "
+            f"l1={self.l1}"
         )
 
 

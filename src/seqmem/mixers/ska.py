@@ -325,3 +325,6 @@ class KoopmanMLP(Mixer):
         z = torch.stack([z1, z2], -1).flatten(-2)
         pos = state["pos"] if state is not None else torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
         return self.w_readout(z), {"pos": pos + x.shape[1]}
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, d_k={self.d_k}, unit_circle={self.unit_circle}"

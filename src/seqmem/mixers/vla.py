@@ -242,3 +242,7 @@ class VLAPaperDeltaNet(_HeadProjections):
             chunk_size=self.chunk_size,
         )
         return self.o_proj(o.reshape(b, t, self.d_model)), new_state
+
+    def extra_repr(self) -> str:
+        return (f"{super().extra_repr()}, eps={self.eps}, normalizer={self.normalizer!r}, "
+                f"chunk_size={self.chunk_size}")

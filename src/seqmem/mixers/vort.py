@@ -592,10 +592,26 @@ class VORT(Mixer):
         return kv_retention(fq, fk, V, D, vis, scores="features", k_log_scale=sk, **kw)
 
     def extra_repr(self) -> str:
-        return (
-            super().extra_repr() + f", kernel={self.kernel!r}, alpha_mode={self.alpha_mode!r}, "
-            f"feature_map={self.feature_map!r}, n_soe={self.n_soe}, local_window={self.local_window}"
-        )
+        """The options that matter for this kernel and α mode (the SOE size for ``soe``, the rate for ``exp``, the
+        count for ``mixture``; α when fixed, δ and the entity flags when routed)."""
+        parts = [f"kernel={self.kernel!r}"]
+        if self.kernel == "soe":
+            parts.append(f"n_soe={self.n_soe}, horizon={self.horizon}")
+        elif self.kernel == "exp":
+            parts.append(f"decay_rate={self.decay_rate}")
+        elif self.kernel == "mixture":
+            parts.append(f"n_exp={self.n_exp}")
+        parts.append(f"alpha_mode={self.alpha_mode!r}")
+        if self.kernel in ("soe", "gl"):
+            if self.alpha_mode == "fixed":
+                parts.append(f"alpha={self.alpha}")
+            else:
+                parts.append(f"min_alpha={self.min_alpha}, entity={self.entity!r}")
+                if self.alpha_mode == "banked":
+                    parts.append(f"n_banks={self.n_banks}")
+        parts.append(f"feature_map={self.feature_map!r}, local_window={self.local_window}, "
+                     f"chunk_size={self.chunk_size}")
+        return super().extra_repr() + ", " + ", ".join(parts)
 
 
 @register(
