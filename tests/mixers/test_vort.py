@@ -228,3 +228,16 @@ def test_soe_mixer_runs_under_torch_compile():
     x = torch.randn(1, 12, 8)
     y, _ = torch.compile(m, backend="eager")(x)
     torch.testing.assert_close(y, m(x)[0])
+
+
+def test_fixed_alpha_refuses_a_routed_alpha_and_its_class_builds_what_its_name_builds():
+    """vort_fixed_alpha with alpha_mode='continuous' was the routed vort under another name; the variant classes
+    built without the registry (seqmem.layers) were routed SOE VORTs whatever their name."""
+    import seqmem
+    from seqmem.layers import ExpDecay, ExpMixture, VORTFixedAlpha
+
+    for mode in ("continuous", "banked"):
+        with pytest.raises(ValueError, match="alpha_mode='fixed'"):
+            seqmem.build_mixer("vort_fixed_alpha", 16, alpha_mode=mode)
+    for cls, name in ((VORTFixedAlpha, "vort_fixed_alpha"), (ExpDecay, "exp_decay"), (ExpMixture, "exp_mixture")):
+        assert cls(16, n_heads=2).extra_repr() == seqmem.build_mixer(name, 16, n_heads=2).extra_repr()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -632,6 +632,14 @@ class VORTFixedAlpha(VORT):
         {"kernel": "gl", "feature_map": "exact", "strict_causal": True},
     ]
 
+    def __init__(self, d_model: int, *, alpha_mode: str = "fixed", local_window: int = 0, **options: Any) -> None:
+        # the name's defaults as the class's own (the class built without the registry was a routed VORT), and a
+        # routed α refused: "continuous" or "banked" would make this the vort mixer under another name
+        if alpha_mode != "fixed":
+            raise ValueError(f"{type(self).__name__}: one fixed global α is this layer (alpha_mode='fixed'), got "
+                             f"alpha_mode={alpha_mode!r}; the vort mixer routes α per token")
+        super().__init__(d_model, alpha_mode=alpha_mode, local_window=local_window, **options)
+
 
 @register(
     "exp_decay",
@@ -651,6 +659,10 @@ class ExpDecay(VORT):
         {"chunk_size": 8, "n_features": 8, "normalizer": "plain", "local_window": 4},
     ]
 
+    def __init__(self, d_model: int, *, kernel: str = "exp", alpha_mode: str = "fixed", local_window: int = 0,
+                 **options: Any) -> None:  # the name's defaults as the class's own
+        super().__init__(d_model, kernel=kernel, alpha_mode=alpha_mode, local_window=local_window, **options)
+
 
 @register(
     "exp_mixture",
@@ -669,3 +681,7 @@ class ExpMixture(VORT):
         {"chunk_size": 8, "n_features": 8, "horizon": 64},
         {"chunk_size": 8, "feature_map": "elu", "mixture_init": "fit", "horizon": 64},
     ]
+
+    def __init__(self, d_model: int, *, kernel: str = "mixture", alpha_mode: str = "fixed", local_window: int = 0,
+                 **options: Any) -> None:  # the name's defaults as the class's own
+        super().__init__(d_model, kernel=kernel, alpha_mode=alpha_mode, local_window=local_window, **options)
