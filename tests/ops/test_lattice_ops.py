@@ -439,3 +439,10 @@ def test_minibatch_recurrent_reference_equals_chunk_form(objective, dtype, tol):
         assert_rel_close(a, b, tol, f"grad {i}")
     with pytest.raises(ValueError, match="mode"):
         lattice_minibatch(*args, sta, mode="scan")
+
+
+def test_output_dtype_is_k_and_v_promoted():
+    """docs/ops.md: lattice_scan's y has the promoted dtype of k and v (not v's alone, as ops.md said)."""
+    q, k, v, gam, _, _ = _inputs(1, 4, 1, 4, 4, torch.float32)
+    assert lattice_scan(q, k, v.bfloat16(), gam)[0].dtype == torch.float32
+    assert lattice_scan(q.bfloat16(), k.bfloat16(), v.bfloat16(), gam)[0].dtype == torch.bfloat16
