@@ -70,8 +70,8 @@ class Attention(Mixer):
         return None
     #: the windowed fast path uses banded blocks once the keys number at least max(this, 8·window); below that
     #: SDPA with a dense mask is as fast on CPU.  Measured (forward + backward, batch 16, d 128, 4 heads, one
-    #: thread): window 8 dense / banded 25 / 26 ms at 128 keys, 65 / 53 at 256, 203 / 115 at 512; window 64
-    #: 198 / 149 at 512, 678 / 304 at 1,024
+    #: thread; approximate, not recorded: 2-core CPU, 2026-11-26): window 8 dense / banded 25 / 26 ms at 128
+    #: keys, 65 / 53 at 256, 203 / 115 at 512; window 64 198 / 149 at 512, 678 / 304 at 1,024
     band_min_keys: ClassVar[int] = 256
 
     def __init__(

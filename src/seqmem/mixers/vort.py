@@ -132,8 +132,9 @@ class VORT(Mixer):
     """Keyed linear-attention retrieval with power-law (SOE) or exponential decay kernels (VORT
     eqs. 11–17)."""
 
-    # decode step: the fast form's fused one-token update (soe_retention at T = 1) measured 0.56-0.82x the per-token
-    # reference's time at 4k context (vort, vort_fixed_alpha, exp_mixture, exp_decay; d 256, one thread)
+    # decode step: the fast form's fused one-token update (soe_retention at T = 1) takes 0.70-0.97x the per-token
+    # reference's time at 4k context in the 2026-11-25 decode run (docs/results/bench/decode_cpu.json: vort 0.83,
+    # vort_fixed_alpha 0.70, exp_mixture 0.82, exp_decay 0.97; d 256, one thread, wall clock)
     single_token_impl: ClassVar[str] = "fast"
 
     length_options: ClassVar[dict[str, str]] = {"local_window": "window"}
