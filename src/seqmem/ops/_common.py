@@ -56,6 +56,16 @@ def check_action_mask(mask: object, shape: tuple[int, int], device: torch.device
     return mask
 
 
+def promoted_dtype(*tensors: Any) -> torch.dtype:
+    """The promoted dtype of the floating tensors among ``tensors`` (None and other entries are skipped; the default
+    dtype where there is none): the dtype an op computes in when its inputs mix floating dtypes."""
+    dt = None
+    for t in tensors:
+        if isinstance(t, Tensor) and t.is_floating_point():
+            dt = t.dtype if dt is None else torch.promote_types(dt, t.dtype)
+    return dt or torch.get_default_dtype()
+
+
 def check_tensor(op: str, name: str, x, shape: tuple, dims: str) -> Tensor:
     """``x``: a floating tensor of ``len(shape)`` dims whose sizes match the non-None entries of ``shape``."""
     if not isinstance(x, Tensor):

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from seqmem.io import check_int
-from seqmem.ops._common import check_mode, check_state_keys, check_tensor, state_dict
+from seqmem.ops._common import check_mode, check_state_keys, check_tensor, promoted_dtype, state_dict
 from seqmem.ops.lattice.naive import lattice_minibatch_naive
 from seqmem.ops.lattice.step import _OSR, _check, _prepare, sphere_retract
 
@@ -64,7 +64,7 @@ def lattice_minibatch(
     S0, A, offset = _state_parts(q, k, v, state, chunk_size)
     if k.shape[1] == 0:  # an empty piece: no output, the state unchanged (checked as any other)
         B, _, H, m, d = _lattice_minibatch_checks(q, k, v, gamma, S0, objective, chunk_size, A, offset)
-        dt = _common_dtype(q, k, v, gamma, S0, A)
+        dt = promoted_dtype(q, k, v, gamma, S0, A)
         S0 = torch.eye(d, m, dtype=dt, device=k.device).expand(B, H, d, m).clone() if S0 is None else S0.to(dt)
         A = torch.zeros_like(S0) if A is None else A.to(dt)
         y = v.new_zeros((B, 0, H, d), dtype=dt)
@@ -118,21 +118,12 @@ def lattice_chunked(
     return _run(q, k, v, gamma, initial_state, objective, chunk_size, initial_update, offset, mode)
 
 
-def _common_dtype(*tensors) -> torch.dtype:
-    """The promoted dtype of the floating tensors among ``tensors`` (the op computes in it)."""
-    dt = None
-    for t in tensors:
-        if isinstance(t, Tensor) and t.is_floating_point():
-            dt = t.dtype if dt is None else torch.promote_types(dt, t.dtype)
-    return dt or torch.get_default_dtype()
-
-
 def _run(q, k, v, gamma, S0, objective, chunk_size, A, offset, mode) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """Both entry points on the former arguments (``S0`` the chunk-start slots, ``A`` the update of the current
     chunk, ``offset`` the tokens already in it): the per-token reference after the input checks, or the chunked
     form.  Inputs of mixed floating dtypes are computed in their promoted dtype (``y`` and the state in it).
     Returns ``(y, (S_chunk_start, update))``."""
-    dt = _common_dtype(q, k, v, gamma, S0, A)  # (each mode then checks the inputs; integers stay for it to refuse)
+    dt = promoted_dtype(q, k, v, gamma, S0, A)  # (each mode then checks the inputs; integers stay for it to refuse)
     q, k, v, gamma, S0, A = (x.to(dt) if isinstance(x, Tensor) and x.is_floating_point() else x
                              for x in (q, k, v, gamma, S0, A))
     if mode == "recurrent":

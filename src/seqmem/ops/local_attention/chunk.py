@@ -19,6 +19,7 @@ from seqmem.ops._common import (
     check_scale,
     check_state_keys,
     check_tensor,
+    promoted_dtype,
 )
 from seqmem.ops.local_attention.naive import windowed_softmax_naive
 
@@ -112,9 +113,7 @@ def join_past(q, k, v, window, past_k, past_v, mode, chunk_size, op: str | None 
         check_tensor(op, "initial_state['v']", past_v, (B, past_k.shape[1], H, v.shape[3]), "batch, P, heads, Dv")
     check_same_device(op or "sliding window", q=q, k=k, v=v, **{"initial_state['k']": past_k,
                                                                 "initial_state['v']": past_v})
-    dt = q.dtype
-    for t in (k, v, past_k, past_v):
-        dt = dt if t is None else torch.promote_types(dt, t.dtype)
+    dt = promoted_dtype(q, k, v, past_k, past_v)
     q, k, v = q.to(dt), k.to(dt), v.to(dt)  # no copies when the dtypes agree
     if past_k is None:
         return q, k, v, 0

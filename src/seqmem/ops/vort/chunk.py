@@ -35,7 +35,7 @@ from torch import Tensor
 
 from seqmem.io import check_int
 from seqmem.ops import _backends, _triton
-from seqmem.ops._common import check_choice, check_number, check_same_device, check_tensor, floor
+from seqmem.ops._common import check_choice, check_number, check_same_device, check_tensor, floor, promoted_dtype
 from seqmem.ops.fractional import gl_weights, soe_coefficients
 from seqmem.ops.local_attention.chunk import join_past, window_cache, window_state, windowed_softmax
 from seqmem.ops.vort.gla import soe_retention_gla
@@ -143,9 +143,7 @@ def soe_retention(
     state_in = {f"initial_state[{key!r}]": t for key, t in (initial_state or {}).items()}
     check_same_device(op, q=q, k=k, v=v, coef=coef, xi=xi, coef_now=coef_now, k_log_scale=k_log_scale, **state_in)
     # mixed floating dtypes: computed in their promoted dtype (no copies when they agree)
-    dt = q.dtype
-    for t in (k, v, coef, xi, coef_now, k_log_scale, *(initial_state or {}).values()):
-        dt = dt if t is None else torch.promote_types(dt, t.dtype)
+    dt = promoted_dtype(q, k, v, coef, xi, coef_now, k_log_scale, *(initial_state or {}).values())
     q, k, v, coef, xi = (x.to(dt) for x in (q, k, v, coef, xi))
     coef_now = None if coef_now is None else coef_now.to(dt)
     k_log_scale = None if k_log_scale is None else k_log_scale.to(dt)
