@@ -246,12 +246,31 @@ def test_elastic_topic_block_local_statistics_are_the_same_in_start_and_continui
     m = t.metrics(logits, y)
     assert abs(m["memory_gain"]) < 0.05  # sampling noise only (start and continuing blocks differ in label alone)
     assert m["loss_cont_q1"] > math.log(topic) + 0.3  # and it does pay the block-local penalty
+    # the analytic bound is this predictor's expected first-quarter loss (4,096 scored tokens per kind: SE ≈ 0.02)
+    assert m["loss_start_q1"] == pytest.approx(t.block_local_q1(), abs=0.08)
+    assert m["loss_cont_q1"] == pytest.approx(t.block_local_q1(), abs=0.08)
+
+
+def test_elastic_topic_block_local_q1_closed_form():
+    """The block-local bound at the headline's task (V 64, topic 4, L 32: 2.557 nats, so a memory that is not
+    misled gains at most 2.557 − ln 4 = 1.17) and at the limits: a topic of the whole vocabulary gives ln V at
+    every position, a topic of one token is known after its first input."""
+    t = ElasticTopicTask(vocab_size=64, topic=4, seq_len=256, block_len=32, topic_blocks=2)
+    assert t.block_local_q1() == pytest.approx(2.5566, abs=1e-4)
+    # first position alone: the seen token has 1/4, each of the 63 others (3/4)/63
+    t1 = ElasticTopicTask(vocab_size=64, topic=4, seq_len=8, block_len=4)
+    assert t1.block_local_q1() == pytest.approx(0.25 * math.log(4) + 0.75 * math.log(84), rel=1e-12)
+    assert ElasticTopicTask(vocab_size=8, topic=8, seq_len=16, block_len=8).block_local_q1() == pytest.approx(
+        math.log(8))
+    assert ElasticTopicTask(vocab_size=8, topic=1, seq_len=16, block_len=8).block_local_q1() == 0.0
 
 
 def test_elastic_topic_metrics_with_drifting_topics():
     """With topic_blocks = k, memory_gain compares the first quarters of topic-starting blocks with those of
-    continuing blocks: a model that carries the current topic across blocks gains ln(V) − ln(topic), a block-local
-    one 0, and one that knows the topic only from block 0 (a stale memory) loses on continuing blocks."""
+    continuing blocks: a model that carries the current topic across blocks and guesses uniformly over the vocabulary
+    at a topic's start gains ln(V) − ln(topic) here (a start block predicted as well as a block-local model can
+    predict it gives less: ``block_local_q1() − ln(topic)``), a block-local one 0, and one that knows the topic only
+    from block 0 (a stale memory) loses on continuing blocks."""
     k, L, V, topic = 2, 16, 32, 4
     t = ElasticTopicTask(vocab_size=V, topic=topic, seq_len=128, block_len=L, topic_blocks=k)
     x, y = t.eval_data(32)
