@@ -38,7 +38,8 @@ t ≥ 1 a query for the anchor at lag d_t ~ Zipf(β) truncated to [1, t]), writt
 Every position then writes one association and queries an older one, so a memory holds n items, not n_queries.
 
 Its metrics (either layout) add the accuracy per lag bin (``acc_short`` ≤ 100, ``acc_medium`` ≤ 1000, ``acc_long``
-> 1000 positions by default, the paper's bins).
+> 1000 positions by default, the paper's bins): ``acc_<bin>`` is each evaluation batch's own accuracy, so its mean
+over batches is close to, not equal to, the pooled accuracy ``hits_<bin> / queries_<bin>`` that results report.
 """
 
 from __future__ import annotations
