@@ -97,6 +97,11 @@ class ElasticTopicTask(Task):
         tok = torch.gather(subsets, 1, idx)
         return tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
 
+    @property
+    def q1_len(self) -> int:
+        """Positions of a block's first quarter, the ones the ``*_q1`` metrics score: ``max(1, block_len // 4)``."""
+        return max(1, self.block_len // 4)
+
     def block_local_q1(self) -> float:
         """Expected loss, in nats per token, of the Bayes-optimal block-local model over a block's first quarter
         (the positions ``loss_start_q1`` / ``loss_cont_q1`` score): the loss of a model that uses no memory and the
@@ -104,9 +109,9 @@ class ElasticTopicTask(Task):
 
         After ``n`` inputs of a block with ``m`` distinct tokens seen (``m`` follows the occupancy law of ``n`` draws
         from ``topic`` tokens), the posterior gives each seen token ``1/topic`` and each of the ``V − m`` unseen ones
-        ``(topic − m) / (topic · (V − m))``; the first quarter predicts after ``n = 1 … max(1, L // 4)`` inputs."""
+        ``(topic − m) / (topic · (V − m))``; the first quarter predicts after ``n = 1 …`` :attr:`q1_len` inputs."""
         V, K = self.vocab_size, self.topic
-        q = max(1, self.block_len // 4)
+        q = self.q1_len
         dist = [1.0] + [0.0] * K  # P(m distinct | n draws), n = 0
         total = 0.0
         for _ in range(q):
@@ -129,7 +134,7 @@ class ElasticTopicTask(Task):
         if T != self.seq_len or T % L:
             return out
         ce = ce.view(B, T // L, L)
-        q = max(1, L // 4)
+        q = self.q1_len
         out["loss_block0_q1"] = float(ce[:, 0, :q].mean())
         if T // L > 1:
             out["loss_later_q1"] = float(ce[:, 1:, :q].mean())
