@@ -63,6 +63,37 @@ def test_vort_zipf_dense_layout_queries_every_position():
         VortZipfTask(n_positions=300, n_keys=64, layout="dense")
 
 
+def _copy_last_label_in_window(layout: str) -> list[float]:
+    """Per lag bin (short, medium, long) the accuracy of a memory-free rule on the settling specs' task (n 250, lag
+    edges 2.5 / 25, β 1, 256 sequences): answer with the most recent label token among the 7 tokens before the
+    scored one, i.e. inside a window-8 attention."""
+    from seqmem.tasks.vort_tasks import lag_bin
+
+    kw = dict(n_positions=250, n_keys=512, n_labels=16, n_filler=64, lag_edges=[2.5, 25], beta=1.0, layout=layout)
+    if layout == "sparse":
+        kw["n_queries"] = 16
+    t = build_task("vort_zipf", **kw)
+    x, y, lags = t.sample_with_lags(256, torch.Generator().manual_seed(5))
+    bi, ti = (y != IGNORE_INDEX).nonzero(as_tuple=True)
+    is_label = (x >= 1) & (x < 17)  # labels are [1, 1 + n_labels)
+    guess = torch.full_like(ti, -1)
+    for k in range(7, 0, -1):  # nearest last, so it wins
+        j = (ti - k).clamp(min=0)
+        guess = torch.where(is_label[bi, j] & (ti - k >= 0), x[bi, j], guess)
+    hit = (guess == y[bi, ti]).float()
+    b = lag_bin(lags[bi, ti], (2.5, 25))
+    return [float(hit[b == i].mean()) for i in range(3)]
+
+
+def test_vort_zipf_window_answers_short_lags_in_the_sparse_layout_only():
+    """docs/results/vort/README.md: in the sparse layout a window-8 attention sees the answer for lags <= 3, so the
+    memory-free rule answers the short bin (0.98) and part of the medium bin (0.15), not the long bin (0.01); in the
+    dense layout (label 4d + 2 tokens back, among other labels) it is at chance, 1/16, in every bin."""
+    short, medium, long_ = _copy_last_label_in_window("sparse")
+    assert short > 0.95 and 0.10 < medium < 0.20 and long_ < 0.03
+    assert all(a < 0.1 for a in _copy_last_label_in_window("dense"))
+
+
 def test_vort_zipf_uses_the_paper_generator_lags():
     """Same placement as ZipfLagRetrieval (the generator of ``seqmem repro vort``) for the same RNG stream."""
     t = VortZipfTask(n_positions=400, beta=1.5, n_queries=16, n_keys=32)
