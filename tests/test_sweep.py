@@ -381,12 +381,12 @@ def test_a_diverged_seed_counts_as_the_worst_value_in_the_reported_mean(tmp_path
     if select == "accuracy":
         assert row["report_mean"] == pytest.approx(0.3)
         assert row["report_std"] == pytest.approx(math.sqrt((0.6**2 + 2 * 0.3**2) / 2))
-        assert "| `attention` | 0.30 ± 0.52 (3, 2 diverged) |" in summary_table(spec, [row])
+        assert "| `attention` | 0.30 ± 0.52 (3, 2 diverged, edge lr) |" in summary_table(spec, [row])
         assert "seed(s) 1, 2 diverged (counted as accuracy 0 in the mean)" in md
         assert "0.900, diverged, diverged" in md
     else:
         assert row["report_mean"] == math.inf and math.isnan(row["report_std"])
-        assert "| `attention` | inf (3, 2 diverged) |" in summary_table(spec, [row])
+        assert "| `attention` | inf (3, 2 diverged, edge lr) |" in summary_table(spec, [row])
         assert "seed(s) 1, 2 diverged (counted as loss inf in the mean)" in md
     payload = json.loads(json.dumps({"select": select, "cpu_hours": 0.0, "rows": [row]}))
     entry = next(iter(headline_summary(spec, payload)["settings"].values()))["attention"]
@@ -408,7 +408,7 @@ def test_partial_rows_are_marked(tmp_path):
     md = markdown(spec, [row])
     assert "PARTIAL" in md
     # the summary pivot: one cell per setting, mean ± std and the seed count, '*' while the row is incomplete
-    assert "| `attention` | 0.90 (1)* |" in md
+    assert "| `attention` | 0.90 (1, edge lr)* |" in md
 
 
 def test_first_seed_protocol_runs_other_seeds_only_at_the_chosen_lr(tmp_path):
@@ -524,6 +524,7 @@ def test_all_seeds_extends_an_edge_lr_by_a_first_seed_probe(tmp_path):
     the first seed; a probe that loses there is never chosen and makes the best interior (no '(edge)'); one that
     wins gets the other seeds and joins the choice; at most lr_extend probes per side."""
     from seqmem.io import atomic_write_text
+    from seqmem.sweep.report import summary_table
     from seqmem.sweep.runner import all_seeds_plan, extension_candidates, wanted_points
 
     raw = tiny(train__seeds=[0, 1], mixers=["attention"])
@@ -557,6 +558,7 @@ def test_all_seeds_extends_an_edge_lr_by_a_first_seed_probe(tmp_path):
     write_report(spec, tmp_path)
     md = (tmp_path / "report.md").read_text()
     assert "0.03: 0.550 (probe, first seed)" in md and "probed with seed 0" in md
+    assert "edge lr" not in summary_table(spec, [row])  # the probe showed the best interior: no edge mark
 
     fake(0.03, 0, 0.8)  # the probe now beats seed 0 there: the other seed decides
     assert plan() == (grid + [(0.03, 0), (0.03, 1)], False)
@@ -567,6 +569,7 @@ def test_all_seeds_extends_an_edge_lr_by_a_first_seed_probe(tmp_path):
     assert plan() == (grid + [(0.03, 0), (0.03, 1), (0.09, 0), (0.09, 1)], True)  # no third probe
     (row,) = collect(spec, tmp_path)
     assert row["best_lr"] == 0.09 and row["lr_at_grid_edge"] and "lr_probe" not in row
+    assert "(2, edge lr)" in summary_table(spec, [row])  # still at the edge after the last probe: the summary says so
     assert row["per_seed"] == {0: 0.95, 1: 0.99} and row["runs_total"] == 8
     # --reuse may copy every run an extension could ask for: two lrs per side, every seed
     cands = {(p.lr, p.seed) for p in extension_candidates(spec, pts)}
@@ -735,7 +738,7 @@ def test_tune_group_gives_the_other_seeds_to_its_best_row_only(tmp_path, monkeyp
     md = write_report(spec, tmp_path)
     text = (tmp_path / "report.md").read_text()
     assert "tune group 'decay': chosen on validation" in text and "not chosen (seed 0 only)" in text
-    assert "(1, not chosen)" in text and md["rows"]
+    assert "(1, not chosen, edge lr)" in text and md["rows"]
     with pytest.raises(SpecError, match="first_seed"):
         load_spec({**raw, "lr_selection": "all_seeds"})
     with pytest.raises(SpecError, match="named like a mixer row"):

@@ -210,7 +210,7 @@ def summary_table(spec: SweepSpec, rows: list[dict[str, Any]]) -> str:
             return "—"
         sd = "" if r["report_std"] != r["report_std"] else f" ± {r['report_std']:.2f}"
         seeds = f"{r['n_seeds']}" + (f", {r['diverged_seeds']} diverged" if r.get("diverged_seeds") else "") + (
-            ", not chosen" if r.get("tune_chosen") is False else "")
+            ", not chosen" if r.get("tune_chosen") is False else "") + (", edge lr" if r.get("lr_at_grid_edge") else "")
         mark = "" if r["complete"] else "*"
         return f"{r['report_mean']:.2f}{sd} ({seeds}){mark}"
 
@@ -299,8 +299,9 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
         f"**Lengths.** {length_rule_text()}" + ("." if spec.scale_lengths else " — switched OFF in this spec."),
         "",
     ]
-    lines += [f"## Summary: {sel} on the reported examples, mean ± std over seeds (number of seeds; * = row not "
-              "complete yet) at each row's chosen learning rate", "", summary_table(spec, rows)]
+    lines += [f"## Summary: {sel} on the reported examples, mean ± std over seeds (number of seeds; 'edge lr': "
+              "the chosen lr is the largest or smallest tried; * = row not complete yet) at each row's chosen "
+              "learning rate", "", summary_table(spec, rows)]
     lines += paper_section(spec, rows)
     chance = chance_level(spec)
     for setting in spec.settings:
