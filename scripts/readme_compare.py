@@ -51,21 +51,30 @@ def edge_cells(report: str) -> set[tuple[str, str]]:
     return edges
 
 
+def _edge_mark(cell: str) -> str:
+    """``'0.50 ± 0.10 (3)*'`` -> ``'0.50 ± 0.10 (3, edge lr)*'``, the summary's own marker (reports written before
+    the summary carried it); a cell that has it is kept."""
+    if "edge lr" in cell or cell == "—":
+        return cell
+    i = cell.rfind(")")
+    return cell[:i] + ", edge lr" + cell[i:] if i >= 0 else cell + " (edge lr)"
+
+
 def mark_edges(table: str, edges: set[tuple[str, str]]) -> str:
-    """The summary table with ' (edge)' after each cell whose row's chosen learning rate is at the grid's edge."""
+    """The summary table with 'edge lr' in each cell whose row's chosen learning rate is at the grid's edge."""
     lines = table.splitlines()
     head = _cells(lines[0])
     out = lines[:2]
     for line in lines[2:]:
         cells = _cells(line)
-        cells = [c + " (edge)" if (cells[0], col) in edges and c != "—" else c for col, c in zip(head, cells)]
+        cells = [_edge_mark(c) if (cells[0], col) in edges else c for col, c in zip(head, cells)]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
 def table_block(report: str) -> str:
     """The status line and summary table for the README, from the report's text: the cells whose chosen learning
-    rate the report marks '(edge)' keep the marker, and the training time is worded as the report's
+    rate the report marks '(edge)' carry 'edge lr', and the training time is worded as the report's
     'Runs finished' line words it."""
     m = re.search(r"## Summary:.*?\n\n(\| mixer.*?)\n\n", report, re.S)
     runs = re.search(r"^Runs finished: (\d+)/(\d+); training time of (.+?): ([\d.]+) CPU-hours(.*)$", report, re.M)
@@ -75,13 +84,14 @@ def table_block(report: str) -> str:
     basis = rest.split(". Machine:")[0].strip().rstrip(".")
     hours = f"training time of {of}: {cpuh} CPU-hours" + (f" {basis}" if basis else "")
     edges = edge_cells(report)
-    legend = " `(edge)`: the chosen learning rate is at the edge of the grid." if edges else ""
+    table = mark_edges(m.group(1), edges)
+    legend = " `edge lr`: the chosen learning rate is the largest or smallest tried." if "edge lr" in table else ""
     if done == total:
         status = f"**Status: complete — {total} runs; {hours}.**{legend}"
     else:
         status = (f"**Status: campaign in progress — {done} of {total} runs finished; {hours} so far; `*` marks a "
                   f"cell that is not final, `—` one not run yet.**{legend} Re-run `make compare` to continue it.")
-    return f"{status}\n\n{mark_edges(m.group(1), edges)}"
+    return f"{status}\n\n{table}"
 
 
 def replace_between_markers(readme: str, block: str) -> str:

@@ -150,13 +150,16 @@ Runs finished: 6/6; training time of all 7 finished runs (1 outside the report: 
 
 
 def test_edge_markers_and_the_reports_wording_are_carried_over():
-    """A cell whose chosen lr the report marks '(edge)' keeps the marker; the hours are worded as the report's."""
+    """A cell whose chosen lr the report marks '(edge)' carries 'edge lr'; the hours are worded as the report's."""
     block = _script().table_block(EDGE_REPORT)
-    assert "| `m` | 1.00 ± 0.00 (3) | 0.50 ± 0.10 (3) (edge) |" in block
-    assert "| `n` | 0.90 ± 0.01 (3) (edge) | — |" in block
+    assert "| `m` | 1.00 ± 0.00 (3) | 0.50 ± 0.10 (3, edge lr) |" in block
+    assert "| `n` | 0.90 ± 0.01 (3, edge lr) | — |" in block
     assert ("complete — 6 runs; training time of all 7 finished runs (1 outside the report: seeds of an lr no "
             "longer chosen): 1.25 CPU-hours (one thread each; wall clock: old).**") in block
-    assert "`(edge)`: the chosen learning rate is at the edge of the grid." in block
+    assert "`edge lr`: the chosen learning rate is the largest or smallest tried." in block
+    # a report whose summary already marks the cell: kept as it is, never marked twice
+    marked = EDGE_REPORT.replace("0.50 ± 0.10 (3) |", "0.50 ± 0.10 (3, edge lr) |")
+    assert "| `m` | 1.00 ± 0.00 (3) | 0.50 ± 0.10 (3, edge lr) |" in _script().table_block(marked)
 
 
 @pytest.mark.parametrize(
