@@ -216,6 +216,12 @@ def test_bad_input_raises():
         vla_attention(q, k, v, w_u, lam0=0.0)
     with pytest.raises(ValueError, match="normalizer"):
         vla_attention(q, k, v, w_u, normalizer="softmax")
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="vla_attention: u_scale must be a finite number > 0"):
+            vla_attention(q, k, v, w_u, u_scale=bad)
+    for bad in (-1e-3, float("inf")):  # η < 0 could leave A indefinite
+        with pytest.raises(ValueError, match="vla_attention: refresh_eta must be a finite number >= 0"):
+            vla_attention(q, k, v, w_u, refresh_eta=bad)
     with pytest.raises(ValueError, match="initial_state"):
         vla_attention(q, k, v, w_u, initial_state={"S": torch.zeros(B, H, D, D)})
     with pytest.raises(ValueError, match="return_trace"):

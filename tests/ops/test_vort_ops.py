@@ -131,6 +131,18 @@ def test_bad_inputs():
         local_window_attention(q, k, v, 0)
 
 
+@pytest.mark.parametrize("mode", ["recurrent", "chunk"])
+def test_eps0_is_checked(mode):
+    """ε0 < 0 or NaN was taken silently (ε0 = 0 stays: it makes the read-out scale-free)."""
+    q, k, v, a = data(t=6)
+    c, xi, cn = soe_coefficients(a, 6, 64)
+    for bad in (-1e-6, float("nan")):
+        with pytest.raises(ValueError, match="soe_retention: eps0 must be a finite number >= 0"):
+            soe_retention(q, k, v, c, xi, cn, mode=mode, eps0=bad)
+    o, _ = soe_retention(q, k, v, c, xi, cn, mode=mode, eps0=0.0)  # non-strict reads token t with itself written
+    assert torch.isfinite(o).all()
+
+
 @pytest.mark.parametrize("mode", ["recurrent", "chunk", "parallel"])
 def test_soe_retention_checks_its_state(mode):
     """A batch-1 state with a batch-2 input broadcast silently in the recurrent form (a bare RuntimeError in the

@@ -305,14 +305,16 @@ def vla_attention(
     None/0 disables the +ηI refresh.
     Variants: ``normalize_alpha=False`` (VLAv2-style unnormalised write α = A k̂), ``fixed_A=True`` (the
     "A_t = 10 I fixed" ablation: no SM update, no A state), ``normalize_key=False`` (the "no k̂ norm"
-    ablation), ``normalizer="none"`` (o = S φ(q)).
+    ablation, read as k̂ ← φ(k): the feature ELU(k) + 1 unnormalised, not the raw key),
+    ``normalizer="none"`` (o = S φ(q)).
     Returns ``(o (B,T,H,Dv), state)``; with ``return_trace`` (recurrent mode only) also a dict of per-step
     tensors (S, A, alpha_hat, k_hat, e, delta, each (B, T, H, ...)).
 
     State (``initial_state`` and the returned one; None = ``S = 0``, ``A = I/lam0``, ``z = 0``, ``pos = 0``):
 
     * ``"S"``: the memory ``S_t`` (B, H, Dv, D), read as ``S_t φ(q_t)``;
-    * ``"A"``: the inverse penalty ``A_t = P_t⁻¹`` kept by Sherman-Morrison (B, H, D, D); absent with ``fixed_A``;
+    * ``"A"``: the inverse penalty ``A_t ≈ M_t⁻¹`` (eq. 8's ``M_t``; exactly ``M_t⁻¹`` with ``refresh_period=None``)
+      kept by Sherman-Morrison (B, H, D, D); absent with ``fixed_A``;
     * ``"z"``: the normaliser ``Σ φ(k_s)`` (B, H, D); absent with ``normalizer="none"``;
     * ``"pos"``: tokens seen so far (B,) int64 (it times the ``refresh_period`` refresh).
     float16 / bfloat16 inputs are computed in float32 with autocast off (the state is float32; ``o`` is in
@@ -321,6 +323,10 @@ def vla_attention(
     _check_vla_args(q, k, v, w_u, lam0=lam0, refresh_period=refresh_period, eps=eps, normalizer=normalizer,
                     mode=mode, chunk_size=chunk_size, return_trace=return_trace, fixed_A=fixed_A,
                     initial_state=initial_state)
+    if u_scale is not None:  # the mixer's rule (u_scale > 0; None = 1/√D), here for direct callers too
+        check_number("vla_attention", "u_scale", u_scale, positive=True)
+    # η < 0 could leave A indefinite (δ's clamp would then bind silently)
+    check_number("vla_attention", "refresh_eta", refresh_eta, nonnegative=True)
     if w_u is None:  # fixed_A: no Sherman-Morrison step reads u; zeros stand in for the map
         w_u = q.new_zeros((k.shape[2], k.shape[3], k.shape[3]))
     if q.shape[1] == 0 and return_trace:

@@ -63,7 +63,7 @@ def vla_attention_naive(
     with off:
         # unbind once: slicing inside the loop would make autograd scatter into a full-size zero tensor per step
         for t, (qt, kt, vt) in enumerate(zip(q.to(dt).unbind(1), k.to(dt).unbind(1), v.to(dt).unbind(1))):
-            # 1. φ(k) = ELU(k) + 1, k̂ = φ(k)/‖φ(k)‖                                  (§2.2, line 10)
+            # 1. φ(k) = ELU(k) + 1, k̂ = φ(k)/‖φ(k)‖                                  (§2.2, lines 8-9)
             kf = F.elu(kt) + 1.0
             kh = kf / kf.norm(dim=-1, keepdim=True).clamp_min(1e-12) if normalize_key else kf
             if fixed_A:
@@ -71,7 +71,7 @@ def vla_attention_naive(
                 alpha = kh / lam0
                 delta = torch.ones_like(kh[..., 0])
             else:
-                # 2. u = L2norm(W_u k) · u_scale                                          (eq. 8, line 11)
+                # 2. u = L2norm(W_u k) · u_scale                                          (eq. 8, line 10)
                 u = F.normalize(torch.einsum("hed,bhd->bhe", w_u.to(dt), kt), dim=-1, eps=1e-12) * scale
                 # 3. z_sm = A u                                                           (eq. 9, line 12)
                 zs = torch.einsum("bhij,bhj->bhi", A, u)
@@ -91,7 +91,7 @@ def vla_attention_naive(
             e = vt - torch.einsum("bhij,bhj->bhi", S, kh)
             # 10. S ← S + e α̂ᵀ                                                            (eq. 10, line 22)
             S = S + e[..., :, None] * ah[..., None, :]
-            # 11. o = S φ(q) / max(φ(q)ᵀ z, ε),  z ← z + φ(k)                             (eq. 11, lines 25-26)
+            # 11. o = S φ(q) / max(φ(q)ᵀ z, ε),  z ← z + φ(k)                             (eq. 11, lines 24-26)
             o, z = _readout(S, qt, z, kf, eps)
             outs.append(o)
             if return_trace:

@@ -109,6 +109,9 @@ def soe_retention(
     op = "soe_retention"
     check_choice(op, "mode", mode, MODES)
     check_choice(op, "normalizer", normalizer, NORMALIZERS)
+    # ε0 = 0 makes the read-out scale-free (exact comparisons use it); a row that sees no key (strict_causal's
+    # first token from an empty state) is then 0 / 0 — the VORT mixer refuses ε0 = 0 with strict_causal
+    check_number(op, "eps0", eps0, nonnegative=True)
     check_tensor(op, "q", q, (None, None, None, None), "batch, time, heads, F")
     B, T, H, F = q.shape
     check_tensor(op, "k", k, (B, T, H, F), "batch, time, heads, F")
@@ -514,6 +517,7 @@ def kv_retention(
     :func:`soe_retention` does.  Returns o (batch, Tq, heads, Dv)."""
     check_choice(None, "scores", scores, ("exact", "features"))
     check_choice(None, "normalizer", normalizer, NORMALIZERS)
+    check_number("kv_retention", "eps0", eps0, nonnegative=True)
     if scores == "exact":
         s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
         s = s.masked_fill(~visible, float("-inf"))
