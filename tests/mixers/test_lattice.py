@@ -74,6 +74,9 @@ def test_bad_options_raise():
         build_mixer("lattice_minibatch", 16, n_heads=2, objective="ttt")
     with pytest.raises(ValueError):
         build_mixer("lattice", 16, n_heads=2, normalize="yes")
+    for objective in ("ttt", "delta"):  # eqs. 19-20 have no sphere projection: normalize=False must be said
+        with pytest.raises(ValueError, match=rf"objective='{objective}' \(eq. \d+\) has no sphere projection"):
+            build_mixer("lattice", 16, n_heads=2, objective=objective)
 
 
 def test_lattice_chunked_is_a_deprecated_alias_of_lattice_minibatch():

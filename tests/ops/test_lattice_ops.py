@@ -378,6 +378,64 @@ def test_bad_inputs_raise():
 
 
 @pytest.mark.parametrize("mode", ["recurrent", "scan"])
+def test_options_outside_the_papers_equations_are_refused(mode):
+    """ttt and delta took the sphere projection by default (eqs. 19-20 have none: y off by up to 8.6); m > d
+    without normalize started from empty identity slots (|y| ~ 1e11); an empty initial slot, or μ outside [0, 1],
+    was taken silently."""
+    q, k, v, gam, _, S0 = _inputs(1, 5, 1, 4, 4, D64)
+    for objective in ("ttt", "delta"):
+        with pytest.raises(ValueError, match=rf"objective='{objective}' \(eq. \d+\) has no sphere projection"):
+            lattice_scan(q, k, v, gam, objective=objective, mode=mode)
+        lattice_scan(q, k, v, gam, objective=objective, normalize=False, mode=mode)  # fine
+    for objective in ("dec", "enc", "sim"):
+        with pytest.raises(ValueError, match="m <= d"):
+            lattice_scan(q, k, v[..., :3], gam, objective=objective, normalize=False, mode=mode)
+    empty = S0.detach().clone()
+    empty[..., 1] = 0
+    with pytest.raises(ValueError, match=r"initial_state\['S'\]'s slot norms must be > 0 without normalize"):
+        lattice_scan(q, k, v, gam, {"S": empty}, normalize=False, mode=mode)
+    lattice_scan(q, k, v, gam, {"S": empty}, mode=mode)  # with normalize the slot is restarted by its first step
+    for mu in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=r"forget must be in \[0, 1\]"):
+            lattice_scan(q, k, v, gam, forget=torch.full((1, 5, 1), mu, dtype=D64), mode=mode)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("objective", ["dec", "enc", "sim"])
+def test_a_slot_emptied_mid_sequence_takes_no_step(objective, backend):
+    """Without normalize, a slot emptied mid-sequence (μ_t = 0 and k_i = 0 for dec/sim, or the L1 prox) has no
+    φ(s_i) = s_i/‖s_i‖: its step was γc_i/1e-12 · P h (|y| ~ 1e11).  It now reads nothing and takes no step, the
+    same in the reference, the fused scan and the checkpointed L1 scan, outputs and gradients."""
+    B, T, H, m, d = 1, 9, 1, 3, 4
+    q, k, v, gam, mu, S0 = _inputs(B, T, H, m, d, D64, False, True)
+    with torch.no_grad():
+        mu[:, 3] = 0.0  # U = μ S − γ∇ = −γ∇ at t = 3 ...
+        k[:, 3, :, 0] = 0.0 if objective != "enc" else k[:, 3, :, 0]
+    ins = [q, k, v, gam, mu, S0]
+    kw = dict(objective=objective, normalize=False, forget=mu, chunk_size=4)
+    if objective == "enc":  # ENC's c_i = φ_iᵀv − k_i: empty the slot with the L1 prox instead (λ_3 huge)
+        kw["l1"] = torch.cat([torch.zeros(B, 3, H), torch.full((B, 1, H), 1e6), torch.zeros(B, T - 4, H)], 1).to(D64)
+    res = {}
+    for mode in ("recurrent", "scan"):
+        if backend == "cpp" and "l1" in kw and mode == "scan":
+            continue  # L1 runs the checkpointed scan only
+        y, st = lattice_scan(q, k, v, gam, {"S": S0}, mode=mode, backend=backend, **kw)
+        grads = torch.autograd.grad(y.sum() + st["S"].sum(), ins)
+        res[mode] = (y, st["S"], grads)
+    y, S, grads = res["recurrent"]
+    assert torch.isfinite(y).all() and y.abs().max() < 1e3 and all(torch.isfinite(x).all() for x in grads)
+    assert S[..., 0].abs().max() == 0 or objective == "enc"  # dec/sim: the emptied slot stays empty
+    if objective == "enc":
+        assert S.abs().max() == 0  # the huge threshold empties every slot, and none takes a step again
+    if "scan" in res:
+        yf, Sf, gf = res["scan"]
+        assert_rel_close(yf, y, 1e-12, "y")
+        assert_rel_close(Sf, S, 1e-12, "S_T")
+        for a, b in zip(gf, grads):
+            assert_rel_close(a, b, 1e-11, "gradient")
+
+
+@pytest.mark.parametrize("mode", ["recurrent", "scan"])
 def test_l1_gamma_and_eps_are_checked_as_numbers_and_as_tensors(mode):
     """A negative l1 was refused as a float but taken as a tensor (eq. 18's threshold γλ < 0 grows every entry
     instead of shrinking it); NaN / inf γ or λ numbers, inf γ or λ tensors, and eps <= 0 or non-finite (the norm

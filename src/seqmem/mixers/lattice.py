@@ -142,6 +142,9 @@ class LatticeMixer(Mixer):
         self.l1 = check_positive_float("l1", l1, allow_zero=True)
         if objective == "ssd":
             _check_ssd_options(normalize, gamma_per_slot, forget_gate, self.l1, learn_s0)
+        if objective in ("ttt", "delta") and normalize:
+            raise ValueError(f"objective={objective!r} (eq. {19 if objective == 'ttt' else 20}) has no sphere "
+                             "projection (eq. 14 is Lattice's): pass normalize=False")
         self.qk_norm, self.gamma_per_slot, self.forget_gate, self.learn_s0, self.v_norm = (
             qk_norm, gamma_per_slot, forget_gate, learn_s0, v_norm
         )  # fmt: skip

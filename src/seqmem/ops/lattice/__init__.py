@@ -12,9 +12,12 @@ step on a ½-loss (the factor 2 of eq. 5 lives in the step size ``γ_t``):
 
 with ``φ(S)`` the column normalisation and ``P(s) = I − ssᵀ/‖s‖²`` (general OSR form: eq. 13).
 ``normalize=True`` projects every slot back onto the unit sphere after the step (eq. 14, "NOSR", the Lattice
-default; the slots then stay unit-norm, so ``φ(S) = S``).  ``forget`` multiplies the old state by μ_t (L2
-forget gate, eq. 16).  ``l1`` applies the soft-threshold prox with threshold γ_t·λ_t after the gradient step
-(ISTA, eq. 18 corrected as in docs/lattice.md: gradient at S_{t-1}, threshold γλ; order GD → prox → retraction).
+default; the slots then stay unit-norm, so ``φ(S) = S``); ``"ttt"`` and ``"delta"`` have no sphere projection
+and need ``normalize=False``.  ``forget`` multiplies the old state by μ_t ∈ [0, 1] (L2 forget gate, eq. 16).
+``l1`` applies the soft-threshold prox with threshold γ_t·λ_t after the gradient step (ISTA, eq. 18 corrected as
+in docs/lattice.md: gradient at S_{t-1}, threshold γλ; order GD → prox → retraction); with the factor 2 in γ,
+this ``λ`` is half the paper's λ of eq. 17.  A slot the prox empties: without ``normalize`` it reads nothing and
+takes no step from then on (φ(0) is undefined); with ``normalize`` its step −γc_i·h restarts it on the sphere.
 The read-out uses the UPDATED state: ``y_t = S_t q_t`` (eq. 13).
 
 Layout (flash-linear-attention style): ``q, k: (B, T, H, m)``, ``v: (B, T, H, d)``, ``gamma: (B, T, H)``

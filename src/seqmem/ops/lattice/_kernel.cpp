@@ -61,10 +61,9 @@ inline void step_fwd(int obj, int64_t d, int64_t m, const F* S, F* So, const F* 
     for (int64_t i = 0; i < m; ++i) rho[i] = 0;
     for (int64_t a = 0; a < d; ++a)
       for (int64_t i = 0; i < m; ++i) rho[i] += S[a * m + i] * S[a * m + i];
-    for (int64_t i = 0; i < m; ++i) {
-      F nrm = std::sqrt(rho[i]);
-      if (nrm < F(1e-12)) nrm = F(1e-12);
-      rho[i] = F(1) / nrm;
+    for (int64_t i = 0; i < m; ++i) {  // an empty slot (|s_i| < 1e-12): r = 0, it reads nothing and takes no step
+      const F nrm = std::sqrt(rho[i]);
+      rho[i] = nrm < F(1e-12) ? F(0) : F(1) / nrm;
     }
     for (int64_t a = 0; a < d; ++a) {
       if (o2 == 0) {
@@ -240,7 +239,7 @@ void bwd(int obj, int64_t N, int64_t T, int64_t d, int64_t m, int64_t chunk, con
             gg[o * m + i] = gw[i] * c * r[i];
             gc[i] = gw[i] * gt[i] * r[i];
             gr[i] += gw[i] * gt[i] * c;
-            sh[i] = p[i] / r[i];  // (S^T h)_i
+            sh[i] = r[i] > F(0) ? p[i] / r[i] : F(0);  // (S^T h)_i (0 for an empty slot)
             gr[i] += gp[i] * sh[i];  // p = Sb^T h
             if (o2 == 1) gr[i] += gc[i] * sh[i];  // enc: c = Sb^T v - k, h = v
           }

@@ -37,14 +37,19 @@ def lattice_naive(
         l1 = torch.full((B, T, H), float(l1), dtype=dt, device=k.device)
     S = torch.eye(d, m, dtype=dt, device=k.device).expand(B, H, d, m) if initial_state is None else initial_state
     if normalize and osr:
-        S = S / S.norm(dim=-2, keepdim=True).clamp_min(tiny)  # the slots start on the unit sphere (eq. 14)
+        S = S / S.norm(dim=-2, keepdim=True).clamp_min(tiny)  # the slots start on the unit sphere (§3.3, eq. 14)
     ys = []
     for t in range(T):
         qt, kt, vt, gt = q[:, t], k[:, t], v[:, t], gamma[:, t]  # (B,H,m), (B,H,m), (B,H,d), (B,H,m)
         if osr:
             # 1. φ(S) = [s_i/‖s_i‖]; with normalize the slots are unit, so φ(S) = S                 (eqs. 6, 14)
-            n = torch.ones_like(gt) if normalize else S.norm(dim=-2).clamp_min(tiny)  # ‖s_i‖ (B,H,m)
-            phi = S / n[..., None, :]
+            #    (without it a zero slot, one the L1 prox emptied, has φ_i = 0 and takes no step: 1/‖s_i‖ → 0)
+            if normalize:
+                inv_n = torch.ones_like(gt)
+            else:
+                norm = S.norm(dim=-2)  # ‖s_i‖ (B,H,m)
+                inv_n = torch.where(norm > tiny, 1.0 / norm.clamp_min(tiny), torch.zeros_like(norm))
+            phi = S * inv_n[..., None, :]
             # 2. the error and the coefficient of each column's step                          (eqs. 7, 10, 12)
             if objective == "dec":  # ½‖φ(S)k − v‖²: h = e = φ(S)k − v, c_i = k_i
                 h = torch.einsum("bhdm,bhm->bhd", phi, kt) - vt
@@ -58,7 +63,7 @@ def lattice_naive(
             # 3. P(s_i) h = h − φ_i ⟨φ_i, h⟩  (the Jacobian of s ↦ s/‖s‖ is P(s)/‖s‖)              (eq. 8)
             Ph = h[..., :, None] - phi * torch.einsum("bhdm,bhd->bhm", phi, h)[..., None, :]
             # 4. γ∇: column i = γ_i c_i / ‖s_i‖ · P(s_i) h                                          (eq. 13)
-            step = Ph * (gt * c / n)[..., None, :]
+            step = Ph * (gt * c * inv_n)[..., None, :]
         elif objective == "ttt":
             # 1'. z = S k,  e = z/‖z‖ − v                                                             (eq. 19)
             z = torch.einsum("bhdm,bhm->bhd", S, kt)

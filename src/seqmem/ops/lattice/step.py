@@ -78,7 +78,11 @@ def lattice_step(
         if normalize:
             Sb, inv_n = S, None
         else:
-            inv_n = 1.0 / torch.linalg.vector_norm(S, dim=-2).clamp_min(floor(eps, S.dtype))  # 1/‖s_i‖
+            n = torch.linalg.vector_norm(S, dim=-2)
+            tiny = floor(eps, S.dtype)
+            # 1/‖s_i‖, and 0 for a zero slot (one the L1 prox emptied): φ(0) is undefined and a clamped 1/‖s_i‖
+            # would make its step ~1/eps; a zero slot takes no step and reads nothing
+            inv_n = torch.where(n > tiny, 1.0 / n.clamp_min(tiny), torch.zeros_like(n))
             Sb = S * inv_n.unsqueeze(-2)  # φ(S)
         if objective == "dec":
             h = (Sb @ k.unsqueeze(-1)).squeeze(-1) - v  # e_t = φ(S)k − v
@@ -134,8 +138,12 @@ def _check(q, k, v, gamma, initial_state, objective, normalize, forget, l1, mode
     d = v.shape[-1]
     if B == 0:
         raise ValueError(f"{op}: empty batch (batch must be >= 1), got q of shape {tuple(q.shape)}")
-    if objective in _OSR and normalize and m > d:
-        raise ValueError(f"{op}: slots m={m} > slot dimension d={d}: unit slots from orthonormal S_0 need m <= d")
+    if objective in ("ttt", "delta") and normalize:
+        raise ValueError(f"{op}: objective={objective!r} (eq. {19 if objective == 'ttt' else 20}) has no sphere "
+                         "projection (eq. 14 is Lattice's): pass normalize=False")
+    if objective in _OSR and m > d:
+        raise ValueError(f"{op}: slots m={m} > slot dimension d={d}: orthonormal S_0 needs m <= d (the identity "
+                         "S_0 would start with empty slots)")
     if isinstance(gamma, Tensor):
         if gamma.shape not in ((B, T, H), (B, T, H, m)):
             raise ValueError(f"{op}: gamma must be (B, T, H)=({B}, {T}, {H}) or (B, T, H, m), got "
@@ -172,6 +180,13 @@ def _check(q, k, v, gamma, initial_state, objective, normalize, forget, l1, mode
     # value checks last (one reduction each; skipped inside torch.compile, a graph break); NaN propagates
     if isinstance(gamma, Tensor) and values_checked():
         check_values(op, "gamma", gamma, ~torch.isinf(gamma), "finite")
+    if initial_state is not None and objective in _OSR and not normalize and values_checked():
+        # φ(s) = s/‖s‖ (eq. 6) is undefined for an empty slot (the fused kernels would divide by ~0)
+        norms = torch.linalg.vector_norm(initial_state.detach(), dim=-2)
+        check_values(op, "initial_state['S']'s slot norms", norms, ~(norms <= 0),
+                     "> 0 without normalize (φ(s) = s/‖s‖, eq. 6, is undefined for an empty slot)")
+    if forget is not None and values_checked():  # eq. 16's μ_t = 1 − γλ ∈ [0, 1]
+        check_values(op, "forget", forget, ~((forget < 0) | (forget > 1)), "in [0, 1] (eq. 16's μ_t)")
     if isinstance(l1, Tensor) and values_checked():  # the threshold γλ of eq. 18: a negative λ grows every entry
         check_values(op, "l1", l1, ~((l1 < 0) | torch.isinf(l1)), "finite and >= 0 (eq. 18's λ_t)")
     return B, T, H, m, d
