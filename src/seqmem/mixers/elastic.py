@@ -98,7 +98,10 @@ def _version(x: Tensor) -> int | None:
     description="Transformer++ block-local causal softmax attention (RoPE, no memory)",
 )
 class BlockAttention(Mixer):
-    """Block-local causal softmax attention (the paper's Transformer++); base of the memory mixers."""
+    """Block-local causal softmax attention (the paper's Transformer++); base of the memory mixers.
+
+    RoPE's base defaults to 10,000 (RoFormer's): the paper does not give it (Llama-3's 500,000 is one option away,
+    ``rope_base=5e5``); every committed Elastic result used the default."""
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [{"block_len": 8}]
     length_options: ClassVar[dict[str, str]] = {"block_len": "block"}

@@ -188,7 +188,8 @@ def sample_fractions(kind: str, num: int, alpha: float | None = None, eps: float
 
     * ``"uniform"``: ``x_j = j t / num`` (left endpoints, as the paper writes it; includes x = 0);
     * ``"exponential"``: ``x_j = t (1 − α^{num−1−j})``, dense near the present; ``α`` defaults to
-      ``eps^{1/(num−1)}`` so that the newest point is ``eps·t`` before the present;
+      ``eps^{1/(num−1)}`` so that the newest point is ``eps·t`` before the present (``num = 1``: the single point
+      is x = 0, the oldest, as the formula gives for any α);
     * ``"midpoint"``: ``x_j = (j + ½) t / num`` (cell centres; our variant).
     """
     check_choice(None, "sampling", kind, SAMPLINGS)

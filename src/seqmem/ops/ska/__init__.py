@@ -21,7 +21,8 @@ Chunk-causal training (eqs. 7–10): tokens of chunk ``c`` (size ``S``) read sta
 only (so chunk 0 outputs 0).  Both ``mode="chunk"`` (parallel) and ``mode="recurrent"`` (a per-token loop that
 commits the statistics at the same chunk boundaries) return the same outputs and the same final state, which
 holds the committed statistics plus the pending sums of the current partial chunk, so any split of a sequence
-continues exactly.
+continues exactly (with ``norm="prefix_max"`` or ``"none"``; under ``"seqmax"`` the scale is frozen at the first
+piece's maximum, so a split differs from one call, as the paper's decoding rule does).
 
 Action mask (App. F eq. 53, App. G.1): ``mask=`` (B, T) in {0, 1} restricts the statistics to the tokens with
 ``m_t = 1`` (``M`` to adjacent pairs with both in), in the same chunk-causal form; every token still queries,

@@ -108,7 +108,9 @@ def ska_readout(
 
     ``Gt`` = ``G + εI`` (..., r, r), ``M`` (..., r, r), ``Cv`` (..., P, r), ``q`` (..., r, n) (n queries).
     Returns (..., P, n).  ``operator_form="unwhitened"`` normalises ``M G̃⁻¹`` (eq. 11 reading) instead of
-    ``L⁻¹ M L⁻ᵀ``: same eigenvalues, different σ_max, so only the scalar ``c`` changes.
+    ``L⁻¹ M L⁻ᵀ``: same eigenvalues, different σ_max, so only the scalar ``c`` changes — i.e.
+    ``ŷ = η C_v G̃⁻¹ (c'·M G̃⁻¹)ᴷ q`` with ``c' = γ / max(σ_max(M G̃⁻¹), 1)``, wholly in unwhitened coordinates (not a
+    mixed form that applies ``M G̃⁻¹`` between whitening maps).
     """
     L = _cholesky(Gt)
     Aw = _whitened_operator(L, M)

@@ -86,7 +86,7 @@ def ska_naive(
 
     G, M, Cv = read("G", B, H, r, r), read("M", B, H, r, r), read("Cv", B, H, P, r)
     G_pend, M_pend, Cv_pend = read("G_pend", B, H, r, r), read("M_pend", B, H, r, r), read("Cv_pend", B, H, P, r)
-    z_prev, m, m_pend = read("z_prev", B, H, r), read("m", B, H), read("m_pend", B, H)  # z_prev: m_{t-1} z_{t-1}
+    z_prev, m, m_pend = read("z_prev", B, H, r), read("m", B, H), read("m_pend", B, H)  # z_prev: mask_{t-1}·z_{t-1}
     pos = int(st["pos"].reshape(-1)[0]) if "pos" in st and st["pos"].numel() else 0
     if norm == "seqmax":  # one max over the whole first input, frozen afterwards (non-causal)   (eq. 3, §3.5)
         m = k.norm(dim=-1).amax(dim=1) if pos == 0 else m
