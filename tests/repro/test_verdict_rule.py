@@ -34,7 +34,8 @@ def _cell(vals: list[float], calibrated: bool = True, edge: bool = False) -> dic
 
 
 def _order(pa: dict, pb: dict, ta: dict, tb: dict, higher: bool = True) -> dict[str, Any]:
-    return {"claim": "A beats B", "kind": "order", "higher_is_better": higher, "paper": {"a": 2.0, "b": 1.0},
+    paper = {"a": 2.0, "b": 1.0} if higher else {"a": 1.0, "b": 2.0}  # A is the paper's better model
+    return {"claim": "A beats B", "kind": "order", "higher_is_better": higher, "paper": paper,
             "protocols": {"paper": {"cells": {"a": pa, "b": pb}}, "tuned": {"cells": {"a": ta, "b": tb}}},
             "pending": "x"}
 
@@ -65,6 +66,17 @@ def test_order_outcomes_use_the_seed_spread():
     wide = _cell([0.3, 0.9, 0.6])
     assert protocol_outcome({"cells": {"a": wide, "b": _cell([0.5, 0.52, 0.51])}},
                             _order(up, down, up, down)) == "within seeds"
+
+
+def test_an_order_claim_whose_paper_numbers_contradict_its_sign_is_refused():
+    """The sign came from higher_is_better alone: a claim whose A is the paper's worse model read backwards."""
+    up, down = _cell([0.9, 0.92, 0.91]), _cell([0.5, 0.52, 0.51])
+    claim = _order(up, down, up, down)
+    claim["paper"] = {"a": 1.0, "b": 2.0}
+    with pytest.raises(ValueError, match="the claim's A must be the paper's better model"):
+        claim_word(claim)
+    claim["paper"] = {"a": "~1", "b": None}  # no two numbers to compare: the sign is the claim's
+    assert claim_word(claim) == "confirmed"
 
 
 def test_one_seed_never_confirms_or_refutes():

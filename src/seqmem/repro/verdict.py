@@ -74,6 +74,15 @@ def protocol_outcome(protocol: Mapping[str, Any], claim: Mapping[str, Any]) -> s
     sign = 1.0 if claim["higher_is_better"] else -1.0
     a = stats["a"]
     if kind == "order":
+        paper = claim.get("paper") or {}
+        try:  # the paper's sign: A is the paper's better model, so its two numbers must say so
+            pa, pb = float(paper["a"]), float(paper["b"])
+        except (KeyError, TypeError, ValueError):
+            pa = pb = None
+        if pa is not None and pb is not None and sign * (pa - pb) < 0:
+            raise ValueError(f"order claim {claim.get('claim', '')!r}: the paper's a = {pa:g}, b = {pb:g} put B ahead "
+                             f"under higher_is_better = {claim['higher_is_better']}: the claim's A must be the "
+                             "paper's better model")
         b = stats["b"]
         gap, spread = sign * (a["mean"] - b["mean"]), a["std"] + b["std"]
         return "agrees" if gap > spread else "disagrees" if gap < -spread else "within seeds"
