@@ -43,6 +43,12 @@ def cell(report_dir: str, setting_dir: str, mixer: str, lr: float, metric: str, 
     from seqmem.repro.verdict import record_value
 
     recs = _records(report_dir, setting_dir, mixer)
+    base = ROOT / RES / report_dir / "runs" / setting_dir / mixer
+    for p in sorted(base.glob("model/*/seed*/result.json")):  # the sweep counts a diverged seed as the worst
+        rec = json.loads(p.read_text())  # value; a cell that dropped it would read the survivors alone
+        if rec.get("status") == "diverged" and abs(rec["lr"] - lr) <= 1e-12 * max(1.0, lr):
+            raise SystemExit(f"{p.relative_to(ROOT)}: a diverged seed in the cell at lr {lr}; a cell reads every "
+                             "seed (the rule has no worst-value reading yet)")
     tried = sorted({r["lr"] for _, r in recs if r["seed"] == 0})
     runs = sorted(((p, r) for p, r in recs if abs(r["lr"] - lr) <= 1e-12 * max(1.0, lr)), key=lambda x: x[1]["seed"])
     if not runs:
