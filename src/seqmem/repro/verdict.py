@@ -74,15 +74,6 @@ def protocol_outcome(protocol: Mapping[str, Any], claim: Mapping[str, Any]) -> s
     sign = 1.0 if claim["higher_is_better"] else -1.0
     a = stats["a"]
     if kind == "order":
-        paper = claim.get("paper") or {}
-        try:  # the paper's sign: A is the paper's better model, so its two numbers must say so
-            pa, pb = float(paper["a"]), float(paper["b"])
-        except (KeyError, TypeError, ValueError):
-            pa = pb = None
-        if pa is not None and pb is not None and sign * (pa - pb) < 0:
-            raise ValueError(f"order claim {claim.get('claim', '')!r}: the paper's a = {pa:g}, b = {pb:g} put B ahead "
-                             f"under higher_is_better = {claim['higher_is_better']}: the claim's A must be the "
-                             "paper's better model")
         b = stats["b"]
         gap, spread = sign * (a["mean"] - b["mean"]), a["std"] + b["std"]
         return "agrees" if gap > spread else "disagrees" if gap < -spread else "within seeds"
@@ -105,8 +96,25 @@ def verdict_word(outcomes: Mapping[str, str] | Sequence[str]) -> str:
     return "not reproduced at our scale"
 
 
+def _check_paper_sign(claim: Mapping[str, Any]) -> None:
+    """An order claim's A must be the paper's better model (the sign of every gap comes from
+    ``higher_is_better``): refuse one whose two paper numbers say the opposite, readable protocols or not."""
+    if claim.get("kind") != "order":
+        return
+    paper = claim.get("paper") or {}
+    try:
+        pa, pb = float(paper["a"]), float(paper["b"])
+    except (KeyError, TypeError, ValueError):
+        return  # no two numbers to compare: the sign is the claim's
+    if (pa - pb) * (1.0 if claim["higher_is_better"] else -1.0) < 0:
+        raise ValueError(f"order claim {claim.get('claim', '')!r}: the paper's a = {pa:g}, b = {pb:g} put B ahead "
+                         f"under higher_is_better = {claim['higher_is_better']}: the claim's A must be the paper's "
+                         "better model")
+
+
 def claim_outcomes(claim: Mapping[str, Any]) -> dict[str, str]:
     """Both protocols' outcomes; a protocol ``{"same_as": other}`` takes the other's outcome."""
+    _check_paper_sign(claim)
     protos = claim["protocols"]
     if set(protos) != set(PROTOCOLS):
         raise ValueError(f"a claim needs the protocols {PROTOCOLS}, got {sorted(protos)}")
