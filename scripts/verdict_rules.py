@@ -24,16 +24,17 @@ from seqmem.repro.verdict import cell_stats, claim_outcomes, verdict_word  # noq
 RES = Path("docs/results")
 
 
-def _records(report_dir: str, setting_dir: str, mixer: str) -> list[tuple[Path, dict]]:
+def _all_records(report_dir: str, setting_dir: str, mixer: str) -> list[tuple[Path, dict]]:
+    """Every run record of ``mixer``, whatever its status; stops the script when none has finished."""
     base = ROOT / RES / report_dir / "runs" / setting_dir / mixer
-    out = []
-    for p in sorted(base.glob("model/*/seed*/result.json")):
-        rec = json.loads(p.read_text())
-        if rec.get("status") == "finished":
-            out.append((p.relative_to(ROOT), rec))
-    if not out:
+    out = [(p.relative_to(ROOT), json.loads(p.read_text())) for p in sorted(base.glob("model/*/seed*/result.json"))]
+    if not any(r.get("status") == "finished" for _, r in out):
         raise SystemExit(f"no finished runs under {base}")
     return out
+
+
+def _records(report_dir: str, setting_dir: str, mixer: str) -> list[tuple[Path, dict]]:
+    return [(p, r) for p, r in _all_records(report_dir, setting_dir, mixer) if r.get("status") == "finished"]
 
 
 def cell(report_dir: str, setting_dir: str, mixer: str, lr: float, metric: str, *, label: str,
@@ -42,13 +43,13 @@ def cell(report_dir: str, setting_dir: str, mixer: str, lr: float, metric: str, 
     with seed 0 (not for a protocol's fixed lr)."""
     from seqmem.repro.verdict import record_value
 
-    recs = _records(report_dir, setting_dir, mixer)
-    base = ROOT / RES / report_dir / "runs" / setting_dir / mixer
-    for p in sorted(base.glob("model/*/seed*/result.json")):  # the sweep counts a diverged seed as the worst
-        rec = json.loads(p.read_text())  # value; a cell that dropped it would read the survivors alone
+    every = _all_records(report_dir, setting_dir, mixer)
+    recs = [(p, r) for p, r in every if r.get("status") == "finished"]
+    # the sweep counts a diverged seed as the worst value; a cell that dropped it would read the survivors alone
+    for p, rec in every:
         if rec.get("status") == "diverged" and abs(rec["lr"] - lr) <= 1e-12 * max(1.0, lr):
-            raise SystemExit(f"{p.relative_to(ROOT)}: a diverged seed in the cell at lr {lr}; a cell reads every "
-                             "seed (the rule has no worst-value reading yet)")
+            raise SystemExit(f"{p}: a diverged seed in the cell at lr {lr}; a cell reads every seed (the rule has no "
+                             "worst-value reading yet)")
     tried = sorted({r["lr"] for _, r in recs if r["seed"] == 0})
     runs = sorted(((p, r) for p, r in recs if abs(r["lr"] - lr) <= 1e-12 * max(1.0, lr)), key=lambda x: x[1]["seed"])
     if not runs:
