@@ -40,6 +40,7 @@ from seqmem.mixers.base import Mixer, State, check_choice, check_positive_float,
 from seqmem.mixers.linear_family import init_dt_bias
 from seqmem.ops import ssd
 from seqmem.ops.lattice import LATTICE_OBJECTIVES, lattice_minibatch, lattice_scan, orthonormal_slots
+from seqmem.ops.lattice.step import projection_problem
 from seqmem.registry import deprecated_alias, register
 
 #: mixer options of the Table 4 ablation ladder and of the TTT baseline, all in the Lattice block
@@ -142,9 +143,8 @@ class LatticeMixer(Mixer):
         self.l1 = check_positive_float("l1", l1, allow_zero=True)
         if objective == "ssd":
             _check_ssd_options(normalize, gamma_per_slot, forget_gate, self.l1, learn_s0)
-        if objective in ("ttt", "delta") and normalize:
-            raise ValueError(f"objective={objective!r} (eq. {19 if objective == 'ttt' else 20}) has no sphere "
-                             "projection (eq. 14 is Lattice's): pass normalize=False")
+        if (why := projection_problem(objective, normalize)) is not None:
+            raise ValueError(why)
         self.qk_norm, self.gamma_per_slot, self.forget_gate, self.learn_s0, self.v_norm = (
             qk_norm, gamma_per_slot, forget_gate, learn_s0, v_norm
         )  # fmt: skip

@@ -43,6 +43,15 @@ def orthonormal_slots(
     return qm.to(dtype)
 
 
+def projection_problem(objective: str, normalize: bool) -> str | None:
+    """Why ``objective`` cannot take ``normalize`` (the sphere projection), or None: TTT and DeltaNet (eqs. 19-20)
+    have none.  One text for the op and the Lattice mixer, which refuse the pair."""
+    if objective in ("ttt", "delta") and normalize:
+        return (f"objective={objective!r} (eq. {19 if objective == 'ttt' else 20}) has no sphere projection (eq. 14 "
+                "is Lattice's): pass normalize=False")
+    return None
+
+
 def sphere_retract(u: Tensor, eps: float = 1e-12) -> Tensor:
     """Project every column of ``u (..., d, m)`` onto the unit sphere: ``u_i / ‖u_i‖`` (eq. 14).
 
@@ -138,9 +147,8 @@ def _check(q, k, v, gamma, initial_state, objective, normalize, forget, l1, mode
     d = v.shape[-1]
     if B == 0:
         raise ValueError(f"{op}: empty batch (batch must be >= 1), got q of shape {tuple(q.shape)}")
-    if objective in ("ttt", "delta") and normalize:
-        raise ValueError(f"{op}: objective={objective!r} (eq. {19 if objective == 'ttt' else 20}) has no sphere "
-                         "projection (eq. 14 is Lattice's): pass normalize=False")
+    if (why := projection_problem(objective, normalize)) is not None:
+        raise ValueError(f"{op}: {why}")
     if objective in _OSR and m > d:
         raise ValueError(f"{op}: slots m={m} > slot dimension d={d}: orthonormal S_0 needs m <= d (the identity "
                          "S_0 would start with empty slots)")
