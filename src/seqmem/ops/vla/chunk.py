@@ -246,8 +246,8 @@ def _vla_init_state(
 
 
 def _check_vla_args(
-    q: Tensor, k: Tensor, v: Tensor, w_u, *, lam0, refresh_period, eps, normalizer, mode, chunk_size,
-    return_trace, fixed_A, initial_state,
+    q: Tensor, k: Tensor, v: Tensor, w_u, *, lam0, u_scale, refresh_period, refresh_eta, eps, normalizer, mode,
+    chunk_size, return_trace, fixed_A, initial_state,
 ) -> None:
     fn = "vla_attention"
     B, T, H, D = _check_inputs(q, k, v, mode, chunk_size, normalizer, eps, fn)
@@ -257,6 +257,9 @@ def _check_vla_args(
         raise ValueError(f"{fn}: w_u must have shape (heads, dim, dim) = {(H, D, D)}"
                          + ("" if fixed_A else " (None only with fixed_A=True)"))
     check_number(fn, "lam0", lam0, positive=True)
+    if u_scale is not None:  # None = 1/√D (Algorithm 1)
+        check_number(fn, "u_scale", u_scale, positive=True)
+    check_number(fn, "refresh_eta", refresh_eta, nonnegative=True)  # η < 0 could leave A indefinite
     if refresh_period is not None and (isinstance(refresh_period, bool)
                                        or not isinstance(refresh_period, numbers.Integral) or refresh_period < 0):
         raise ValueError(f"{fn}: refresh_period must be None or an integer >= 0, got {refresh_period!r}")
@@ -320,13 +323,9 @@ def vla_attention(
     float16 / bfloat16 inputs are computed in float32 with autocast off (the state is float32; ``o`` is in
     ``v``'s dtype); float32 and float64 are computed as given.
     """
-    _check_vla_args(q, k, v, w_u, lam0=lam0, refresh_period=refresh_period, eps=eps, normalizer=normalizer,
-                    mode=mode, chunk_size=chunk_size, return_trace=return_trace, fixed_A=fixed_A,
-                    initial_state=initial_state)
-    if u_scale is not None:  # the mixer's rule (u_scale > 0; None = 1/√D), here for direct callers too
-        check_number("vla_attention", "u_scale", u_scale, positive=True)
-    # η < 0 could leave A indefinite (δ's clamp would then bind silently)
-    check_number("vla_attention", "refresh_eta", refresh_eta, nonnegative=True)
+    _check_vla_args(q, k, v, w_u, lam0=lam0, u_scale=u_scale, refresh_period=refresh_period,
+                    refresh_eta=refresh_eta, eps=eps, normalizer=normalizer, mode=mode, chunk_size=chunk_size,
+                    return_trace=return_trace, fixed_A=fixed_A, initial_state=initial_state)
     if w_u is None:  # fixed_A: no Sherman-Morrison step reads u; zeros stand in for the map
         w_u = q.new_zeros((k.shape[2], k.shape[3], k.shape[3]))
     if q.shape[1] == 0 and return_trace:
