@@ -44,6 +44,12 @@ run() {
         echo_mqar_paper_lr) sweep echo_mqar_paper_lr echo mqar_paper_lr --reuse docs/results/echo/mqar_small/runs ;;
         lattice_matched) sweep lattice_matched lattice matched --reuse docs/results/lattice/context_small/runs ;;
         vla_settle) sweep vla_settle vla settle --reuse docs/results/vla/capacity/runs ;;
+        # rule 1's lr check: an lr within the seed spread of a seed-0 choice gets every seed (docs/results/README.md)
+        lattice_matched_seeds) sweep lattice_matched_seeds lattice matched_seeds --reuse docs/results/lattice/matched/runs ;;
+        vla_capacity_seeds) sweep vla_capacity_seeds vla capacity_seeds --reuse docs/results/vla/capacity/runs \
+            --reuse docs/results/vla/settle/runs ;;
+        echo_mqar_small_seeds) sweep echo_mqar_small_seeds echo mqar_small_seeds \
+            --reuse docs/results/echo/mqar_small/runs ;;
         vla_copy_identity) sweep vla_copy_identity vla copy_identity --reuse docs/results/vla/copy/runs ;;
         elastic_paper_lr) sweep elastic_paper_lr elastic paper_lr --reuse docs/results/elastic/sampling_small/runs ;;
         echo_niah_chunk64_k2 | echo_niah_chunk64_k1)  # Echo Table 2 at the paper's chunk 64, K = 2 / 1, with the
@@ -105,7 +111,8 @@ run() {
 # (echo_niah_chunk64_k2/k1 stay runnable by name; they are not in the default list: SKA cannot train there).
 # Echo's one-operator mode (2026-11-28, load ≈ 4-5): ≈ 1.5-2 CPU-h each for echo_niah_paper_k2/k1; chunk 1's
 # training step costs 5× its, so echo_niah_masked_k2/k1 ≈ 10-13 each (docs/results/README.md)
-ALL=(lattice_matched echo_mqar_paper_lr vla_settle vla_copy_identity elastic_paper_lr echo_niah_paper_k2
+ALL=(lattice_matched echo_mqar_paper_lr vla_settle lattice_matched_seeds echo_mqar_small_seeds vla_capacity_seeds
+     vla_copy_identity elastic_paper_lr echo_niah_paper_k2
      echo_niah_paper_k1 echo_niah_tuned_k2 elastic_tuned_small elastic_settle vort_settle echo_niah_masked_k2
      echo_niah_masked_k1 vort_calibrate_dense vort_settle_dense)
 for spec in "${@:-${ALL[@]}}"; do
