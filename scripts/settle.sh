@@ -50,6 +50,7 @@ run() {
             --reuse docs/results/vla/settle/runs ;;
         echo_mqar_small_seeds) sweep echo_mqar_small_seeds echo mqar_small_seeds \
             --reuse docs/results/echo/mqar_small/runs ;;
+        vla_copy_seeds) sweep vla_copy_seeds vla copy_seeds --reuse docs/results/vla/copy/runs ;;
         vla_copy_identity) sweep vla_copy_identity vla copy_identity --reuse docs/results/vla/copy/runs ;;
         elastic_paper_lr) sweep elastic_paper_lr elastic paper_lr --reuse docs/results/elastic/sampling_small/runs ;;
         echo_niah_chunk64_k2 | echo_niah_chunk64_k1)  # Echo Table 2 at the paper's chunk 64, K = 2 / 1, with the
@@ -112,7 +113,7 @@ run() {
 # Echo's one-operator mode (2026-11-28, load ≈ 4-5): ≈ 1.5-2 CPU-h each for echo_niah_paper_k2/k1; chunk 1's
 # training step costs 5× its, so echo_niah_masked_k2/k1 ≈ 10-13 each (docs/results/README.md)
 ALL=(lattice_matched echo_mqar_paper_lr vla_settle lattice_matched_seeds echo_mqar_small_seeds vla_capacity_seeds
-     vla_copy_identity elastic_paper_lr echo_niah_paper_k2
+     vla_copy_seeds vla_copy_identity elastic_paper_lr echo_niah_paper_k2
      echo_niah_paper_k1 echo_niah_tuned_k2 elastic_tuned_small elastic_settle vort_settle echo_niah_masked_k2
      echo_niah_masked_k1 vort_calibrate_dense vort_settle_dense)
 for spec in "${@:-${ALL[@]}}"; do

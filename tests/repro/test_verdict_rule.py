@@ -93,6 +93,12 @@ def test_uncalibrated_and_edge_cells_are_not_read():
         == "not reproduced at our scale"
     c = _order(up, down, _cell([0.9, 0.92, 0.91], edge=True), down)
     assert protocol_outcome(c["protocols"]["tuned"], c) == "lr at grid edge"
+    c = _order(up, down, dict(up, lr_unsettled=[3e-3]), down)  # rule 1: a seed-0 lr choice within the spread
+    assert protocol_outcome(c["protocols"]["tuned"], c) == "lr unsettled"
+    assert claim_word(c) == "not reproduced at our scale"
+    assert check_rule({"claims": [{**c, "outcomes": {"paper": "agrees", "tuned": "lr unsettled"},
+                                   "word": "not reproduced at our scale", "pending": ""}],
+                       "headline_claim": "A beats B", "word": "not reproduced at our scale"})  # names no pending
     both = _order(_cell([0.9, 0.92, 0.91], calibrated=False), down, _cell([0.9, 0.92, 0.91], calibrated=False), down)
     assert claim_word(both) == "out of reach"
 
@@ -292,6 +298,59 @@ def test_settling_sweeps_are_read_whole_with_the_unspecified_choice_on_validatio
     assert "exp-a" in tuned["label"] and tuned["lr"] == 4e-3 and tuned["lr_at_edge"]  # the report's edge
 
 
+def test_rule1_a_seed0_lr_choice_within_the_seed_spread_needs_every_seed(tmp_path):
+    """Rule 1: an lr a first_seed sweep chose on seed 0 is not read while another lr whose seed-0 validation value
+    is within the seed spread (twice the choice's std) lacks the other seeds ("lr unsettled", its runs named as
+    pending); once a settling sweep of the same training runs gives them, the mean over seeds decides — a cell left
+    at the beaten lr stops the builder, and the cell at rule 1's lr reads the pooled runs."""
+    spec = importlib.util.spec_from_file_location("verdict_rules_r1", ROOT / "scripts" / "verdict_rules.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.ROOT = tmp_path
+    res = tmp_path / "docs" / "results"
+
+    def run(d: str, lr: float, seed: int, valid: float, steps: int = 100) -> None:
+        rd = res / d / "runs" / "s" / "m" / "model" / f"lr{lr:g}" / f"seed{seed}"
+        rd.mkdir(parents=True, exist_ok=True)
+        (rd / "result.json").write_text(json.dumps({"status": "finished", "setting": "s", "lr": lr, "seed": seed,
+                                                    "valid": {"loss": valid}, "report": {"loss": valid}}))
+        (rd / "run.json").write_text(json.dumps({"task": {"name": "t"}, "model": {"d_model": "x"},
+                                                 "train": {"steps": steps, "lr": lr, "seed": seed},
+                                                 "sweep": {"name": d, "mixer": "m"}}))
+
+    for seed, v in enumerate([1.50, 1.52, 1.54]):  # the seed-0 choice, std 0.02: spread 0.04
+        run("x/sweep", 1e-3, seed, v)
+    run("x/sweep", 3e-3, 0, 1.53)  # within the spread on seed 0
+    run("x/sweep", 3e-4, 0, 1.70)  # beyond it
+    (res / "x" / "sweep" / "report.json").write_text(json.dumps({
+        "spec": {"lr_selection": "first_seed"}, "select": "loss",
+        "rows": [{"mixer": "m", "setting": "s", "best_lr": 1e-3}]}))
+    mod.SEEDS_FROM, mod.SEEDS_SPEC = {"x/sweep": ["x/seeds"]}, {"x/sweep": "x_seeds"}
+    kw = {"label": "m", "calibrated": True}
+    c = mod.cell("x/sweep", "s", "m", 1e-3, "report.loss", **kw)
+    assert c["lr_unsettled"] == [3e-3] and "x_seeds" in c["lr_unsettled_pending"]
+    assert c["lr_choice"]["within_spread"] == {"0.003": {"n": 1}}
+    claim = {"claim": "level", "kind": "level", "higher_is_better": False, "tolerance": 1.0, "paper": {"a": 1.5},
+             "protocols": {"paper": {"cells": {"a": dict(c, lr_unsettled=[])}}, "tuned": {"cells": {"a": c}}}}
+    done = mod.finish(claim)
+    assert done["outcomes"]["tuned"] == "lr unsettled" and done["word"] == "not reproduced at our scale"
+    assert "x_seeds" in done["pending"] and check_rule({"claims": [done], "headline_claim": "level",
+                                                        "word": done["word"]}) == []
+    assert check_rule({"claims": [dict(done, pending="")], "headline_claim": "level", "word": done["word"]})
+    # the settling sweep gives 3e-3 every seed, and its mean (1.49) beats the choice's (1.52)
+    for seed, v in enumerate([1.53, 1.47, 1.47]):
+        run("x/seeds", 3e-3, seed, v)
+    with pytest.raises(SystemExit, match="rule 1's mean over seeds chooses 0.003"):
+        mod.cell("x/sweep", "s", "m", 1e-3, "report.loss", **kw)
+    c = mod.cell("x/sweep", "s", "m", 3e-3, "report.loss", **kw)
+    assert c["per_seed"] == {"0": 1.53, "1": 1.47, "2": 1.47} and c["lr_unsettled"] == []
+    assert c["lr_choice"]["by"] == "the validation mean over seeds"
+    # runs of another training cannot be pooled
+    run("x/seeds", 3e-3, 1, 1.47, steps=200)
+    with pytest.raises(SystemExit, match="trained differently"):
+        mod.cell("x/sweep", "s", "m", 3e-3, "report.loss", **kw)
+
+
 @pytest.mark.parametrize("report", REPORTS, ids=[str(r.parent.relative_to(ROOT / "docs" / "results"))
                                                   for r in REPORTS])
 def test_a_reports_lr_is_one_trained(report):
@@ -315,7 +374,9 @@ def test_a_reports_lr_is_one_trained(report):
 
 
 SETTLE_SPECS = ("lattice_matched", "vort_settle", "vort_settle_dense", "elastic_paper_lr", "elastic_settle",
-                "elastic_tuned_small", "echo_mqar_paper_lr", "vla_settle", "vla_copy_identity")
+                "elastic_tuned_small", "echo_mqar_paper_lr", "vla_settle", "vla_copy_identity",
+                # rule 1's lr checks: named by a cell's lr_choice (seeds_from) or a claim's pending
+                "lattice_matched_seeds", "echo_mqar_small_seeds", "vla_capacity_seeds", "vla_copy_seeds")
 
 
 @pytest.mark.parametrize("name", SETTLE_SPECS)
@@ -339,13 +400,15 @@ def test_settling_specs_load_and_build_their_tasks(name):
             assert built.seq_len > 0
     for headline in HEADLINES:
         for c in json.loads(headline.read_text())["rule"]["claims"]:
-            if name in (c.get("pending") or "") + (c.get("settled_by") or ""):
+            if name in (c.get("pending") or "") + (c.get("settled_by") or "") or \
+                    f'"seeds_from": "{name}"' in json.dumps(c, ensure_ascii=False):
                 break
         else:
             continue
         break
     else:
-        pytest.fail(f"{name} is named by no rule's pending experiment (nor as the one that settled a claim)")
+        pytest.fail(f"{name} is named by no rule's pending experiment (nor as the one that settled a claim or "
+                    "checked a cell's lr)")
 
 
 @pytest.mark.parametrize("paper", PAPERS)

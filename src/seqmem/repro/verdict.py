@@ -34,7 +34,10 @@ __all__ = [
 WORDS = ("confirmed", "refuted", "not reproduced at our scale", "out of reach")
 MIN_SEEDS = 3  # a cell with fewer seeds is not read
 READ = ("agrees", "disagrees", "within seeds")
-NOT_READ = ("not run", "insufficient seeds", "uncalibrated", "lr at grid edge", "out of reach")
+#: "lr unsettled": a tuned lr chosen on one seed while another lr's value on that seed is within the seed spread
+#: and that lr has not run every seed (rule 1: such a choice is made on the mean over seeds)
+NOT_READ = ("not run", "insufficient seeds", "uncalibrated", "lr at grid edge", "lr unsettled", "out of reach")
+UNREADY = ("insufficient seeds", "not run", "lr at grid edge", "lr unsettled")  # each needs a pending experiment
 OUTCOMES = READ + NOT_READ
 PROTOCOLS = ("paper", "tuned")
 
@@ -68,6 +71,8 @@ def protocol_outcome(protocol: Mapping[str, Any], claim: Mapping[str, Any]) -> s
         return "uncalibrated"
     if any(cells[k].get("lr_at_edge") for k in need):
         return "lr at grid edge"
+    if any(cells[k].get("lr_unsettled") for k in need):
+        return "lr unsettled"
     stats = {k: cell_stats(cells[k]["per_seed"]) for k in need}
     if any(s["n"] < MIN_SEEDS for s in stats.values()):
         return "insufficient seeds"
@@ -159,7 +164,7 @@ def check_rule(rule: Mapping[str, Any]) -> list[str]:
                         problems.append(f"{name}: {pname}.{key}.{f} {got} recorded, per_seed gives {want}")
                 if cell.get("n") != st["n"]:
                     problems.append(f"{name}: {pname}.{key}.n {cell.get('n')} recorded, per_seed has {st['n']}")
-        if outs and any(o in ("insufficient seeds", "not run", "lr at grid edge") for o in outs.values()) \
+        if outs and any(o in UNREADY for o in outs.values()) \
                 and not c.get("pending"):
             problems.append(f"{name}: a protocol is not yet readable but no pending experiment is named")
     head = rule.get("headline_claim")
