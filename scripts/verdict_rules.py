@@ -195,6 +195,24 @@ def _stats(per_seed: dict[str, float]) -> dict[str, Any]:
             "std": None if st["std"] is None else round(st["std"], 6), "n": st["n"]}
 
 
+def report_row(report_dir: str, mixer: str, setting: str) -> dict[str, Any]:
+    """A complete row of a sweep's ``report.json`` (stops the script when absent or incomplete)."""
+    report = ROOT / RES / report_dir / "report.json"
+    rows = json.loads(report.read_text())["rows"] if report.is_file() else []
+    row = next((r for r in rows if r["mixer"] == mixer and r["setting"] == setting), None)
+    if row is None or not row.get("complete"):
+        raise SystemExit(f"{report_dir}: no complete row {mixer!r} at {setting!r} to calibrate from")
+    return row
+
+
+def calibration(reference: str, criterion: str, ours: dict[str, Any], ok: bool, applies: str) -> dict[str, Any]:
+    """Rule 3's evidence for the cells a builder marks ``calibrated``: the reference, the criterion, the reference's
+    numbers read from its report, and whether they meet it (never set by hand)."""
+    return {"reference": reference, "criterion": criterion,
+            "ours": {k: round(v, 4) if isinstance(v, float) else v for k, v in ours.items()},
+            "calibrated": bool(ok), "applies_to": applies}
+
+
 def finish(claim: dict[str, Any]) -> dict[str, Any]:
     outs = claim_outcomes(claim)
     claim["outcomes"], claim["word"] = outs, verdict_word(outs)
@@ -350,7 +368,12 @@ def vort() -> dict[str, Any]:
     d, s, m = "vort/zipf_tiny", "beta-1.0", "report.hits_long/report.queries_long"
     exps = ["exp-lambda4e-3", "exp-lambda4e-2", "exp-lambda4e-1"]
     exp_paper = best_valid(d, s, exps, 3e-4)
-    cal = True  # the reference recalls long lags at β = 1: 0.909 ± 0.024 (zipf_tiny report)
+    ref = report_row(d, "swa8+attention", "beta=1.0")
+    bins = {b: ref["extra"][f"hits_{b}/queries_{b}"]["mean"] for b in ("short", "medium", "long")}
+    calib = calibration("swa8+attention (a sliding window of 8 + attention), vort_zipf_tiny β = 1, 3 seeds",
+                        "mean test recall ≥ 0.5 in every lag bin (chance 1/16)", bins,
+                        all(v >= 0.5 for v in bins.values()), "the β = 1 cells (vort_zipf_tiny, vort_settle)")
+    cal = calib["calibrated"]
     paper = {
         "pl": cell(d, s, "power-law", 3e-4, m, label="power-law, lr 3e-4", calibrated=cal, fixed_lr=True),
         "exp": cell(d, s, exp_paper, 3e-4, m, label=f"exponential ({exp_paper}, best on validation at lr 3e-4)",
@@ -423,13 +446,26 @@ def vort() -> dict[str, Any]:
         claim("power-law beats mixture-5 on long lags", "pl", "mix", 79.4, 61.8),
     ]
     claims[0]["also_reported"] = lam_note
-    return {"headline_claim": claims[0]["claim"], "claims": claims}
+    return {"headline_claim": claims[0]["claim"], "claims": claims, "calibration": calib}
 
 
 # ---------------------------------------------------------------------------------------------------- Elastic
 def elastic() -> dict[str, Any]:
     d, s, m = "elastic/sampling_small", "default", "report.loss"
-    cal = True  # elastic_calibrate_drift: the memory gap holds on the topic task with topics every 2 blocks
+    att, tpp = (report_row("elastic/calibrate_drift", x, "default") for x in ("attention", "transformer++"))
+    gain = {"attention memory_gain": att["extra"]["memory_gain"]["mean"],
+            "transformer++ memory_gain": tpp["extra"]["memory_gain"]["mean"],
+            "attention loss_cont_q1": att["extra"]["loss_cont_q1"]["mean"],
+            "transformer++ loss_cont_q1": tpp["extra"]["loss_cont_q1"]["mean"]}
+    calib = calibration(
+        "full attention over the whole sequence vs block-local Transformer++ (elastic_calibrate_drift, seed 0)",
+        "the topic task measures memory: full attention's memory_gain (first-quarter loss of a block that starts a "
+        "topic minus one that continues it) ≥ 0.5 nats and its loss_cont_q1 below Transformer++'s, Transformer++'s "
+        "memory_gain within ±0.1 (no memory, no gain)", gain,
+        gain["attention memory_gain"] >= 0.5 and abs(gain["transformer++ memory_gain"]) <= 0.1
+        and gain["attention loss_cont_q1"] < gain["transformer++ loss_cont_q1"],
+        "every cell on the topic task (elastic_sampling_small, elastic_paper_lr, elastic_settle, elastic_tuned_small)")
+    cal = calib["calibrated"]
     tuned_lr = {"elastic-exp-1x": 4e-3, "elastic-uni-1x": 2e-2, "elastic-exp-4x": 4e-3, "elastic-uni-4x": 2e-2,
                 "transformer++": 8e-3, "melodi": 2e-2, "memtrans-1x": 8e-3, "memtrans-4x": 2e-2, "infini": 2e-2}
 
@@ -541,13 +577,24 @@ def elastic() -> dict[str, Any]:
         "the paper's lr 2e-3, every model (test loss: mean, per seed)": {
             x: {"mean": c_["mean"], "per_seed": c_["per_seed"]} for x in tuned_lr for c_ in [p(x)]},
     }
-    return {"headline_claim": claims[0]["claim"], "claims": claims}
+    return {"headline_claim": claims[0]["claim"], "claims": claims, "calibration": calib}
 
 
 # ---------------------------------------------------------------------------------------------------- Lattice
 def lattice() -> dict[str, Any]:
     d, s, m = "lattice/context_small", "T-256", "report.bpb"
-    cal = True  # attention's bits/byte fall from T = 128 to 256 and its last bucket beats its first
+    a128, a256 = (report_row(d, "attention", f"T={n}") for n in (128, 256))
+    bpb = {"attention bpb T=128": a128["extra"]["bpb"]["mean"], "attention bpb T=256": a256["extra"]["bpb"]["mean"],
+           "attention bpb T=256 positions 0-63": a256["extra"]["bpb_pos_0_63"]["mean"],
+           "attention bpb T=256 positions 192-255": a256["extra"]["bpb_pos_192_255"]["mean"]}
+    calib = calibration(
+        "Transformer++ (attention) on the byte-level code corpus, lattice_context_small, 3 seeds",
+        "the task rewards context: attention's test bits per byte fall from T = 128 to T = 256, and at T = 256 its "
+        "last position bucket beats its first", bpb,
+        bpb["attention bpb T=256"] < bpb["attention bpb T=128"]
+        and bpb["attention bpb T=256 positions 192-255"] < bpb["attention bpb T=256 positions 0-63"],
+        "the T = 256 cells (lattice_context_small, lattice_matched)")
+    cal = calib["calibrated"]
     lrs = {"lattice": 9e-3, "lattice_sim": 9e-3, "gated_deltanet": 9e-3, "mamba2": 9e-3, "attention": 3e-3}
 
     def t(x: str, note: str = "") -> dict[str, Any]:
@@ -632,13 +679,18 @@ def lattice() -> dict[str, Any]:
             },
         }),
     ]
-    return {"headline_claim": claims[0]["claim"], "claims": claims}
+    return {"headline_claim": claims[0]["claim"], "claims": claims, "calibration": calib}
 
 
 # ---------------------------------------------------------------------------------------------------- Echo
 def echo() -> dict[str, Any]:
     d, s, m = "echo/mqar_small", "M-4-gap-64", "report.accuracy"
-    cal = True  # Mamba-2 + attention 1.000 at M = 4 gap 64 (echo_calibrate_small)
+    ref = report_row("echo/calibrate_small", "mamba2+attention", "M=4 gap=64")
+    calib = calibration("Mamba-2 + attention, echo_calibrate_small, seed 0 (the paper: 100 % on every cell)",
+                        "held-out accuracy ≥ 0.95 (the MQAR claims' tolerance of the paper's 100 %)",
+                        {"mamba2+attention accuracy": ref["report_mean"]}, ref["report_mean"] >= 0.95,
+                        "the MQAR cells at M = 4 gap 64 (Table 2's claims carry their own calibration)")
+    cal = calib["calibrated"]
     what_p = ("the paper's synthetic-task peak lr 3e-4 (App. G Table 6; §5.2 does not restate it for MQAR: our "
               "choice of the paper's nearest protocol) at our scale (2 layers, d 128, 2,000 steps x 16); 3 seeds")
     dp = "echo/mqar_paper_lr"  # echo_mqar_paper_lr: the four models at lr 3e-4, seeds 0-2
@@ -674,6 +726,8 @@ def echo() -> dict[str, Any]:
         return finish({
             "claim": f"Mamba-2 + SKA {what} (Table 2, T = {length:,})", "kind": "level",
             "higher_is_better": True, "metric": f"NIAH accuracy %, T = {length:,}", "tolerance": 5.0,
+            "tolerance_source": "ours: the paper reports one run per cell with no spread; 5 points, the band of "
+                                "this claim's calibration criterion",
             "paper": {"a": ref["paper SSM+SKA"], "source": f"Table 2, SSM+SKA at T = {length:,}"},
             "calibration": {"reference": "Mamba-2 + attention under the same training (transfer_paper, lr 3e-4, "
                                          "3 seeds)", "ours": round(a_mean, 3), "paper": ref["paper SSM+Attn"],
@@ -701,6 +755,8 @@ def echo() -> dict[str, Any]:
             "claim": "Mamba-2 + SKA (K = 2) reaches 100 % on MQAR", "settled_by": settled, "kind": "level",
             "higher_is_better": True,
             "metric": "held-out accuracy, M = 4 gap 64", "tolerance": 0.05,
+            "tolerance_source": "ours: the paper states 100 % in prose with no spread; 0.05, the band of every "
+                                "'solves' claim here and of the reference's calibration",
             "paper": {"a": 1.0, "source": "§5.2 (prose; 50M models fine-tuned on MQAR)"},
             "protocols": {
                 "paper": {"what": what_p, "deviations": ["the paper fine-tunes 50M-parameter models (§5.2); "
@@ -720,6 +776,7 @@ def echo() -> dict[str, Any]:
             "claim": "Mamba-2 alone fails MQAR (∼3 %)", "kind": "level", "higher_is_better": True,
             "settled_by": settled,
             "metric": "held-out accuracy, M = 4 gap 64", "tolerance": 0.02,
+            "tolerance_source": "ours: the paper's '∼3 %' read as 1-5 % (it gives no spread)",
             "paper": {"a": 0.03, "source": "§5.2 (prose)"},
             "protocols": {
                 "paper": {"what": what_p, "cells": {"a": cell(dp, s, "mamba2", 3e-4, m, label="mamba2, lr 3e-4",
@@ -745,12 +802,19 @@ def echo() -> dict[str, Any]:
             "also_reported": {"ours, lr 3e-4, 3 seeds (transfer_seeds.json)": t3},
         }),
     ]
-    return {"headline_claim": claims[0]["claim"], "claims": claims}
+    return {"headline_claim": claims[0]["claim"], "claims": claims, "calibration": calib}
 
 
 # ---------------------------------------------------------------------------------------------------- VLA
 def vla() -> dict[str, Any]:
-    cal = True  # softmax solves n = 8 at a tuned lr and reproduces the paper's n = 24 failure (vla_calibrate)
+    n8, n24 = (report_row("vla/calibrate", "attention", f"n={n}")["report_mean"] for n in (8, 24))
+    calib = calibration(
+        "softmax attention, vla_calibrate, seed 0, lr chosen on validation",
+        "the task and budget are learnable and hard where the paper says: softmax ≥ 0.95 at n = 8, and within 0.05 "
+        "of the paper's 0.081 at n = 24 (Table 9)", {"attention n=8": n8, "attention n=24": n24},
+        n8 >= 0.95 and abs(n24 - 0.081) <= 0.05,
+        "the MQAR cells at n = 24 (the copy claims carry their own calibration)")
+    cal = calib["calibrated"]
     d, s, m = "vla/capacity", "n-24", "report.accuracy"
     what_p = "the paper's lr 3e-4 at the paper's size and budget (2,000 steps x 64); 3 seeds"
     what_t = "lr chosen on validation with seed 0 from 3e-4 / 1e-3 / 3e-3; 3 seeds at the choice"
@@ -765,6 +829,12 @@ def vla() -> dict[str, Any]:
 
     def copy_claim(targets: str, reading: str) -> dict[str, Any]:
         sd = f"targets-{targets}"
+        # the copy task's own reference: softmax attention under the same reading, at the paper's lr
+        ref = cell(dc, sd, "attention", 3e-4, mc, label="attention", calibrated=True, fixed_lr=True)
+        calib_c = calibration("softmax attention under the same target reading, lr 3e-4, 3 seeds",
+                              "held-out accuracy ≥ 0.95 (the copy claims' tolerance of the paper's 1.000)",
+                              {"attention accuracy": ref["mean"]}, ref["mean"] >= 0.95, "this claim's cells")
+        cal = calib_c["calibrated"]
         if targets == "next":
             # vla_copy's validation choices (grid 3e-4 / 1e-3 / 3e-3, extended at an edge; its runs are these,
             # reused): VLA's 1e-3 is interior; eq. 3 linear attention's seed-0 choice 9e-3 moves to 3e-3 by rule 1
@@ -785,7 +855,10 @@ def vla() -> dict[str, Any]:
                                                 "with every seed; the validation mean chooses the paper's 3e-4"}
         return finish({
             "claim": f"VLA copies (Table 7), {reading}", "settled_by": settled_c, "kind": "level",
+            "calibration": calib_c,
             "higher_is_better": True, "metric": "held-out accuracy on the copied half", "tolerance": 0.05,
+            "tolerance_source": "ours: Table 7 reports one run with no spread; 0.05, the band of every 'solves' "
+                                "claim here and of the reference's calibration",
             "paper": {"a": 1.0, "source": "Table 7, accuracy at step 150"},
             "protocols": {
                 "paper": {"what": "the paper's lr 3e-4, T = 64, batch 32 x 1,500 steps; 3 seeds",
@@ -807,6 +880,8 @@ def vla() -> dict[str, Any]:
             "claim": "VLA solves MQAR at n = 24 (Table 9)", "settled_by": settled, "kind": "level",
             "higher_is_better": True,
             "metric": "held-out accuracy, n = 24", "tolerance": 0.05,
+            "tolerance_source": "ours: Table 9's ± 0.000 over 3 seeds leaves no spread to borrow; 0.05, the band "
+                                "of every 'solves' claim here and of the reference's calibration",
             "paper": {"a": 1.0, "source": "Table 9, 1.000 ± 0.000"},
             "protocols": {
                 "paper": {"what": what_p, "cells": {"a": cell(dp, s, "vla", 3e-4, m, label="vla, lr 3e-4",
@@ -820,6 +895,8 @@ def vla() -> dict[str, Any]:
         finish({
             "claim": "softmax attention fails MQAR at n = 24 (Table 9)", "settled_by": settled, "kind": "level",
             "higher_is_better": True, "metric": "held-out accuracy, n = 24", "tolerance": 0.05,
+            "tolerance_source": "ours: the same 0.05 band as the calibration criterion at n = 24 (Table 9's own "
+                                "spread, ± 0.002, is narrower than ours over seeds)",
             "paper": {"a": 0.081, "source": "Table 9, 0.081 ± 0.002"},
             "protocols": {
                 "paper": {"what": what_p, "cells": {"a": cell(dp, s, "attention", 3e-4, m,
@@ -832,7 +909,7 @@ def vla() -> dict[str, Any]:
         copy_claim("next", "next-token targets (our reading)"),
         copy_claim("identity", "identity targets (the copied half's own input tokens)"),
     ]
-    return {"headline_claim": claims[0]["claim"], "claims": claims}
+    return {"headline_claim": claims[0]["claim"], "claims": claims, "calibration": calib}
 
 
 def _fmt(c: dict[str, Any] | None) -> str:

@@ -114,6 +114,46 @@ def test_level_claims_and_same_as():
     assert claim_word(claim) == "not reproduced at our scale"
 
 
+def _stats(vals: list[float]) -> dict[str, float]:
+    st = cell_stats(vals)
+    return {"mean": st["mean"], "std": st["std"]}
+
+
+def test_a_level_claims_tolerance_needs_its_source():
+    claim = {"claim": "A reaches 1.0", "kind": "level", "higher_is_better": True, "paper": {"a": 1.0},
+             "tolerance": 0.05, "protocols": {"paper": {"cells": {"a": dict(_cell([0.99, 1.0, 0.995]), n=3,
+                                                                            **_stats([0.99, 1.0, 0.995]))}},
+                                              "tuned": {"same_as": "paper"}},
+             "outcomes": {"paper": "agrees", "tuned": "agrees"}, "word": "confirmed"}
+    rule = {"claims": [claim], "headline_claim": "A reaches 1.0", "word": "confirmed"}
+    assert any("tolerance needs its source" in x for x in check_rule(rule))
+    claim["tolerance_source"] = "ours: the paper gives no spread"
+    assert check_rule(rule) == []
+
+
+def test_calibration_is_read_from_the_reference_not_set_by_hand(monkeypatch):
+    """Rule 3: each builder's ``calibrated`` comes from its reference's report (``report_row``); a reference that
+    fails its criterion leaves every cell it governs uncalibrated, and the words follow."""
+    spec = importlib.util.spec_from_file_location("verdict_rules_cal", ROOT / "scripts" / "verdict_rules.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rule = mod.lattice()
+    assert rule["calibration"]["calibrated"] is True
+    real = mod.report_row
+
+    def worse(report_dir: str, mixer: str, setting: str) -> dict[str, Any]:
+        row = json.loads(json.dumps(real(report_dir, mixer, setting)))
+        if mixer == "attention" and setting == "T=256":  # attention no better with twice the context
+            row["extra"]["bpb"]["mean"] = 3.0
+        return row
+
+    monkeypatch.setattr(mod, "report_row", worse)
+    rule = mod.lattice()
+    assert rule["calibration"]["calibrated"] is False
+    for c in rule["claims"]:
+        assert set(c["outcomes"].values()) <= {"uncalibrated", "not run"}, c["outcomes"]
+
+
 def test_cells_read_sweep_and_repro_seed_records(tmp_path):
     """A cell reads a sweep's finished result.json and a ``seqmem repro echo --seeds`` seed record alike; an
     unfinished sweep run and a seed twice are refused."""
@@ -331,6 +371,7 @@ def test_rule1_a_seed0_lr_choice_within_the_seed_spread_needs_every_seed(tmp_pat
     assert c["lr_unsettled"] == [3e-3] and "x_seeds" in c["lr_unsettled_pending"]
     assert c["lr_choice"]["within_spread"] == {"0.003": {"n": 1}}
     claim = {"claim": "level", "kind": "level", "higher_is_better": False, "tolerance": 1.0, "paper": {"a": 1.5},
+             "tolerance_source": "ours: a test",
              "protocols": {"paper": {"cells": {"a": dict(c, lr_unsettled=[])}}, "tuned": {"cells": {"a": c}}}}
     done = mod.finish(claim)
     assert done["outcomes"]["tuned"] == "lr unsettled" and done["word"] == "not reproduced at our scale"

@@ -164,6 +164,9 @@ def check_rule(rule: Mapping[str, Any]) -> list[str]:
                         problems.append(f"{name}: {pname}.{key}.{f} {got} recorded, per_seed gives {want}")
                 if cell.get("n") != st["n"]:
                     problems.append(f"{name}: {pname}.{key}.n {cell.get('n')} recorded, per_seed has {st['n']}")
+        if c.get("kind") == "level" and not c.get("tolerance_source"):
+            problems.append(f"{name}: a level claim's tolerance needs its source (tolerance_source: the paper's "
+                            "spread, or ours with the reason)")
         if outs and any(o in UNREADY for o in outs.values()) \
                 and not c.get("pending"):
             problems.append(f"{name}: a protocol is not yet readable but no pending experiment is named")
