@@ -400,6 +400,31 @@ def test_options_outside_the_papers_equations_are_refused(mode):
             lattice_scan(q, k, v, gam, forget=torch.full((1, 5, 1), mu, dtype=D64), mode=mode)
 
 
+@pytest.mark.parametrize("normalize", [False, True])
+def test_a_non_default_eps_is_honoured_by_the_scan(normalize):
+    """The fused forms (C++, Triton, the PyTorch hand-VJP scan) compute with eps = 1e-12; another eps (a slot of
+    norm below it is empty) once ran there silently with 1e-12, so the scan and the reference disagreed.  It now
+    runs the checkpointed form under ``"auto"`` and ``"torch"``, and the fused backends refuse it."""
+    q, k, v, gam, _, S0 = _inputs(1, 7, 1, 3, 4, D64)
+    with torch.no_grad():
+        S0[..., 0] *= 1e-4  # a slot between 1e-12 and eps = 1e-3: empty for eps = 1e-3, not for the default
+    ins = [q, k, v, gam, S0]
+    out = {}
+    for mode in ("recurrent", "scan"):
+        y, st = lattice_scan(q, k, v, gam, {"S": S0}, normalize=normalize, eps=1e-3, mode=mode, chunk_size=3)
+        out[mode] = (y, st["S"], torch.autograd.grad(y.sum() + st["S"].sum(), ins))
+    (y, S, g), (yf, Sf, gf) = out["recurrent"], out["scan"]
+    assert_rel_close(yf, y, 1e-12, "y")
+    assert_rel_close(Sf, S, 1e-12, "S_T")
+    for a, b in zip(gf, g):
+        assert_rel_close(a, b, 1e-11, "gradient")
+    y12, _ = lattice_scan(q, k, v, gam, {"S": S0}, normalize=normalize, mode="recurrent")
+    assert (y12 - y).abs().max() > 1e-6  # the eps matters for this input
+    for backend in ("cpp", "triton"):
+        with pytest.raises(ValueError, match="computes with eps = 1e-12"):
+            lattice_scan(q, k, v, gam, {"S": S0}, normalize=normalize, eps=1e-3, backend=backend)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("objective", ["dec", "enc", "sim"])
 def test_a_slot_emptied_mid_sequence_takes_no_step(objective, backend):

@@ -26,6 +26,9 @@ from seqmem.ops.lattice import _cpp as _lattice_cpp
 from seqmem.ops.lattice.naive import lattice_naive
 from seqmem.ops.lattice.step import _OSR, _check, _prepare, lattice_step, sphere_retract
 
+#: the eps the fused forms compute with (compiled into the C++ and Triton kernels; the PyTorch hand-VJP scan's)
+FUSED_EPS = 1e-12
+
 __all__ = ["lattice_scan"]
 
 
@@ -68,6 +71,9 @@ def lattice_scan(
     memory-frugal, not faster.  ``backend``: ``"cpp"`` = the fused C++ kernel (CPU, float32/64),
     ``"torch"`` = the PyTorch hand-VJP scan, ``"triton"`` = the Triton kernel (CUDA, or CPU under
     ``TRITON_INTERPRET=1``), ``"auto"`` = triton on CUDA, else cpp where available, else torch.
+    ``eps`` (the floor of a slot norm; a slot below it is empty and takes no step): the fused forms compute with
+    the default 1e-12 (:data:`FUSED_EPS`), so another ``eps`` runs the checkpointed PyTorch form (``"auto"`` and
+    ``"torch"``; ``"cpp"`` and ``"triton"`` refuse it).
     Precision: float16 / bfloat16 inputs, and any inputs under ``torch.autocast``, are computed in float32 with
     autocast off, forward and backward (float64 stays float64): the returned state is float32 and ``y`` is in
     the dtype of k and v promoted (``torch.promote_types(k.dtype, v.dtype)``: bfloat16 ``v`` with float32 ``k``
@@ -82,6 +88,9 @@ def lattice_scan(
     eps = check_number("lattice_scan", "eps", eps, positive=True)
     if backend not in ("auto", "cpp", "torch", "triton"):
         raise ValueError(f"backend must be 'auto', 'cpp', 'torch' or 'triton', got {backend!r}")
+    if eps != FUSED_EPS and backend in ("cpp", "triton") and mode != "recurrent":
+        raise ValueError(f"backend={backend!r} computes with eps = {FUSED_EPS:g} (compiled in); eps = {eps:g} runs "
+                         "with backend='torch' or 'auto' (the checkpointed PyTorch form)")
     # half inputs or autocast: float32 with autocast off (a backward outside the autocast region then recomputes
     # the states in the forward's dtype; the sphere projection and the recurrence keep float32's precision)
     out_dtype = torch.promote_types(k.dtype, v.dtype)
@@ -90,7 +99,7 @@ def lattice_scan(
     def c(x):
         return x.to(cd) if isinstance(x, Tensor) else x
 
-    if cd == torch.float32 and mode != "recurrent" and backend in ("auto", "triton"):
+    if cd == torch.float32 and mode != "recurrent" and backend in ("auto", "triton") and eps == FUSED_EPS:
         # the Triton kernel reads half inputs and accumulates in float32 itself: no float32 copies of q, k, v
         with full_precision(q.device):
             out = _triton_scan(q, k, v, gamma, S_in, objective, normalize, forget, l1, chunk_size, backend)
@@ -113,18 +122,19 @@ def _scan(q, k, v, gamma, S_in, objective, normalize, forget, l1, mode, chunk_si
     if mode == "recurrent":
         return lattice_naive(q, k, v, gamma, S_in, objective=objective, normalize=normalize, forget=forget, l1=l1,
                              eps=eps)  # fmt: skip
-    if backend in ("auto", "triton"):
+    fused = eps == FUSED_EPS  # the fused forms (Triton, C++, the PyTorch hand-VJP scan) compute with 1e-12
+    if fused and backend in ("auto", "triton"):
         out = _triton_scan(q, k, v, gamma, S_in, objective, normalize, forget, l1, chunk_size, backend)
         if out is not None:
             _backends.note_form("lattice_scan", "triton")
             return out
-    if backend in ("auto", "cpp"):
+    if fused and backend in ("auto", "cpp"):
         out = _cpp_scan(q, k, v, gamma, S_in, objective, normalize, forget, l1, chunk_size, backend)
         if out is not None:
             _backends.note_form("lattice_scan", "cpp")
             return out
-    qt, kt, vt, gt, S0, mu, lam = _prepare(q, k, v, gamma, S_in, normalize, forget, l1, objective)
-    fast = lam is None and ((objective in _OSR and normalize) or (objective == "delta" and not normalize))
+    qt, kt, vt, gt, S0, mu, lam = _prepare(q, k, v, gamma, S_in, normalize, forget, l1, objective, eps)
+    fast = fused and lam is None and ((objective in _OSR and normalize) or (objective == "delta" and not normalize))
     _backends.note_form("lattice_scan", "pytorch" if fast else "pytorch-checkpointed")
     if fast:
         mu4 = None if mu is None else mu[:, :, None, None]

@@ -200,7 +200,7 @@ def _check(q, k, v, gamma, initial_state, objective, normalize, forget, l1, mode
     return B, T, H, m, d
 
 
-def _prepare(q, k, v, gamma, initial_state, normalize, forget, l1, objective):
+def _prepare(q, k, v, gamma, initial_state, normalize, forget, l1, objective, eps=1e-12):
     """To the internal layout: time first, (batch·heads) merged."""
     B, T, H, m = k.shape
     d = v.shape[-1]
@@ -220,7 +220,7 @@ def _prepare(q, k, v, gamma, initial_state, normalize, forget, l1, objective):
     else:
         S0 = S0.reshape(N, d, m)
     if normalize and objective in _OSR:
-        S0 = sphere_retract(S0)  # the slots live on the sphere (a no-op up to rounding for unit slots)
+        S0 = sphere_retract(S0, eps)  # the slots live on the sphere (a no-op up to rounding for unit slots)
     mu = None if forget is None else tf(forget)
     lam = None
     if l1 is not None:
