@@ -519,6 +519,58 @@ def test_lr_grid_is_extended_while_the_best_lr_is_at_an_edge(tmp_path):
     assert row["runs_total"] == 5 and row["lr_valid"] == {"0.003": 0.5, "0.01": 0.6, "0.03": 0.7, "0.09": 0.65}
 
 
+def test_lr_confirm_gives_lrs_within_the_seed_spread_every_seed_and_chooses_on_the_mean(tmp_path):
+    """lr_confirm (first_seed): once the first-seed choice has every seed, an lr whose first-seed validation is
+    within twice the choice's seed std gets every seed too (one beyond it does not), and the row's lr is the best
+    validation mean over seeds; the report shows those means.  Without it, nothing changes."""
+    from seqmem.sweep.runner import plan_rows, row_plan
+
+    raw = tiny(lr_selection="first_seed", train__seeds=[0, 1, 2], mixers=["attention"], train__lrs=[1e-3, 3e-3, 1e-2])
+    raw["train"]["lr_confirm"] = True
+    spec = load_spec(raw)
+    pts = spec.points()
+
+    def fake(lr: float, seed: int, acc: float) -> None:
+        from seqmem.io import atomic_write_text
+
+        p = spec.point_at(pts[0], lr, seed)
+        r = {"status": "finished", "state": 1, "params": 1, "seconds": 1.0, "valid": {"accuracy": acc, "loss": 1.0},
+             "report": {"accuracy": acc, "loss": 1.0}}
+        atomic_write_text(tmp_path / p.rel_dir / "run.json", json.dumps(p.run_spec))
+        atomic_write_text(tmp_path / p.rel_dir / "result.json", json.dumps(_sealed(p.run_spec, r)))
+
+    fake(1e-3, 0, 0.50)  # beyond the spread
+    fake(3e-3, 0, 0.80)  # the first-seed choice
+    fake(1e-2, 0, 0.78)  # within it
+    s1, s2, decided = row_plan(spec, pts, tmp_path)
+    assert decided and [(p.lr, p.seed) for p in s2] == [(3e-3, 1), (3e-3, 2)]  # the spread is not known yet
+    fake(3e-3, 1, 0.70)
+    fake(3e-3, 2, 0.75)  # std 0.05: spread 0.10 takes 1e-2 (0.02 away), not 1e-3 (0.30)
+    s1, s2, decided = row_plan(spec, pts, tmp_path)
+    assert [(p.lr, p.seed) for p in s2] == [(3e-3, 1), (3e-3, 2), (1e-2, 1), (1e-2, 2)]
+    (row,) = collect(spec, tmp_path)
+    assert row["best_lr"] == 3e-3 and not row["complete"] and row["runs_total"] == 7
+    fake(1e-2, 1, 0.79)
+    fake(1e-2, 2, 0.80)  # mean 0.79 beats 0.75
+    (row,) = collect(spec, tmp_path)
+    assert row["best_lr"] == 1e-2 and row["complete"] and row["per_seed"] == {0: 0.78, 1: 0.79, 2: 0.80}
+    assert row["lr_valid_mean"] == pytest.approx({"0.003": 0.75, "0.01": 0.79})
+    from seqmem.sweep.report import markdown
+
+    assert "mean over seeds: 0.003: 0.750, 0.01: 0.790" in markdown(spec, [row])
+    assert sum(len(p.points) for p in plan_rows(spec, tmp_path).values()) == 7
+    # without lr_confirm the first-seed choice stands and 1e-2 gets no other seeds
+    raw["train"]["lr_confirm"] = False
+    plain = load_spec(raw)
+    (row,) = collect(plain, tmp_path)
+    assert row["best_lr"] == 3e-3 and "lr_valid_mean" not in row and row["runs_total"] == 5
+    # lr_confirm needs first_seed
+    raw["train"]["lr_confirm"] = True
+    raw["lr_selection"] = "all_seeds"
+    with pytest.raises(SpecError, match="lr_confirm needs lr_selection"):
+        load_spec(raw)
+
+
 def test_all_seeds_extends_an_edge_lr_by_a_first_seed_probe(tmp_path):
     """all_seeds with lr_extend: while the best mean-over-seeds lr is the largest tried, lr x factor is probed with
     the first seed; a probe that loses there is never chosen and makes the best interior (no '(edge)'); one that

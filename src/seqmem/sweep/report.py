@@ -33,6 +33,7 @@ from seqmem.io import (
 from seqmem.sweep.runner import (
     check_run_dirs,
     choose_lr,
+    chosen_lr,
     plan_rows,
     probe_lrs,
     read_result,
@@ -56,6 +57,9 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
         results = {(p.lr, p.seed): read_result(out / p.rel_dir) for p in pts}
         n_done = sum(1 for r in results.values() if valid_value(r, spec.select) is not None)
         best_lr = choose_lr(lr_valid, spec.select)
+        confirmed: dict[float, float] = {}
+        if spec.lr_selection == "first_seed" and spec.lr_confirm:  # the mean over seeds decides among close lrs
+            best_lr, confirmed = chosen_lr(spec, plan, out)
         probes = sorted(probe_lrs(spec, pts)) if spec.lr_selection == "all_seeds" and spec.lr_extend else []
         tried = sorted(set(lr_valid) | set(probes))  # a probe beyond the choice makes it interior
         first = next((r for r in results.values() if r and "state" in r), None)
@@ -67,6 +71,8 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
             "params": first["params"] if first else None,
             "tune": plan.tune, "tune_chosen": plan.chosen,
         }
+        if confirmed:  # lr_confirm: the lrs given every seed and their validation means
+            row["lr_valid_mean"] = {f"{lr:g}": v for lr, v in sorted(confirmed.items())}
         if probes:  # all_seeds with lr_extend: an extension probed with the first seed only (it did not beat the
             # choice there, or has not finished): its first-seed validation value; never the chosen lr
             row["lr_probe"] = {f"{lr:g}": valid_value(results.get((lr, spec.seeds[0])), spec.select) for lr in probes}
@@ -321,6 +327,8 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
             lrv = ", ".join([f"{lr}: {_fmt(v)}" for lr, v in r["lr_valid"].items()]
                             + [f"{lr}: {'…' if v is None else _fmt(v)} (probe, first seed)"
                                for lr, v in (r.get("lr_probe") or {}).items()]) or "—"
+            if r.get("lr_valid_mean"):  # lr_confirm
+                lrv += "; mean over seeds: " + ", ".join(f"{lr}: {_fmt(v)}" for lr, v in r["lr_valid_mean"].items())
             ms = "—" if r.get("report_mean") is None else \
                 f"{_fmt(r['report_mean'])} ± {_fmt(r['report_std'])}"
             lr = "—" if r["best_lr"] is None else f"{r['best_lr']:g}" + (" (edge)" if r.get("lr_at_grid_edge") else "")

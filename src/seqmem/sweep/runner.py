@@ -836,7 +836,53 @@ def row_plan(spec: SweepSpec, pts: list[Point], out: Path, tuned: bool = False
                 continue
         grid = {(p.lr, p.seed): p for p in pts}
         stage2 = [grid.get((best, s)) or spec.point_at(stage1[0], best, s) for s in spec.seeds[1:]]
+        if spec.lr_confirm:
+            stage2 += [grid.get((lr, s)) or spec.point_at(stage1[0], lr, s)
+                       for lr in confirm_lrs(spec, stage1, stage2, best, out) for s in spec.seeds[1:]]
         return stage1, stage2, True
+
+
+def _seed_values(spec: SweepSpec, pts: list[Point], out: Path) -> dict[float, dict[int, float]]:
+    """Validation value per lr and seed of the finished (or diverged: nan) runs among ``pts``."""
+    by: dict[float, dict[int, float]] = {}
+    for p in pts:
+        v = valid_value(read_result(out / p.rel_dir), spec.select)
+        if v is not None:
+            by.setdefault(p.lr, {})[p.seed] = v
+    return by
+
+
+def confirm_lrs(spec: SweepSpec, stage1: list[Point], stage2: list[Point], best: float, out: Path) -> list[float]:
+    """``lr_confirm``: the lrs whose first-seed validation value is within the seed spread of the first-seed
+    choice ``best`` — twice the sample std of ``best``'s values over every seed (an order claim's ``std_a + std_b``
+    with the other lr's std taken as the choice's) — known once ``best`` has finished every seed (none before; none
+    when a seed diverged there).  They get every seed, and :func:`chosen_lr` takes the best mean over seeds."""
+    at_best = _seed_values(spec, [p for p in stage1 if p.lr == best] + stage2, out).get(best, {})
+    if len(spec.seeds) < 2 or set(at_best) != set(spec.seeds) or any(math.isnan(v) for v in at_best.values()):
+        return []
+    vals = list(at_best.values())
+    mean = sum(vals) / len(vals)
+    spread = 2 * math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+    first = selection_lrs(spec, stage1, out)
+    return sorted(lr for lr, v in first.items()
+                  if lr != best and not math.isnan(v) and abs(v - first[best]) <= spread)
+
+
+def chosen_lr(spec: SweepSpec, plan: RowPlan, out: Path) -> tuple[float | None, dict[float, float]]:
+    """A row's chosen lr and, with ``lr_confirm``, the validation means over seeds it was chosen on: the
+    first-seed choice, unless ``lr_confirm`` gave other lrs every seed and one of them has a better mean over
+    seeds (a tie keeps the first-seed choice).  ``first_seed`` rows only (``{}`` without ``lr_confirm``)."""
+    first = selection_lrs(spec, plan.stage1, out)
+    best = choose_lr(first, spec.select)
+    if best is None or not spec.lr_confirm:
+        return best, {}
+    by = _seed_values(spec, plan.points, out)
+    full = {lr: d for lr, d in by.items() if set(d) == set(spec.seeds)}
+    if best not in full or len(full) < 2:
+        return best, {}
+    means = {lr: (math.nan if any(math.isnan(v) for v in d.values()) else sum(d.values()) / len(d))
+             for lr, d in sorted(full.items(), key=lambda x: x[0] != best)}  # the first-seed choice first
+    return choose_lr(means, spec.select), means
 
 
 @dataclass
@@ -893,7 +939,7 @@ def plan_rows(spec: SweepSpec, out: Path, points: list[Point] | None = None) -> 
             continue
         tune = spec.tune_of(pts[0].mixer)
         s1, s2, decided = row_plan(spec, pts, out, tuned=tune is not None)
-        plans[key] = RowPlan(s1, s2, decided, len(s1) + len(spec.seeds) - 1, tune)
+        plans[key] = RowPlan(s1, s2, decided, len(s1) + max(len(s2), len(spec.seeds) - 1), tune)
     tune_groups: dict[tuple, list[tuple]] = {}
     for key, plan in plans.items():
         if plan.tune:

@@ -27,6 +27,9 @@ A spec (see ``src/seqmem/experiments/*.toml``)::
                                            # x lr_extend_factor (/ factor), at most this many per side; under
                                            # all_seeds a probe with the first seed, which gets the other seeds
                                            # only if it beats the best lr's first seed
+    lr_confirm = true                      # first_seed only: once the chosen lr has every seed, every lr whose
+                                           # first-seed validation is within twice its seed std gets every seed
+                                           # too, and the best validation mean over seeds among them is chosen
 
     [[mixers]]                             # a registered name, or a table (or mixers = "all"):
     name = "mamba2+ska"                    #   a label, with
@@ -79,7 +82,7 @@ _TOP_KEYS = {"name", "description", "task", "settings", "model", "train", "mixer
 #: ``"first_seed"``: two stages — every lr with the first seed, then the other seeds only at the lr whose
 #: first-seed run is best on validation (``len(lrs) + len(seeds) - 1`` runs per row instead of their product).
 LR_SELECTIONS = ("all_seeds", "first_seed")
-_TRAIN_GRID_KEYS = {"lrs", "seeds", "valid_examples", "lr_extend", "lr_extend_factor"}
+_TRAIN_GRID_KEYS = {"lrs", "seeds", "valid_examples", "lr_extend", "lr_extend_factor", "lr_confirm"}
 
 
 class SpecError(ValueError):
@@ -210,6 +213,9 @@ class SweepSpec:
     lr_selection: str = "all_seeds"
     lr_extend: int = 0
     lr_extend_factor: float = 3.0
+    #: ``first_seed`` only: confirm the choice over seeds where another lr is within the seed spread on the first
+    #: seed (:func:`seqmem.sweep.runner.confirm_runs`)
+    lr_confirm: bool = False
     notes: dict[str, str] = field(default_factory=dict)
     #: the paper's numbers beside ours: ``{setting label: {mixer label: value or "text"}}``
     paper: dict[str, dict[str, float | str]] = field(default_factory=dict)
@@ -404,6 +410,8 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
     valid_examples = train.pop("valid_examples", 512)
     lr_extend = train.pop("lr_extend", 0)
     lr_extend_factor = train.pop("lr_extend_factor", 3.0)
+    lr_confirm = train.pop("lr_confirm", False)
+    _need(isinstance(lr_confirm, bool), w, "[train] lr_confirm must be true or false")
     _need(isinstance(lr_extend, int) and not isinstance(lr_extend, bool) and lr_extend >= 0, w,
           "[train] lr_extend must be a non-negative integer (extra lrs per side when the best is at an edge)")
     _need(_is_num(lr_extend_factor) and lr_extend_factor > 1, w, "[train] lr_extend_factor must be a number > 1")
@@ -496,6 +504,9 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
     _need(lr_selection in LR_SELECTIONS, w, f"'lr_selection' must be one of {list(LR_SELECTIONS)}")
     tunes = {r.tune for r in rows if r.tune}
     _need(not (tunes and lr_selection != "first_seed"), w, "'tune' groups need lr_selection = \"first_seed\"")
+    _need(not (lr_confirm and lr_selection != "first_seed"), w,
+          "[train] lr_confirm needs lr_selection = \"first_seed\" (all_seeds already chooses on the mean over seeds)")
+    _need(not (lr_confirm and tunes), w, "[train] lr_confirm is not supported with 'tune' groups")
     clash = tunes & {r.label for r in rows}
     _need(not clash, w, f"a tune group may not be named like a mixer row: {sorted(clash)}")
     notes = raw.get("notes", {})
@@ -535,7 +546,7 @@ def parse_spec(raw: dict[str, Any], source: str = "<spec>") -> SweepSpec:
                      select=select, lr_selection=lr_selection, notes=dict(notes), source=source, raw=raw,
                      paper=paper, paper_source=paper_source, paper_scale=paper_scale,
                      extra_metrics=list(extra_metrics),
-                     lr_extend=lr_extend, lr_extend_factor=float(lr_extend_factor))
+                     lr_extend=lr_extend, lr_extend_factor=float(lr_extend_factor), lr_confirm=lr_confirm)
     n_grid = len(settings) * math.prod(len(model[a]) for a in axes) * len(spec.seeds) * sum(
         len(r.lrs or spec.lrs) for r in rows)
     _need(n_grid <= MAX_GRID, w, f"the grid has {n_grid:,} points (runs), more than {MAX_GRID:,}: split the spec "
