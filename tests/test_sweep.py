@@ -558,6 +558,10 @@ def test_lr_confirm_gives_lrs_within_the_seed_spread_every_seed_and_chooses_on_t
     from seqmem.sweep.report import markdown
 
     assert "mean over seeds: 0.003: 0.750, 0.01: 0.790" in markdown(spec, [row])
+    fake(1e-3, 1, 0.99)
+    fake(1e-3, 2, 0.99)  # runs of an lr beyond the spread (another sweep's, say) do not enter the choice
+    (row,) = collect(spec, tmp_path)
+    assert row["best_lr"] == 1e-2 and set(row["lr_valid_mean"]) == {"0.003", "0.01"}
     assert sum(len(p.points) for p in plan_rows(spec, tmp_path).values()) == 7
     # without lr_confirm the first-seed choice stands and 1e-2 gets no other seeds
     raw["train"]["lr_confirm"] = False

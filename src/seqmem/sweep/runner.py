@@ -876,8 +876,9 @@ def chosen_lr(spec: SweepSpec, plan: RowPlan, out: Path) -> tuple[float | None, 
     best = choose_lr(first, spec.select)
     if best is None or not spec.lr_confirm:
         return best, {}
+    near = confirm_lrs(spec, plan.stage1, [p for p in plan.stage2 if p.lr == best], best, out)
     by = _seed_values(spec, plan.points, out)
-    full = {lr: d for lr, d in by.items() if set(d) == set(spec.seeds)}
+    full = {lr: d for lr, d in by.items() if lr in (best, *near) and set(d) == set(spec.seeds)}
     if best not in full or len(full) < 2:
         return best, {}
     means = {lr: (math.nan if any(math.isnan(v) for v in d.values()) else sum(d.values()) / len(d))
