@@ -226,9 +226,15 @@ def finish(claim: dict[str, Any]) -> dict[str, Any]:
     # rule 1's unsettled lr choices name their own pending runs (cells read into the word only)
     need = [c["lr_unsettled_pending"] for p in claim["protocols"].values() for c in (p.get("cells") or {}).values()
             if c.get("lr_unsettled_pending")]
-    if need:
+    if need:  # one entry per spec: "SPEC (scripts/settle.sh): rule 1's lr check of A (...), of B (...)"
+        by_spec: dict[str, list[str]] = {}
+        for x in need:
+            head, _, what = x.partition(": rule 1's lr check of ")
+            if what not in by_spec.setdefault(head, []):
+                by_spec[head].append(what)
         have = [x for x in str(claim.get("pending") or "").split("; ") if x]
-        claim["pending"] = "; ".join(have + [x for x in need if x not in have])
+        new = [f"{h}: rule 1's lr check of " + ", of ".join(w) for h, w in by_spec.items()]
+        claim["pending"] = "; ".join(have + [x for x in new if x not in have])
     return claim
 
 
