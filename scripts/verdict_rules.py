@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -60,22 +61,40 @@ def _training(result_path: Path) -> str:
     return run_identity(spec)
 
 
-def _pooled(report_dir: str, setting_dir: str, mixer: str, recs: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
-    """``recs`` (a sweep's finished runs of ``mixer``) and the finished runs of its ``SEEDS_FROM`` sweeps at the lrs
-    and seeds it lacks; stops the script unless all trained alike but for lr and seed."""
-    have = {(r["lr"], r["seed"]) for _, r in recs}
-    pool = list(recs)
+def _lr_key(lr: float) -> float:
+    return float(f"{lr:.12g}")  # one lr however it was computed (3e-3 * 3 and 9e-3 alike)
+
+
+def _pooled(report_dir: str, setting_dir: str, mixer: str, every: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
+    """``every`` (a sweep's finished and diverged runs of ``mixer``) and those of its ``SEEDS_FROM`` sweeps at the
+    lrs and seeds it lacks (a diverged run stays one: it counts as the worst value, never replaced); stops the script
+    unless all trained alike but for lr and seed."""
+    keep = ("finished", "diverged")
+    pool = [(p, r) for p, r in every if r.get("status") in keep]
+    have = {(_lr_key(r["lr"]), r["seed"]) for _, r in pool}
+    n_own = len(pool)
     for other in SEEDS_FROM.get(report_dir, []):
         base = ROOT / RES / other / "runs" / setting_dir / mixer
         for p in sorted(base.glob("model/*/seed*/result.json")):
             r = json.loads(p.read_text())
-            if r.get("status") == "finished" and (r["lr"], r["seed"]) not in have:
-                have.add((r["lr"], r["seed"]))
+            if r.get("status") in keep and (_lr_key(r["lr"]), r["seed"]) not in have:
+                have.add((_lr_key(r["lr"]), r["seed"]))
                 pool.append((p.relative_to(ROOT), r))
-    if len(pool) > len(recs) and len({_training(p) for p, _ in pool}) > 1:
+    if len(pool) > n_own and len({_training(p) for p, _ in pool}) > 1:
         raise SystemExit(f"{report_dir} {mixer}: the runs pooled for rule 1's lr check (with "
                          f"{', '.join(SEEDS_FROM[report_dir])}) trained differently, not only in lr and seed")
     return pool
+
+
+def _better(a: float, b: float, higher: bool) -> bool:
+    """``a`` strictly better than ``b`` (nan, a diverged run, is the worst)."""
+    if math.isnan(a):
+        return False
+    return math.isnan(b) or (a > b if higher else a < b)
+
+
+def _mean(vals: dict[int, float]) -> float:
+    return math.nan if any(math.isnan(v) for v in vals.values()) else sum(vals.values()) / len(vals)
 
 
 def lr_choice(report_dir: str, setting_dir: str, mixer: str, seed0_lr: float,
@@ -83,11 +102,13 @@ def lr_choice(report_dir: str, setting_dir: str, mixer: str, seed0_lr: float,
     """Rule 1's check of the lr a ``first_seed`` sweep chose on seed 0, ``seed0_lr`` (None for other sweeps).
 
     The spread is twice the chosen lr's validation std over its seeds (an order claim's ``std_a + std_b`` with the
-    other lr's std taken as the choice's).  Every other lr whose seed-0 validation value is within it of the
-    choice's seed-0 value must have run the choice's seeds — in this sweep or in a ``SEEDS_FROM`` sweep of the same
-    training runs (checked) — and the lr with the best validation mean over seeds among them is rule 1's choice
-    (``lr``); one that has not is listed in ``unsettled``.  A choice whose mean is the metric's maximum (accuracy
-    1.000) cannot be beaten and needs nothing more.  ``recs``: the runs :func:`_pooled` gives."""
+    other lr's std taken as the choice's; unbounded when a seed diverged there).  Every other lr whose seed-0
+    validation value is within it of the choice's seed-0 value, or better than it (a probe from a ``SEEDS_FROM``
+    sweep can be), must have run the choice's seeds — in this sweep or in a ``SEEDS_FROM`` sweep of the same
+    training runs (checked); one that has not is listed in ``unsettled``.  Every lr with those seeds competes on
+    the validation mean over them (a diverged seed is the worst value; a tie keeps the seed-0 choice): the best is
+    rule 1's choice (``lr``).  A choice whose mean is the metric's maximum (accuracy 1.000) cannot be beaten and
+    needs nothing more.  ``recs``: the runs :func:`_pooled` gives, diverged ones included."""
     report = ROOT / RES / report_dir / "report.json"
     if not report.is_file():
         return None
@@ -98,30 +119,34 @@ def lr_choice(report_dir: str, setting_dir: str, mixer: str, seed0_lr: float,
     higher = sel == "accuracy"
     by_lr: dict[float, dict[int, float]] = {}
     for _, r in recs:
-        by_lr.setdefault(r["lr"], {})[r["seed"]] = float(r["valid"][sel])
+        v = math.nan if r.get("status") == "diverged" else float(r["valid"][sel])
+        by_lr.setdefault(_lr_key(r["lr"]), {})[r["seed"]] = v
     here = next((x for x in by_lr if abs(x - seed0_lr) <= 1e-12 * max(1.0, seed0_lr)), None)
     if here is None or 0 not in by_lr[here] or len(by_lr[here]) < 2:
         return None  # the choice has no seed spread yet: its cell has too few seeds to be read
     chosen = by_lr[here]
-    st = cell_stats(chosen)
-    spread = 2 * st["std"]
-    ceiling = higher and st["mean"] >= 1.0
-    near = sorted(x for x, v in by_lr.items() if x != here and 0 in v and abs(v[0] - chosen[0]) <= spread)
-    means = {x: cell_stats({s: by_lr[x][s] for s in chosen})["mean"] for x in [here, *near]
-             if set(by_lr[x]) >= set(chosen)}
-    best = here  # a tie keeps the seed-0 choice
-    for x in [] if ceiling else near:
-        if x in means and (means[x] > means[best] if higher else means[x] < means[best]):
+    mean_here = _mean(chosen)
+    spread = math.inf if math.isnan(mean_here) else 2 * cell_stats(chosen)["std"]
+    c0 = chosen[0]
+    ceiling = higher and not math.isnan(mean_here) and mean_here >= 1.0
+    near = sorted(x for x, v in by_lr.items() if x != here and 0 in v and not math.isnan(v[0])
+                  and (abs(v[0] - c0) <= spread or _better(v[0], c0, higher)))
+    means = {x: _mean({s: d[s] for s in chosen}) for x, d in by_lr.items() if set(d) >= set(chosen)}
+    best = here
+    for x in sorted(means):
+        if not ceiling and _better(means[x], means[best], higher):
             best = x
+    shown = sorted(set(near) | (set(means) - {here}))
     return {
         "lr": best, "select": f"validation {sel}", "seed0_choice": here,
-        "seed0": {f"{x:g}": round(v[0], 6) for x, v in sorted(by_lr.items()) if 0 in v}, "spread": round(spread, 6),
-        "within_spread": {f"{x:g}": ({"mean": round(means[x], 6), "n": len(chosen)} if x in means
-                                     else {"n": len(by_lr[x])}) for x in near},
-        "by": ("the metric's maximum over seeds" if ceiling and near else
-               "the validation mean over seeds" if near else "seed 0: every other lr beyond the seed spread"),
+        "seed0": {f"{x:g}": round(v[0], 6) for x, v in sorted(by_lr.items()) if 0 in v},
+        "spread": None if math.isinf(spread) else round(spread, 6),
+        "compared": {f"{x:g}": ({"mean": None if math.isnan(means[x]) else round(means[x], 6),
+                                      "n": len(chosen)} if x in means else {"n": len(by_lr[x])}) for x in shown},
+        "by": ("the metric's maximum over seeds" if ceiling and shown else
+               "the validation mean over seeds" if shown else "seed 0: every other lr beyond the seed spread"),
         "unsettled": [] if ceiling else [x for x in near if x not in means],
-        **({"seeds_from": SEEDS_SPEC[report_dir]} if near and report_dir in SEEDS_FROM else {}),
+        **({"seeds_from": SEEDS_SPEC[report_dir]} if shown and report_dir in SEEDS_FROM else {}),
     }
 
 
@@ -139,8 +164,10 @@ def cell(report_dir: str, setting_dir: str, mixer: str, lr: float, metric: str, 
         if rec.get("status") == "diverged" and abs(rec["lr"] - lr) <= 1e-12 * max(1.0, lr):
             raise SystemExit(f"{p}: a diverged seed in the cell at lr {lr}; a cell reads every seed (the rule has no "
                              "worst-value reading yet)")
+    pool = recs
     if not fixed_lr:  # a tuned cell may read the runs rule 1's check added (SEEDS_FROM), its edge probes included
-        recs = _pooled(report_dir, setting_dir, mixer, recs)
+        pool = _pooled(report_dir, setting_dir, mixer, every)
+        recs = [(p, r) for p, r in pool if r.get("status") == "finished"]
     tried = sorted({r["lr"] for _, r in recs if r["seed"] == 0})
     runs = sorted(((p, r) for p, r in recs if abs(r["lr"] - lr) <= 1e-12 * max(1.0, lr)), key=lambda x: x[1]["seed"])
     if not runs:
@@ -150,8 +177,16 @@ def cell(report_dir: str, setting_dir: str, mixer: str, lr: float, metric: str, 
         report = ROOT / RES / report_dir / "report.json"
         rows = json.loads(report.read_text())["rows"] if report.is_file() else []
         row = next((x for x in rows if x["mixer"] == mixer and x["setting"] == runs[0][1]["setting"]), None)
-        seed0_lr = row["best_lr"] if row is not None and row.get("best_lr") is not None else lr
-        choice = lr_choice(report_dir, setting_dir, mixer, seed0_lr, recs)
+        if report.is_file() and (row is None or row.get("best_lr") is None):
+            raise SystemExit(f"{report_dir}: its report has no chosen lr for {mixer} at {runs[0][1]['setting']!r}")
+        seed0_lr = lr if row is None else row["best_lr"]
+        spec_train = (json.loads(report.read_text()).get("spec") or {}).get("train") or {} if row else {}
+        if spec_train.get("lr_confirm"):  # that report chose on the mean over seeds: its seed-0 choice is lr_valid's
+            from seqmem.sweep.runner import choose_lr
+
+            first = {x: v for x, v in ((float(k), v) for k, v in row["lr_valid"].items()) if v is not None}
+            seed0_lr = choose_lr(first, json.loads(report.read_text())["select"])
+        choice = lr_choice(report_dir, setting_dir, mixer, seed0_lr, pool)
         want = choice["lr"] if choice is not None else seed0_lr
         if abs(want - lr) > 1e-12 * max(1.0, lr):
             raise SystemExit(f"{report_dir} {mixer}: tuned cell at lr {lr:g}; the report chose {seed0_lr:g} on seed 0 "
@@ -160,7 +195,9 @@ def cell(report_dir: str, setting_dir: str, mixer: str, lr: float, metric: str, 
     per_seed = {str(r["seed"]): round(record_value(r, metric), 6) for _, r in runs}
     out = {
         "label": label, "lr": lr, "lrs_tried_seed0": tried, "per_seed": per_seed, **_stats(per_seed),
-        "calibrated": calibrated, "lr_at_edge": (not fixed_lr) and len(tried) > 1 and lr in (tried[0], tried[-1]),
+        "calibrated": calibrated,
+        "lr_at_edge": (not fixed_lr) and len(tried) > 1 and any(abs(lr - x) <= 1e-12 * max(1.0, lr)
+                                                                for x in (tried[0], tried[-1])),
         "metric": metric, "runs": [str(p) for p, _ in runs],
     }
     if not fixed_lr and choice is not None:
@@ -219,7 +256,7 @@ def finish(claim: dict[str, Any]) -> dict[str, Any]:
     for proto in claim["protocols"].values():  # say where rule 1's check decided a seed-0 choice
         checked = [f"{c['label'].split(',')[0]}: lr {c['lr']:g} by {c['lr_choice']['by']}"
                    for c in (proto.get("cells") or {}).values()
-                   if (c.get("lr_choice") or {}).get("within_spread") and not c.get("lr_unsettled")]
+                   if (c.get("lr_choice") or {}).get("compared") and not c.get("lr_unsettled")]
         if checked and "what" in proto and "rule 1's lr check" not in proto["what"]:
             proto["what"] += ("; rule 1's lr check (every lr within the seed spread of the seed-0 choice run with "
                               "every seed): " + "; ".join(checked))

@@ -559,7 +559,7 @@ def test_lr_confirm_gives_lrs_within_the_seed_spread_every_seed_and_chooses_on_t
 
     assert "mean over seeds: 0.003: 0.750, 0.01: 0.790" in markdown(spec, [row])
     fake(1e-3, 1, 0.99)
-    fake(1e-3, 2, 0.99)  # runs of an lr beyond the spread (another sweep's, say) do not enter the choice
+    fake(1e-3, 2, 0.99)  # runs on disk that the row's plan does not ask for do not enter the choice
     (row,) = collect(spec, tmp_path)
     assert row["best_lr"] == 1e-2 and set(row["lr_valid_mean"]) == {"0.003", "0.01"}
     assert sum(len(p.points) for p in plan_rows(spec, tmp_path).values()) == 7
@@ -568,6 +568,14 @@ def test_lr_confirm_gives_lrs_within_the_seed_spread_every_seed_and_chooses_on_t
     plain = load_spec(raw)
     (row,) = collect(plain, tmp_path)
     assert row["best_lr"] == 3e-3 and "lr_valid_mean" not in row and row["runs_total"] == 5
+    # a diverged seed at the first-seed choice is its worst value: the spread has no bound, every lr gets every seed
+    from seqmem.io import atomic_write_text
+
+    p = spec.point_at(pts[0], 3e-3, 2)
+    r = {"status": "diverged", "state": 1, "params": 1, "seconds": 1.0}
+    atomic_write_text(tmp_path / p.rel_dir / "result.json", json.dumps(_sealed(p.run_spec, r)))
+    s1, s2, _ = row_plan(spec, pts, tmp_path)
+    assert {p.lr for p in s2} == {1e-3, 3e-3, 1e-2}
     # lr_confirm needs first_seed
     raw["train"]["lr_confirm"] = True
     raw["lr_selection"] = "all_seeds"

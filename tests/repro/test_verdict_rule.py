@@ -369,7 +369,7 @@ def test_rule1_a_seed0_lr_choice_within_the_seed_spread_needs_every_seed(tmp_pat
     kw = {"label": "m", "calibrated": True}
     c = mod.cell("x/sweep", "s", "m", 1e-3, "report.loss", **kw)
     assert c["lr_unsettled"] == [3e-3] and "x_seeds" in c["lr_unsettled_pending"]
-    assert c["lr_choice"]["within_spread"] == {"0.003": {"n": 1}}
+    assert c["lr_choice"]["compared"] == {"0.003": {"n": 1}}
     claim = {"claim": "level", "kind": "level", "higher_is_better": False, "tolerance": 1.0, "paper": {"a": 1.5},
              "tolerance_source": "ours: a test",
              "protocols": {"paper": {"cells": {"a": dict(c, lr_unsettled=[])}}, "tuned": {"cells": {"a": c}}}}
@@ -390,6 +390,50 @@ def test_rule1_a_seed0_lr_choice_within_the_seed_spread_needs_every_seed(tmp_pat
     run("x/seeds", 3e-3, 1, 1.47, steps=200)
     with pytest.raises(SystemExit, match="trained differently"):
         mod.cell("x/sweep", "s", "m", 3e-3, "report.loss", **kw)
+
+
+def test_rule1_better_pooled_lrs_diverged_seeds_and_missing_report_rows(tmp_path):
+    """Rule 1's check does not ignore a pooled lr better than the choice beyond the spread, reads a diverged
+    pooled seed as the worst value (not as a missing seed), and stops where the report has no chosen lr."""
+    spec = importlib.util.spec_from_file_location("verdict_rules_r1b", ROOT / "scripts" / "verdict_rules.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.ROOT = tmp_path
+    res = tmp_path / "docs" / "results"
+
+    def run(d: str, lr: float, seed: int, valid: float | None) -> None:
+        rd = res / d / "runs" / "s" / "m" / "model" / f"lr{lr:g}" / f"seed{seed}"
+        rd.mkdir(parents=True, exist_ok=True)
+        rec = {"status": "finished", "setting": "s", "lr": lr, "seed": seed, "valid": {"loss": valid},
+               "report": {"loss": valid}} if valid is not None else {"status": "diverged", "setting": "s",
+                                                                       "lr": lr, "seed": seed}
+        (rd / "result.json").write_text(json.dumps(rec))
+        (rd / "run.json").write_text(json.dumps({"task": {"name": "t"}, "model": {"d_model": "x"},
+                                                 "train": {"steps": 100, "lr": lr, "seed": seed}}))
+
+    def report(rows: list[dict]) -> None:
+        (res / "x" / "sweep" / "report.json").write_text(json.dumps({
+            "spec": {"lr_selection": "first_seed"}, "select": "loss", "rows": rows}))
+
+    for seed, v in enumerate([1.50, 1.52, 1.54]):
+        run("x/sweep", 1e-3, seed, v)
+    run("x/sweep", 3e-4, 0, 1.70)
+    report([{"mixer": "m", "setting": "s", "best_lr": 1e-3}])
+    mod.SEEDS_FROM, mod.SEEDS_SPEC = {"x/sweep": ["x/seeds"]}, {"x/sweep": "x_seeds"}
+    kw = {"label": "m", "calibrated": True}
+    run("x/seeds", 1e-2, 0, 1.30)  # a probe better than the choice far beyond its spread: it needs every seed
+    c = mod.cell("x/sweep", "s", "m", 1e-3, "report.loss", **kw)
+    assert c["lr_unsettled"] == [1e-2]
+    run("x/seeds", 1e-2, 1, 1.31)
+    run("x/seeds", 1e-2, 2, None)  # diverged: the worst value, so 1e-2's mean cannot win, but it has the seed
+    c = mod.cell("x/sweep", "s", "m", 1e-3, "report.loss", **kw)
+    assert c["lr_unsettled"] == [] and c["lr_choice"]["compared"]["0.01"] == {"mean": None, "n": 3}
+    run("x/seeds", 1e-2, 2, 1.29)  # (a rerun that finished replaces the record): now 1e-2 wins on the mean
+    with pytest.raises(SystemExit, match="rule 1's mean over seeds chooses 0.01"):
+        mod.cell("x/sweep", "s", "m", 1e-3, "report.loss", **kw)
+    report([])  # a report without the row's choice is not trusted to the cell's own lr
+    with pytest.raises(SystemExit, match="no chosen lr for m"):
+        mod.cell("x/sweep", "s", "m", 1e-3, "report.loss", **kw)
 
 
 @pytest.mark.parametrize("report", REPORTS, ids=[str(r.parent.relative_to(ROOT / "docs" / "results"))

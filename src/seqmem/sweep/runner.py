@@ -855,14 +855,17 @@ def _seed_values(spec: SweepSpec, pts: list[Point], out: Path) -> dict[float, di
 def confirm_lrs(spec: SweepSpec, stage1: list[Point], stage2: list[Point], best: float, out: Path) -> list[float]:
     """``lr_confirm``: the lrs whose first-seed validation value is within the seed spread of the first-seed
     choice ``best`` — twice the sample std of ``best``'s values over every seed (an order claim's ``std_a + std_b``
-    with the other lr's std taken as the choice's) — known once ``best`` has finished every seed (none before; none
-    when a seed diverged there).  They get every seed, and :func:`chosen_lr` takes the best mean over seeds."""
+    with the other lr's std taken as the choice's; unbounded when a seed diverged there) — known once ``best`` has
+    finished every seed (none before).  They get every seed, and :func:`chosen_lr` takes the best mean over seeds."""
     at_best = _seed_values(spec, [p for p in stage1 if p.lr == best] + stage2, out).get(best, {})
-    if len(spec.seeds) < 2 or set(at_best) != set(spec.seeds) or any(math.isnan(v) for v in at_best.values()):
+    if len(spec.seeds) < 2 or set(at_best) != set(spec.seeds):
         return []
     vals = list(at_best.values())
-    mean = sum(vals) / len(vals)
-    spread = 2 * math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+    if any(math.isnan(v) for v in vals):  # a diverged seed is the worst value: the spread has no bound
+        spread = math.inf
+    else:
+        mean = sum(vals) / len(vals)
+        spread = 2 * math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
     first = selection_lrs(spec, stage1, out)
     return sorted(lr for lr, v in first.items()
                   if lr != best and not math.isnan(v) and abs(v - first[best]) <= spread)
@@ -870,15 +873,15 @@ def confirm_lrs(spec: SweepSpec, stage1: list[Point], stage2: list[Point], best:
 
 def chosen_lr(spec: SweepSpec, plan: RowPlan, out: Path) -> tuple[float | None, dict[float, float]]:
     """A row's chosen lr and, with ``lr_confirm``, the validation means over seeds it was chosen on: the
-    first-seed choice, unless ``lr_confirm`` gave other lrs every seed and one of them has a better mean over
-    seeds (a tie keeps the first-seed choice).  ``first_seed`` rows only (``{}`` without ``lr_confirm``)."""
+    first-seed choice, unless another lr of the row's plan has every seed (``lr_confirm`` gave them) and a better
+    mean over seeds (a diverged seed is the worst value; a tie keeps the first-seed choice).  ``first_seed`` rows
+    only (``{}`` without ``lr_confirm``)."""
     first = selection_lrs(spec, plan.stage1, out)
     best = choose_lr(first, spec.select)
     if best is None or not spec.lr_confirm:
         return best, {}
-    near = confirm_lrs(spec, plan.stage1, [p for p in plan.stage2 if p.lr == best], best, out)
     by = _seed_values(spec, plan.points, out)
-    full = {lr: d for lr, d in by.items() if lr in (best, *near) and set(d) == set(spec.seeds)}
+    full = {lr: d for lr, d in by.items() if set(d) == set(spec.seeds)}  # every planned lr with every seed
     if best not in full or len(full) < 2:
         return best, {}
     means = {lr: (math.nan if any(math.isnan(v) for v in d.values()) else sum(d.values()) / len(d))
