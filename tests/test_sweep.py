@@ -610,15 +610,17 @@ def test_all_seeds_extends_an_edge_lr_by_a_first_seed_probe(tmp_path):
 
     grid = [(p.lr, p.seed) for p in pts]
     assert plan() == (grid, False) and len(wanted_points(spec, tmp_path)) == 4
-    for seed, (a, b) in enumerate([(0.5, 0.6), (0.5, 0.7)]):
+    for seed, (a, b) in enumerate([(0.5, 0.6), (0.5, 0.61)]):
         fake(lo, seed, a)
-        fake(hi, seed, b)  # the best mean (0.65) at the top edge -> probe 3e-2 with seed 0
+        fake(hi, seed, b)  # the best mean (0.605, spread 2 std = 0.014) at the top edge -> probe 3e-2 with seed 0
     assert plan() == (grid + [(0.03, 0)], False)
-    fake(0.03, 0, 0.55)  # below the best lr's seed 0 (0.6): the best is interior, the probe never chosen
+    fake(0.03, 0, 0.595)  # below the best lr's seed 0 (0.6) but within the seed spread: rule 1 wants its seeds
+    assert plan() == (grid + [(0.03, 0), (0.03, 1)], False)
+    fake(0.03, 0, 0.55)  # below it beyond the spread: the best is interior, the probe never chosen
     assert plan() == (grid + [(0.03, 0)], True)
     (row,) = collect(spec, tmp_path)
     assert row["best_lr"] == hi and not row["lr_at_grid_edge"] and row["complete"]
-    assert row["lr_valid"] == {"0.003": 0.5, "0.01": pytest.approx(0.65)} and row["lr_probe"] == {"0.03": 0.55}
+    assert row["lr_valid"] == {"0.003": 0.5, "0.01": pytest.approx(0.605)} and row["lr_probe"] == {"0.03": 0.55}
     write_report(spec, tmp_path)
     md = (tmp_path / "report.md").read_text()
     assert "0.03: 0.550 (probe, first seed)" in md and "probed with seed 0" in md

@@ -738,8 +738,9 @@ def all_seeds_plan(spec: SweepSpec, pts: list[Point], out: Path) -> tuple[list[P
     """``(runs, decided)`` of one row under ``all_seeds`` selection with ``lr_extend``: the grid, every lr with
     every seed; while the lr with the best validation mean over seeds is the largest (smallest) tried, a probe at
     ``best × factor`` (``/ factor``; :func:`extended_lr`) with the first seed, at most ``lr_extend`` per side.  A
-    probe whose first-seed validation beats the best lr's first seed gets the other seeds too and joins the choice
-    (mean over seeds again); one that does not is the evidence that the best is interior, and is never chosen.
+    probe whose first-seed validation beats the best lr's first seed, or is within the seed spread of it (twice the
+    best lr's std over seeds: rule 1 of docs/results/README.md), gets the other seeds too and joins the choice (mean
+    over seeds again); one beyond it is the evidence that the best is interior, and is never chosen.
     ``decided``: every run the row needs has finished.  A row with a single lr is never extended."""
     plan = list(pts)
     first, grid = spec.seeds[0], sorted({p.lr for p in pts})  # the row's own grid (a row may set its lrs)
@@ -755,9 +756,12 @@ def all_seeds_plan(spec: SweepSpec, pts: list[Point], out: Path) -> tuple[list[P
         if best is None or math.isnan(vals[best]):
             return plan, True
 
+        spread = _spread(spec, plan, best, out)
         won = [lr for lr in sorted(probe_lrs(spec, plan))
-               if choose_lr({best: first_value(best), lr: first_value(lr)}, spec.select) == lr]
-        if won:  # a probe beat the choice on the first seed: the other seeds decide
+               if choose_lr({best: first_value(best), lr: first_value(lr)}, spec.select) == lr
+               or (first_value(lr) is not None and not math.isnan(first_value(lr))
+                   and abs(first_value(lr) - first_value(best)) <= spread)]
+        if won:  # a probe beat the choice on the first seed, or is within the seed spread: the other seeds decide
             plan += [spec.point_at(plan[0], lr, s) for lr in won for s in spec.seeds if s != first]
             continue
         if len(grid) == 1:  # an lr grid of one is never extended
@@ -771,6 +775,18 @@ def all_seeds_plan(spec: SweepSpec, pts: list[Point], out: Path) -> tuple[list[P
         if new is None or new in tried:
             return plan, True
         plan.append(spec.point_at(plan[0], new, first))
+
+
+def _spread(spec: SweepSpec, plan: list[Point], best: float, out: Path) -> float:
+    """Twice the sample std of ``best``'s validation values over its seeds (rule 1's seed spread; unbounded when
+    a seed diverged, 0 with one seed)."""
+    vals = list(_seed_values(spec, [p for p in plan if p.lr == best], out).get(best, {}).values())
+    if any(math.isnan(v) for v in vals):
+        return math.inf
+    if len(vals) < 2:
+        return 0.0
+    mean = sum(vals) / len(vals)
+    return 2 * math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
 
 
 def extension_candidates(spec: SweepSpec, points: list[Point]) -> list[Point]:
