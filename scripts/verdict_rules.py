@@ -175,17 +175,18 @@ def cell(report_dir: str, setting_dir: str, mixer: str, lr: float, metric: str, 
     choice = None
     if not fixed_lr:  # a tuned cell is at the lr its sweep's report chose (rule 1's check may move it)
         report = ROOT / RES / report_dir / "report.json"
-        rows = json.loads(report.read_text())["rows"] if report.is_file() else []
-        row = next((x for x in rows if x["mixer"] == mixer and x["setting"] == runs[0][1]["setting"]), None)
-        if report.is_file() and (row is None or row.get("best_lr") is None):
+        rep = json.loads(report.read_text()) if report.is_file() else {}
+        row = next((x for x in rep.get("rows", []) if x["mixer"] == mixer and x["setting"] == runs[0][1]["setting"]),
+                   None)
+        if rep and (row is None or row.get("best_lr") is None):
             raise SystemExit(f"{report_dir}: its report has no chosen lr for {mixer} at {runs[0][1]['setting']!r}")
         seed0_lr = lr if row is None else row["best_lr"]
-        spec_train = (json.loads(report.read_text()).get("spec") or {}).get("train") or {} if row else {}
-        if spec_train.get("lr_confirm"):  # that report chose on the mean over seeds: its seed-0 choice is lr_valid's
+        if ((rep.get("spec") or {}).get("train") or {}).get("lr_confirm"):
+            # that report chose on the mean over seeds: its seed-0 choice is lr_valid's
             from seqmem.sweep.runner import choose_lr
 
             first = {x: v for x, v in ((float(k), v) for k, v in row["lr_valid"].items()) if v is not None}
-            seed0_lr = choose_lr(first, json.loads(report.read_text())["select"])
+            seed0_lr = choose_lr(first, rep["select"])
         choice = lr_choice(report_dir, setting_dir, mixer, seed0_lr, pool)
         want = choice["lr"] if choice is not None else seed0_lr
         if abs(want - lr) > 1e-12 * max(1.0, lr):

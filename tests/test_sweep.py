@@ -482,6 +482,17 @@ def test_killed_sweep_leaves_no_workers_and_resumes_to_the_same_report(tmp_path)
         assert x["per_seed"] == y["per_seed"] and x["lr_valid"] == y["lr_valid"] and x["complete"]
 
 
+def _fake_finished(spec, like, lr: float, seed: int, acc: float, out: Path) -> None:
+    """A finished run of ``like``'s row at (lr, seed) with validation and reported accuracy ``acc``."""
+    from seqmem.io import atomic_write_text
+
+    p = spec.point_at(like, lr, seed)
+    r = {"status": "finished", "state": 1, "params": 1, "seconds": 1.0, "valid": {"accuracy": acc, "loss": 1.0},
+         "report": {"accuracy": acc, "loss": 1.0}}
+    atomic_write_text(out / p.rel_dir / "run.json", json.dumps(p.run_spec))
+    atomic_write_text(out / p.rel_dir / "result.json", json.dumps(_sealed(p.run_spec, r)))
+
+
 def test_lr_grid_is_extended_while_the_best_lr_is_at_an_edge(tmp_path):
     """With lr_extend, a row whose best first-seed lr is the largest tried also tries lr x factor (at most
     lr_extend times per side); the other seeds then run at the final choice."""
@@ -494,13 +505,7 @@ def test_lr_grid_is_extended_while_the_best_lr_is_at_an_edge(tmp_path):
     pts = spec.points()
 
     def fake(lr: float, seed: int, acc: float) -> None:
-        from seqmem.io import atomic_write_text
-
-        p = spec.point_at(pts[0], lr, seed)
-        r = {"status": "finished", "state": 1, "params": 1, "seconds": 1.0, "valid": {"accuracy": acc, "loss": 1.0},
-             "report": {"accuracy": acc, "loss": 1.0}}
-        atomic_write_text(tmp_path / p.rel_dir / "run.json", json.dumps(p.run_spec))
-        atomic_write_text(tmp_path / p.rel_dir / "result.json", json.dumps(_sealed(p.run_spec, r)))
+        _fake_finished(spec, pts[0], lr, seed, acc, tmp_path)
 
     fake(lo, 0, 0.5)
     fake(hi, 0, 0.6)  # best at the top edge -> try 3e-2
@@ -531,13 +536,7 @@ def test_lr_confirm_gives_lrs_within_the_seed_spread_every_seed_and_chooses_on_t
     pts = spec.points()
 
     def fake(lr: float, seed: int, acc: float) -> None:
-        from seqmem.io import atomic_write_text
-
-        p = spec.point_at(pts[0], lr, seed)
-        r = {"status": "finished", "state": 1, "params": 1, "seconds": 1.0, "valid": {"accuracy": acc, "loss": 1.0},
-             "report": {"accuracy": acc, "loss": 1.0}}
-        atomic_write_text(tmp_path / p.rel_dir / "run.json", json.dumps(p.run_spec))
-        atomic_write_text(tmp_path / p.rel_dir / "result.json", json.dumps(_sealed(p.run_spec, r)))
+        _fake_finished(spec, pts[0], lr, seed, acc, tmp_path)
 
     fake(1e-3, 0, 0.50)  # beyond the spread
     fake(3e-3, 0, 0.80)  # the first-seed choice

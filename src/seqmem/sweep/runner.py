@@ -873,15 +873,10 @@ def confirm_lrs(spec: SweepSpec, stage1: list[Point], stage2: list[Point], best:
     choice ``best`` — twice the sample std of ``best``'s values over every seed (an order claim's ``std_a + std_b``
     with the other lr's std taken as the choice's; unbounded when a seed diverged there) — known once ``best`` has
     finished every seed (none before).  They get every seed, and :func:`chosen_lr` takes the best mean over seeds."""
-    at_best = _seed_values(spec, [p for p in stage1 if p.lr == best] + stage2, out).get(best, {})
-    if len(spec.seeds) < 2 or set(at_best) != set(spec.seeds):
+    at_best = [p for p in stage1 if p.lr == best] + stage2
+    if len(spec.seeds) < 2 or set(_seed_values(spec, at_best, out).get(best, {})) != set(spec.seeds):
         return []
-    vals = list(at_best.values())
-    if any(math.isnan(v) for v in vals):  # a diverged seed is the worst value: the spread has no bound
-        spread = math.inf
-    else:
-        mean = sum(vals) / len(vals)
-        spread = 2 * math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+    spread = _spread(spec, at_best, best, out)
     first = selection_lrs(spec, stage1, out)
     return sorted(lr for lr, v in first.items()
                   if lr != best and not math.isnan(v) and abs(v - first[best]) <= spread)
