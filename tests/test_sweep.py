@@ -524,6 +524,49 @@ def test_lr_grid_is_extended_while_the_best_lr_is_at_an_edge(tmp_path):
     assert row["runs_total"] == 5 and row["lr_valid"] == {"0.003": 0.5, "0.01": 0.6, "0.03": 0.7, "0.09": 0.65}
 
 
+def test_a_tie_that_reaches_the_grid_edge_is_an_edge_choice(tmp_path):
+    """choose_lr keeps the first lr of a tie; a tie that includes the grid's edge hides an edge choice, so
+    lr_extend probes beyond the tied edge lr and the report marks the tie ('(tie: …)') and the edge.  A tie at the
+    metric's best possible value (accuracy 1) says nothing about where the best lr lies: not marked, not
+    extended beyond what the first lr's own position asks."""
+    from seqmem.sweep.report import markdown
+    from seqmem.sweep.runner import row_plan, tied_lrs
+
+    assert tied_lrs({1e-3: 0.5, 3e-3: 0.6, 1e-2: 0.6}, 3e-3, "accuracy") == [3e-3, 1e-2]
+    assert tied_lrs({1e-3: 1.0, 3e-3: 1.0}, 1e-3, "accuracy") == [1e-3]  # saturated
+    assert tied_lrs({1e-3: 2.0, 3e-3: 2.0}, 1e-3, "loss") == [1e-3, 3e-3]
+    assert tied_lrs({1e-3: math.nan, 3e-3: math.nan}, 1e-3, "loss") == [1e-3]
+
+    raw = tiny(lr_selection="first_seed", train__seeds=[0, 1], mixers=["attention"], train__lrs=[1e-3, 3e-3, 1e-2])
+    raw["train"]["lr_extend"] = 1
+    spec = load_spec(raw)
+    pts = spec.points()
+
+    def fake(lr: float, seed: int, acc: float) -> None:
+        _fake_finished(spec, pts[0], lr, seed, acc, tmp_path)
+
+    fake(1e-3, 0, 0.5)
+    fake(3e-3, 0, 0.6)  # chosen (first of the tie) ...
+    fake(1e-2, 0, 0.6)  # ... tied with the top edge: probe 3e-2
+    s1, s2, decided = row_plan(spec, pts, tmp_path)
+    assert [p.lr for p in s1] == [1e-3, 3e-3, 1e-2, 0.03] and not decided
+    fake(0.03, 0, 0.6)  # tied again, and lr_extend = 1 is spent: decided at 3e-3, reported as an edge tie
+    s1, s2, decided = row_plan(spec, pts, tmp_path)
+    assert decided and [(p.lr, p.seed) for p in s2] == [(3e-3, 1)]
+    fake(3e-3, 1, 0.62)
+    (row,) = collect(spec, tmp_path)
+    assert row["best_lr"] == 3e-3 and row["lr_tied"] == ["0.003", "0.01", "0.03"] and row["lr_at_grid_edge"]
+    assert "0.003 (edge) (tie: 0.003 = 0.01 = 0.03)" in markdown(spec, [row])
+    fake(0.03, 0, 0.55)  # the probe loses: the tie (3e-3, 1e-2) is interior, no edge mark
+    (row,) = collect(spec, tmp_path)
+    assert row["lr_tied"] == ["0.003", "0.01"] and not row["lr_at_grid_edge"] and row["complete"]
+    for lr in (1e-3, 3e-3, 1e-2, 0.03):  # every lr at accuracy 1: no tie marked, the usual edge rule only
+        fake(lr, 0, 1.0)
+    fake(1e-3, 1, 1.0)
+    (row,) = collect(spec, tmp_path)
+    assert "lr_tied" not in row and row["best_lr"] == 1e-3
+
+
 def test_lr_confirm_gives_lrs_within_the_seed_spread_every_seed_and_chooses_on_the_mean(tmp_path):
     """lr_confirm (first_seed): once the first-seed choice has every seed, an lr whose first-seed validation is
     within twice the choice's seed std gets every seed too (one beyond it does not), and the row's lr is the best

@@ -38,6 +38,7 @@ from seqmem.sweep.runner import (
     probe_lrs,
     read_result,
     selection_lrs,
+    tied_lrs,
     valid_value,
     wanted_points,
 )
@@ -77,6 +78,8 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
             # choice there, or has not finished): its first-seed validation value; never the chosen lr
             row["lr_probe"] = {f"{lr:g}": valid_value(results.get((lr, spec.seeds[0])), spec.select) for lr in probes}
         if best_lr is not None:
+            sel_vals = confirmed if best_lr in confirmed else lr_valid
+            tie = tied_lrs(sel_vals, best_lr, spec.select) if best_lr in sel_vals else [best_lr]
             per_seed = {}
             for seed in spec.seeds:
                 v = valid_value(results.get((best_lr, seed)), spec.select, part="report")
@@ -103,7 +106,9 @@ def collect(spec: SweepSpec, out: Path) -> list[dict[str, Any]]:
             row.update({"report_mean": m, "report_std": sd, "per_seed": per_seed, "n_seeds": len(per_seed),
                         "diverged_seeds": len(diverged),
                         "valid_at_best": lr_valid[best_lr], "report_split": split,
-                        "lr_at_grid_edge": len(tried) > 1 and best_lr in (min(tried), max(tried))})
+                        "lr_at_grid_edge": len(tried) > 1 and any(lr in (min(tried), max(tried)) for lr in tie)})
+            if len(tie) > 1:  # lrs whose selection value ties the choice's (the first of them is chosen)
+                row["lr_tied"] = [f"{lr:g}" for lr in tie]
             if diverged:  # which seeds (counted as the worst value in report_mean and report_std)
                 row["diverged"] = diverged
         # why the row may be unable to use its context (per layer, at this setting's length)
@@ -291,7 +296,9 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
         "reports that learning rate's mean ± sample std over seeds on the reported split, and the per-seed values. "
         "A diverged run counts as the worst value. *state* is the most numbers per sequence the model holds at any "
         "point of the sequence (all layers). *lr** is the chosen learning rate; '(edge)' marks one at the edge of "
-        "the grid." + (
+        "the grid, or tied on validation with an lr there; '(tie: …)' lists the lrs whose validation value ties "
+        "the choice's (the first in the grid's order is chosen; a tie at the metric's best possible value is not "
+        "marked)." + (
             f" While a row's best lr is the largest (smallest) tried, lr × {spec.lr_extend_factor:g} "
             f"(÷ {spec.lr_extend_factor:g}) is probed with seed {spec.seeds[0]}, at most {spec.lr_extend} per side; a "
             "probe that beats the best lr's first seed gets the other seeds and joins the choice, one that does not "
@@ -306,8 +313,8 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
         "",
     ]
     lines += [f"## Summary: {sel} on the reported examples, mean ± std over seeds (number of seeds; 'edge lr': "
-              "the chosen lr is the largest or smallest tried; * = row not complete yet) at each row's chosen "
-              "learning rate", "", summary_table(spec, rows)]
+              "the chosen lr, or one tied with it on validation, is the largest or smallest tried; * = row not "
+              "complete yet) at each row's chosen learning rate", "", summary_table(spec, rows)]
     lines += paper_section(spec, rows)
     chance = chance_level(spec)
     for setting in spec.settings:
@@ -331,7 +338,9 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
                 lrv += "; mean over seeds: " + ", ".join(f"{lr}: {_fmt(v)}" for lr, v in r["lr_valid_mean"].items())
             ms = "—" if r.get("report_mean") is None else \
                 f"{_fmt(r['report_mean'])} ± {_fmt(r['report_std'])}"
-            lr = "—" if r["best_lr"] is None else f"{r['best_lr']:g}" + (" (edge)" if r.get("lr_at_grid_edge") else "")
+            lr = "—" if r["best_lr"] is None else f"{r['best_lr']:g}" + (
+                " (edge)" if r.get("lr_at_grid_edge") else "") + (
+                f" (tie: {' = '.join(r['lr_tied'])})" if r.get("lr_tied") else "")
             note = []
             if r["cannot_reach_first_token"]:
                 note.append("by design cannot see the whole sequence: " + r["length_note"])

@@ -693,6 +693,18 @@ def choose_lr(values: dict[float, float], select: str) -> float | None:
     return best
 
 
+def tied_lrs(values: dict[float, float], best: float, select: str) -> list[float]:
+    """The lrs whose value ties ``best``'s (``best`` included; sorted).  :func:`choose_lr` keeps the first of a tie,
+    so a tie that reaches the grid's edge hides an edge choice: the lr extension and the report's edge mark read
+    the whole tie.  At the metric's best possible value (accuracy 1) or a diverged ``best``, only ``best``: there
+    a tie says nothing about where the best lr lies."""
+    b = values[best]
+    if math.isnan(b) or (select == "accuracy" and b >= 1.0):
+        return [best]
+    return sorted(lr for lr, v in values.items()
+                  if lr == best or (not math.isnan(v) and math.isclose(v, b, rel_tol=1e-12, abs_tol=1e-15)))
+
+
 def valid_value(r: dict[str, Any] | None, select: str, part: str = "valid") -> float | None:
     """A finished run's metric (``None`` while unfinished; ``nan`` if it diverged)."""
     if r is None or r.get("status") not in ("finished", "diverged"):
@@ -767,11 +779,12 @@ def all_seeds_plan(spec: SweepSpec, pts: list[Point], out: Path) -> tuple[list[P
         if len(grid) == 1:  # an lr grid of one is never extended
             return plan, True
         tried = sorted({p.lr for p in plan})
+        tie = tied_lrs(vals, best, spec.select)  # an lr tied with the choice at an edge makes it an edge choice
         new = None
-        if best == tried[-1] and sum(lr > max(grid) for lr in tried) < spec.lr_extend:
-            new = extended_lr(best, spec.lr_extend_factor)
-        elif best == tried[0] and sum(lr < min(grid) for lr in tried) < spec.lr_extend:
-            new = extended_lr(best, 1 / spec.lr_extend_factor)
+        if tried[-1] in tie and sum(lr > max(grid) for lr in tried) < spec.lr_extend:
+            new = extended_lr(tried[-1], spec.lr_extend_factor)
+        elif tried[0] in tie and sum(lr < min(grid) for lr in tried) < spec.lr_extend:
+            new = extended_lr(tried[0], 1 / spec.lr_extend_factor)
         if new is None or new in tried:
             return plan, True
         plan.append(spec.point_at(plan[0], new, first))
@@ -842,11 +855,12 @@ def row_plan(spec: SweepSpec, pts: list[Point], out: Path, tuned: bool = False
             return stage1, [], False
         tried = sorted(vals)
         if spec.lr_extend and len(tried) > 1 and not math.isnan(vals[best]):
+            tie = tied_lrs(vals, best, spec.select)  # an lr tied with the choice at an edge: an edge choice
             new = None
-            if best == tried[-1] and up < spec.lr_extend:
-                new, up = extended_lr(best, spec.lr_extend_factor), up + 1
-            elif best == tried[0] and down < spec.lr_extend:
-                new, down = extended_lr(best, 1 / spec.lr_extend_factor), down + 1
+            if tried[-1] in tie and up < spec.lr_extend:
+                new, up = extended_lr(tried[-1], spec.lr_extend_factor), up + 1
+            elif tried[0] in tie and down < spec.lr_extend:
+                new, down = extended_lr(tried[0], 1 / spec.lr_extend_factor), down + 1
             if new is not None and new not in vals:
                 stage1 = stage1 + [spec.point_at(stage1[0], new, spec.seeds[0])]
                 continue

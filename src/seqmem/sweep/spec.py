@@ -23,10 +23,11 @@ A spec (see ``src/seqmem/experiments/*.toml``)::
     lrs = [1e-3, 3e-3, 1e-2]
     seeds = [0, 1, 2]
     valid_examples = 512                   # validation examples (choose the lr); eval_examples: reported ones
-    lr_extend = 2                          # when the best lr is the largest (smallest) tried, also try it
-                                           # x lr_extend_factor (/ factor), at most this many per side; under
-                                           # all_seeds a probe with the first seed, which gets the other seeds
-                                           # only if it beats the best lr's first seed
+    lr_extend = 2                          # when the best lr (or one tied with it on validation) is the
+                                           # largest (smallest) tried, also try that lr x lr_extend_factor
+                                           # (/ factor), at most this many per side; under all_seeds a probe
+                                           # with the first seed, which gets the other seeds only if it beats
+                                           # the best lr's first seed or is within its seed spread
     lr_confirm = true                      # first_seed only: once the chosen lr has every seed, every lr whose
                                            # first-seed validation is within twice its seed std gets every seed
                                            # too, and the best validation mean over seeds among them is chosen
