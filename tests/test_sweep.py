@@ -625,6 +625,55 @@ def test_lr_confirm_gives_lrs_within_the_seed_spread_every_seed_and_chooses_on_t
         load_spec(raw)
 
 
+def test_lr_confirm_probes_beyond_a_mean_over_seeds_choice_at_the_edge(tmp_path):
+    """lr_confirm with lr_extend: when the mean over seeds moves the choice to the grid's edge (the first seed
+    chose inside it), the lr beyond that edge is probed with the first seed, gets every seed if it is within the
+    seed spread there, and the mean over seeds decides again; the row is undecided while the probe runs (its
+    finished other seeds stay in the plan)."""
+    from seqmem.sweep.runner import row_plan
+
+    raw = tiny(lr_selection="first_seed", train__seeds=[0, 1, 2], mixers=["attention"], train__lrs=[1e-3, 3e-3, 1e-2])
+    raw["train"]["lr_confirm"] = True
+    raw["train"]["lr_extend"] = 1
+    spec = load_spec(raw)
+    pts = spec.points()
+
+    def fake(lr: float, seed: int, acc: float) -> None:
+        _fake_finished(spec, pts[0], lr, seed, acc, tmp_path)
+
+    def plan() -> tuple[list[tuple[float, int]], list[tuple[float, int]], bool]:
+        s1, s2, decided = row_plan(spec, pts, tmp_path)
+        return [(p.lr, p.seed) for p in s1], [(p.lr, p.seed) for p in s2], decided
+
+    fake(1e-3, 0, 0.50)
+    fake(3e-3, 0, 0.80)  # the first-seed choice, interior
+    fake(1e-2, 0, 0.78)
+    fake(3e-3, 1, 0.70)
+    fake(3e-3, 2, 0.75)  # spread 0.10: 1e-2 gets every seed
+    fake(1e-2, 1, 0.85)
+    assert plan()[2] and (0.03, 0) not in plan()[0]  # 1e-2 still has a seed running: no probe yet
+    fake(1e-2, 2, 0.86)  # mean 0.83 beats 0.75: the choice moves to 1e-2, the grid's top -> probe 3e-2
+    s1, s2, decided = plan()
+    assert s1[-1] == (0.03, 0) and not decided and (1e-2, 2) in s2  # the finished seeds stay planned
+    (row,) = collect(spec, tmp_path)
+    assert not row["complete"] and row["best_lr"] == 1e-2
+    fake(0.03, 0, 0.79)  # within the spread of the first-seed choice: every seed
+    s1, s2, decided = plan()
+    assert decided and {(0.03, 1), (0.03, 2)} <= set(s2)
+    fake(0.03, 1, 0.70)
+    fake(0.03, 2, 0.70)  # mean 0.73: 1e-2 stays, now interior
+    s1, s2, decided = plan()
+    assert decided and [lr for lr, _ in s1] == [1e-3, 3e-3, 1e-2, 0.03]
+    (row,) = collect(spec, tmp_path)
+    assert row["best_lr"] == 1e-2 and row["complete"] and not row["lr_at_grid_edge"] and row["runs_total"] == 10
+    assert row["lr_valid_mean"] == pytest.approx({"0.003": 0.75, "0.01": 0.83, "0.03": 0.73})
+    fake(0.03, 0, 0.30)  # a probe beyond the spread gets no other seeds and shows the choice interior
+    s1, s2, decided = plan()
+    assert decided and not any(lr == 0.03 for lr, _ in s2)
+    (row,) = collect(spec, tmp_path)
+    assert row["best_lr"] == 1e-2 and not row["lr_at_grid_edge"] and row["complete"]
+
+
 def test_all_seeds_extends_an_edge_lr_by_a_first_seed_probe(tmp_path):
     """all_seeds with lr_extend: while the best mean-over-seeds lr is the largest tried, lr x factor is probed with
     the first seed; a probe that loses there is never chosen and makes the best interior (no '(edge)'); one that

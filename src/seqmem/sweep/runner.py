@@ -845,23 +845,23 @@ def row_plan(spec: SweepSpec, pts: list[Point], out: Path, tuned: bool = False
     stage1 = [p for p in pts if spec.is_first_stage(p)]
     if len(stage1) == 1 and not tuned:
         return stage1, [p for p in pts if p is not stage1[0] and p.lr == stage1[0].lr], True
-    up = down = 0
+    lo, hi = min(p.lr for p in stage1), max(p.lr for p in stage1)  # the row's own grid
+
+    def room(tried: list[float], up: bool) -> bool:  # fewer than lr_extend lrs beyond the grid on that side
+        return sum((lr > hi) if up else (lr < lo) for lr in tried) < spec.lr_extend
+
+    keep: list[Point] = []  # lr_confirm: the other seeds known before a probe of the mean-over-seeds choice
     while True:
         if not all(is_finished(out / p.rel_dir) for p in stage1):
-            return stage1, [], False
+            return stage1, keep, False
         vals = selection_lrs(spec, stage1, out)
         best = choose_lr(vals, spec.select)
         if best is None:
-            return stage1, [], False
+            return stage1, keep, False
         tried = sorted(vals)
         if spec.lr_extend and len(tried) > 1 and not math.isnan(vals[best]):
-            tie = tied_lrs(vals, best, spec.select)  # an lr tied with the choice at an edge: an edge choice
-            new = None
-            if tried[-1] in tie and up < spec.lr_extend:
-                new, up = extended_lr(tried[-1], spec.lr_extend_factor), up + 1
-            elif tried[0] in tie and down < spec.lr_extend:
-                new, down = extended_lr(tried[0], 1 / spec.lr_extend_factor), down + 1
-            if new is not None and new not in vals:
+            new = _edge_probe(spec, vals, best, tried, room)
+            if new is not None:
                 stage1 = stage1 + [spec.point_at(stage1[0], new, spec.seeds[0])]
                 continue
         grid = {(p.lr, p.seed): p for p in pts}
@@ -869,7 +869,30 @@ def row_plan(spec: SweepSpec, pts: list[Point], out: Path, tuned: bool = False
         if spec.lr_confirm:
             stage2 += [grid.get((lr, s)) or spec.point_at(stage1[0], lr, s)
                        for lr in confirm_lrs(spec, stage1, stage2, best, out) for s in spec.seeds[1:]]
+            if spec.lr_extend and len(tried) > 1 and all(is_finished(out / p.rel_dir) for p in stage2):
+                # rule 1: the mean over seeds may choose an lr at the edge the first seed did not: probe beyond it
+                # with the first seed, as above (a probe within the seed spread then gets every seed too)
+                chosen, means = _mean_choice(spec, stage1 + stage2, best, out)
+                new = _edge_probe(spec, means, chosen, tried, room) if means else None
+                if new is not None:
+                    stage1, keep = stage1 + [spec.point_at(stage1[0], new, spec.seeds[0])], stage2
+                    continue
         return stage1, stage2, True
+
+
+def _edge_probe(spec: SweepSpec, values: dict[float, float], best: float, tried: list[float],
+                room: Callable[[list[float], bool], bool]) -> float | None:
+    """The lr beyond the edge of ``tried`` that ``best`` (or an lr tied with it in ``values``) sits on, while
+    ``room`` allows one more on that side; ``None`` if the choice is interior, diverged or the side is spent."""
+    if math.isnan(values[best]):
+        return None
+    tie = tied_lrs(values, best, spec.select)  # an lr tied with the choice at an edge: an edge choice
+    new = None
+    if tried[-1] in tie and room(tried, True):
+        new = extended_lr(tried[-1], spec.lr_extend_factor)
+    elif tried[0] in tie and room(tried, False):
+        new = extended_lr(tried[0], 1 / spec.lr_extend_factor)
+    return None if new is None or new in tried else new
 
 
 def _seed_values(spec: SweepSpec, pts: list[Point], out: Path) -> dict[float, dict[int, float]]:
@@ -905,7 +928,14 @@ def chosen_lr(spec: SweepSpec, plan: RowPlan, out: Path) -> tuple[float | None, 
     best = choose_lr(first, spec.select)
     if best is None or not spec.lr_confirm:
         return best, {}
-    by = _seed_values(spec, plan.points, out)
+    return _mean_choice(spec, plan.points, best, out)
+
+
+def _mean_choice(spec: SweepSpec, pts: list[Point], best: float, out: Path) -> tuple[float, dict[float, float]]:
+    """Among the lrs of ``pts`` with every seed finished, the best validation mean over seeds and the means
+    (``best``, the first-seed choice, wins a tie; a diverged seed is the worst value); ``(best, {})`` unless
+    ``best`` and another lr have every seed."""
+    by = _seed_values(spec, pts, out)
     full = {lr: d for lr, d in by.items() if set(d) == set(spec.seeds)}  # every planned lr with every seed
     if best not in full or len(full) < 2:
         return best, {}

@@ -31,8 +31,8 @@ A spec (see ``src/seqmem/experiments/*.toml``)::
     lr_confirm = true                      # first_seed only: once the chosen lr has every seed, every lr whose
                                            # first-seed validation is within twice its seed std gets every seed
                                            # too, and the best validation mean over seeds among them is chosen
-                                           # (lr_extend follows the first-seed choice: a mean-over-seeds choice
-                                           # at the grid's edge is reported as 'edge lr', not extended)
+                                           # (with lr_extend, a mean-over-seeds choice at the grid's edge is
+                                           # probed beyond it too, as the first-seed choice is)
 
     [[mixers]]                             # a registered name, or a table (or mixers = "all"):
     name = "mamba2+ska"                    #   a label, with
