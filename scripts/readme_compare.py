@@ -85,7 +85,8 @@ def table_block(report: str) -> str:
     hours = f"training time of {of}: {cpuh} CPU-hours" + (f" {basis}" if basis else "")
     edges = edge_cells(report)
     table = mark_edges(m.group(1), edges)
-    legend = " `edge lr`: the chosen learning rate is the largest or smallest tried." if "edge lr" in table else ""
+    legend = (" `edge lr`: the chosen learning rate, or one tied with it on validation, is the largest or smallest "
+              "tried.") if "edge lr" in table else ""
     if done == total:
         status = f"**Status: complete — {total} runs; {hours}.**{legend}"
     else:

@@ -137,8 +137,12 @@ def lr_choice(report_dir: str, setting_dir: str, mixer: str, seed0_lr: float,
         if not ceiling and _better(means[x], means[best], higher):
             best = x
     shown = sorted(set(near) | (set(means) - {here}))
+    tied = [] if ceiling or math.isnan(means[best]) else sorted(
+        x for x in means if x != best and not math.isnan(means[x]) and math.isclose(means[x], means[best],
+                                                                                 rel_tol=1e-12, abs_tol=1e-15))
     return {
         "lr": best, "select": f"validation {sel}", "seed0_choice": here,
+        **({"tied": [f"{x:g}" for x in tied]} if tied else {}),  # an lr tied with the choice: the edge reads it
         "seed0": {f"{x:g}": round(v[0], 6) for x, v in sorted(by_lr.items()) if 0 in v},
         "spread": None if math.isinf(spread) else round(spread, 6),
         "compared": {f"{x:g}": ({"mean": None if math.isnan(means[x]) else round(means[x], 6),
@@ -197,8 +201,10 @@ def cell(report_dir: str, setting_dir: str, mixer: str, lr: float, metric: str, 
     out = {
         "label": label, "lr": lr, "lrs_tried_seed0": tried, "per_seed": per_seed, **_stats(per_seed),
         "calibrated": calibrated,
-        "lr_at_edge": (not fixed_lr) and len(tried) > 1 and any(abs(lr - x) <= 1e-12 * max(1.0, lr)
-                                                                for x in (tried[0], tried[-1])),
+        # at the edge of the lrs tried: the cell's lr or one tied with it over seeds (as the sweep's report reads it)
+        "lr_at_edge": (not fixed_lr) and len(tried) > 1 and any(
+            abs(y - x) <= 1e-12 * max(1.0, y) for x in (tried[0], tried[-1])
+            for y in [lr, *(float(t) for t in (choice or {}).get("tied", []))]),
         "metric": metric, "runs": [str(p) for p, _ in runs],
     }
     if not fixed_lr and choice is not None:

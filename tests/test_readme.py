@@ -156,7 +156,8 @@ def test_edge_markers_and_the_reports_wording_are_carried_over():
     assert "| `n` | 0.90 ± 0.01 (3, edge lr) | — |" in block
     assert ("complete — 6 runs; training time of all 7 finished runs (1 outside the report: seeds of an lr no "
             "longer chosen): 1.25 CPU-hours (one thread each; wall clock: old).**") in block
-    assert "`edge lr`: the chosen learning rate is the largest or smallest tried." in block
+    assert ("`edge lr`: the chosen learning rate, or one tied with it on validation, is the largest or smallest "
+            "tried.") in block
     # a report whose summary already marks the cell: kept as it is, never marked twice
     marked = EDGE_REPORT.replace("0.50 ± 0.10 (3) |", "0.50 ± 0.10 (3, edge lr) |")
     assert "| `m` | 1.00 ± 0.00 (3) | 0.50 ± 0.10 (3, edge lr) |" in _script().table_block(marked)

@@ -674,6 +674,88 @@ def test_lr_confirm_probes_beyond_a_mean_over_seeds_choice_at_the_edge(tmp_path)
     assert row["best_lr"] == 1e-2 and not row["lr_at_grid_edge"] and row["complete"]
 
 
+def test_lr_confirm_edge_probe_that_wins_the_first_seed_keeps_the_lrs_with_every_seed(tmp_path):
+    """The mean-over-seeds probe may win on the first seed and become the first-seed choice; the lrs already
+    given every seed stay in the plan and in the choice, so the best mean (1e-2) is chosen, not the probe.  When
+    the side's probes are spent, a choice the mean puts at the edge stays there, marked '(edge)'."""
+    from seqmem.sweep.runner import row_plan
+
+    raw = tiny(lr_selection="first_seed", train__seeds=[0, 1, 2], mixers=["attention"], train__lrs=[1e-3, 3e-3, 1e-2])
+    raw["train"]["lr_confirm"] = True
+    raw["train"]["lr_extend"] = 1
+    spec = load_spec(raw)
+    pts = spec.points()
+
+    def fake(lr: float, seed: int, acc: float) -> None:
+        _fake_finished(spec, pts[0], lr, seed, acc, tmp_path)
+
+    for lr, vals in {1e-3: [0.5], 3e-3: [0.80, 0.70, 0.75], 1e-2: [0.78, 0.95, 0.95]}.items():
+        for seed, v in enumerate(vals):
+            fake(lr, seed, v)
+    fake(0.03, 0, 0.90)  # the probe of the mean's edge choice 1e-2 wins seed 0: its seeds run too ...
+    s1, s2, decided = row_plan(spec, pts, tmp_path)
+    assert {(1e-2, 1), (1e-2, 2), (3e-3, 1), (3e-3, 2), (0.03, 1), (0.03, 2)} <= {(p.lr, p.seed) for p in s2}
+    fake(0.03, 1, 0.88)
+    fake(0.03, 2, 0.88)  # ... mean 0.887 < 1e-2's 0.893: 1e-2, interior now, stays the choice
+    (row,) = collect(spec, tmp_path)
+    assert row["best_lr"] == 1e-2 and not row["lr_at_grid_edge"] and row["complete"] and row["runs_total"] == 10
+    assert set(row["lr_valid_mean"]) == {"0.003", "0.01", "0.03"}
+
+    out = tmp_path / "spent"  # the first seed took the side's one probe already
+    for lr, vals in {1e-3: [0.5], 3e-3: [0.6], 1e-2: [0.80, 0.70, 0.75], 0.03: [0.78, 0.85, 0.86]}.items():
+        for seed, v in enumerate(vals):
+            _fake_finished(spec, pts[0], lr, seed, v, out)
+    s1, s2, decided = row_plan(spec, pts, out)
+    assert decided and [p.lr for p in s1] == [1e-3, 3e-3, 1e-2, 0.03]  # no second probe upwards
+    (row,) = collect(spec, out)
+    assert row["best_lr"] == 0.03 and row["lr_at_grid_edge"] and row["complete"]
+
+
+def test_ties_reach_both_edges_and_all_seeds_means(tmp_path):
+    """A tie at the bottom edge probes downwards, one spanning the grid probes both sides (lr_extend each), a
+    loss tie counts as an accuracy tie does, and under all_seeds a tie of means at the edge is probed too."""
+    from seqmem.sweep.runner import all_seeds_plan, row_plan
+
+    raw = tiny(lr_selection="first_seed", train__seeds=[0, 1], mixers=["attention"], train__lrs=[1e-3, 3e-3, 1e-2])
+    raw["train"]["lr_extend"] = 1
+    spec = load_spec(raw)
+    pts = spec.points()
+    for lr, v in {1e-3: 0.4, 3e-3: 0.4, 1e-2: 0.3}.items():  # a tie with the bottom edge
+        _fake_finished(spec, pts[0], lr, 0, v, tmp_path / "low")
+    assert [p.lr for p in row_plan(spec, pts, tmp_path / "low")[0]][-1] == 3e-4
+    for lr in (1e-3, 3e-3, 1e-2):  # a tie across the grid (a model at a floor): both sides, once each
+        _fake_finished(spec, pts[0], lr, 0, 0.25, tmp_path / "flat")
+    s1, _, decided = row_plan(spec, pts, tmp_path / "flat")
+    assert [p.lr for p in s1][3:] == [0.03] and not decided
+    _fake_finished(spec, pts[0], 0.03, 0, 0.25, tmp_path / "flat")
+    assert [p.lr for p in row_plan(spec, pts, tmp_path / "flat")[0]][3:] == [0.03, 3e-4]
+    _fake_finished(spec, pts[0], 3e-4, 0, 0.25, tmp_path / "flat")
+    s1, s2, decided = row_plan(spec, pts, tmp_path / "flat")
+    assert decided and len(s1) == 5 and [(p.lr, p.seed) for p in s2] == [(1e-3, 1)]  # the first in spec order
+
+    loss = load_spec({**raw, "select": "loss"})
+    lpts = loss.points()
+    for lr, v in {1e-3: 2.5, 3e-3: 2.0, 1e-2: 2.0}.items():  # a loss tie with the top edge
+        p = loss.point_at(lpts[0], lr, 0)
+        r = {"status": "finished", "state": 1, "params": 1, "seconds": 1.0, "valid": {"accuracy": 0.1, "loss": v},
+             "report": {"accuracy": 0.1, "loss": v}}
+        from seqmem.io import atomic_write_text
+
+        atomic_write_text(tmp_path / "loss" / p.rel_dir / "run.json", json.dumps(p.run_spec))
+        atomic_write_text(tmp_path / "loss" / p.rel_dir / "result.json", json.dumps(_sealed(p.run_spec, r)))
+    assert [p.lr for p in row_plan(loss, lpts, tmp_path / "loss")[0]][-1] == 0.03
+
+    raw2 = tiny(train__seeds=[0, 1], mixers=["attention"], train__lrs=[1e-3, 3e-3, 1e-2])
+    raw2["train"]["lr_extend"] = 1
+    alls = load_spec(raw2)
+    apts = alls.points()
+    for lr, vals in {1e-3: [0.5, 0.5], 3e-3: [0.6, 0.7], 1e-2: [0.7, 0.6]}.items():  # means 0.65 tie at the top
+        for seed, v in enumerate(vals):
+            _fake_finished(alls, apts[0], lr, seed, v, tmp_path / "all")
+    runs, decided = all_seeds_plan(alls, apts, tmp_path / "all")
+    assert (0.03, 0) in [(p.lr, p.seed) for p in runs] and not decided
+
+
 def test_all_seeds_extends_an_edge_lr_by_a_first_seed_probe(tmp_path):
     """all_seeds with lr_extend: while the best mean-over-seeds lr is the largest tried, lr x factor is probed with
     the first seed; a probe that loses there is never chosen and makes the best interior (no '(edge)'); one that

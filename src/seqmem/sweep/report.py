@@ -296,14 +296,24 @@ def markdown(spec: SweepSpec, rows: list[dict[str, Any]], command: str = "", cpu
         "reports that learning rate's mean ± sample std over seeds on the reported split, and the per-seed values. "
         "A diverged run counts as the worst value. *state* is the most numbers per sequence the model holds at any "
         "point of the sequence (all layers). *lr** is the chosen learning rate; '(edge)' marks one at the edge of "
-        "the grid, or tied on validation with an lr there; '(tie: …)' lists the lrs whose validation value ties "
-        "the choice's (the first in the grid's order is chosen; a tie at the metric's best possible value is not "
-        "marked)." + (
-            f" While a row's best lr is the largest (smallest) tried, lr × {spec.lr_extend_factor:g} "
-            f"(÷ {spec.lr_extend_factor:g}) is probed with seed {spec.seeds[0]}, at most {spec.lr_extend} per side; a "
-            "probe that beats the best lr's first seed gets the other seeds and joins the choice, one that does not "
-            "shows the best is interior and is listed as a probe, never chosen."
+        "the lrs tried, or tied on validation with an lr there; '(tie: …)' lists the lrs whose validation value "
+        "ties the choice's (the first in the spec's order is chosen" + (
+            ", or the first-seed choice among means over seeds" if spec.lr_confirm else "") +
+        "; a tie at accuracy 1 or 0 is not marked)." + (
+            f" While a row's best lr, or one tied with it, is the largest (smallest) tried, that lr × "
+            f"{spec.lr_extend_factor:g} (÷ {spec.lr_extend_factor:g}) is probed with seed {spec.seeds[0]}, at most "
+            f"{spec.lr_extend} per side; a probe that beats the best lr's first seed, or is within its seed spread "
+            "(twice its std over seeds), gets the other seeds and joins the choice, one that does not shows the best "
+            "is interior and is listed as a probe, never chosen."
             if spec.lr_extend and spec.lr_selection == "all_seeds" else "") + (
+            f" While a row's best first-seed lr, or one tied with it, is the largest (smallest) tried, that lr × "
+            f"{spec.lr_extend_factor:g} (÷ {spec.lr_extend_factor:g}) is trained with seed {spec.seeds[0]} too, at "
+            f"most {spec.lr_extend} per side" + (" (and when the mean over seeds moves the choice to an edge)"
+                                                 if spec.lr_confirm else "") + "."
+            if spec.lr_extend and spec.lr_selection == "first_seed" else "") + (
+            " Once the chosen lr has every seed, every lr whose first-seed validation value is within twice its "
+            "seed std gets every seed too, and the best validation mean over seeds among them is chosen (the means "
+            "follow 'valid by lr')." if spec.lr_confirm else "") + (
             " Rows that share a **tune group** are one model with a hyperparameter (the rows' options) chosen on "
             "validation as the lr is: every row of the group runs its first seed at each lr, and only the group's "
             "row with the best validation value at its chosen lr gets the other seeds; the others report their "

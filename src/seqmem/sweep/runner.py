@@ -696,10 +696,11 @@ def choose_lr(values: dict[float, float], select: str) -> float | None:
 def tied_lrs(values: dict[float, float], best: float, select: str) -> list[float]:
     """The lrs whose value ties ``best``'s (``best`` included; sorted).  :func:`choose_lr` keeps the first of a tie,
     so a tie that reaches the grid's edge hides an edge choice: the lr extension and the report's edge mark read
-    the whole tie.  At the metric's best possible value (accuracy 1) or a diverged ``best``, only ``best``: there
-    a tie says nothing about where the best lr lies."""
+    the whole tie.  At the metric's bounds (accuracy 1 or 0) or a diverged ``best``, only ``best``: there a tie
+    says nothing about where the best lr lies.  A tie at another floor (a model at chance) is read as a tie, and
+    the extension probes beyond both of its edges (at most ``lr_extend`` per side)."""
     b = values[best]
-    if math.isnan(b) or (select == "accuracy" and b >= 1.0):
+    if math.isnan(b) or (select == "accuracy" and (b >= 1.0 or b <= 0.0)):
         return [best]
     return sorted(lr for lr, v in values.items()
                   if lr == best or (not math.isnan(v) and math.isclose(v, b, rel_tol=1e-12, abs_tol=1e-15)))
@@ -748,8 +749,9 @@ def probe_lrs(spec: SweepSpec, pts: list[Point]) -> set[float]:
 
 def all_seeds_plan(spec: SweepSpec, pts: list[Point], out: Path) -> tuple[list[Point], bool]:
     """``(runs, decided)`` of one row under ``all_seeds`` selection with ``lr_extend``: the grid, every lr with
-    every seed; while the lr with the best validation mean over seeds is the largest (smallest) tried, a probe at
-    ``best × factor`` (``/ factor``; :func:`extended_lr`) with the first seed, at most ``lr_extend`` per side.  A
+    every seed; while the lr with the best validation mean over seeds, or an lr tied with it (:func:`tied_lrs`), is
+    the largest (smallest) tried, a probe at ``edge × factor`` (``/ factor``; :func:`extended_lr`) with the first
+    seed, at most ``lr_extend`` per side.  A
     probe whose first-seed validation beats the best lr's first seed, or is within the seed spread of it (twice the
     best lr's std over seeds: rule 1 of docs/results/README.md), gets the other seeds too and joins the choice (mean
     over seeds again); one beyond it is the evidence that the best is interior, and is never chosen.
@@ -836,12 +838,16 @@ def row_plan(spec: SweepSpec, pts: list[Point], out: Path, tuned: bool = False
              ) -> tuple[list[Point], list[Point], bool]:
     """``(stage1, stage2, decided)`` of one row under ``first_seed`` selection.
 
-    Stage 1: the first seed at every lr of the grid, and — with ``lr_extend`` — at ``best × factor`` (or
-    ``best / factor``, rounded to one significant digit: 1e-3 / 3 → 3e-4) while the best finished one is the
-    largest (smallest) tried, at most ``lr_extend`` per side.
+    Stage 1: the first seed at every lr of the grid, and — with ``lr_extend`` — one beyond the grid's edge
+    (``edge × factor`` or ``edge / factor``, rounded to one significant digit: 1e-3 / 3 → 3e-4) while the best
+    finished one, or an lr tied with it (:func:`tied_lrs`), is the largest (smallest) tried, at most ``lr_extend``
+    per side.
     Stage 2: the other seeds at the chosen lr, once stage 1 has finished (``decided``) — at once for a row with a
     single lr that is not in a tune group (``tuned``): there is nothing to choose, so all its seeds can run side by
-    side (an lr grid of one is never extended)."""
+    side (an lr grid of one is never extended).  With ``lr_confirm`` also every lr within the seed spread
+    (:func:`confirm_lrs`); once they have finished, a choice the mean over seeds puts at the edge of the lrs
+    tried is probed beyond it as above (the row is undecided again while the probe runs; the lrs already given
+    every seed stay in the plan and in the choice)."""
     stage1 = [p for p in pts if spec.is_first_stage(p)]
     if len(stage1) == 1 and not tuned:
         return stage1, [p for p in pts if p is not stage1[0] and p.lr == stage1[0].lr], True
@@ -869,6 +875,7 @@ def row_plan(spec: SweepSpec, pts: list[Point], out: Path, tuned: bool = False
         if spec.lr_confirm:
             stage2 += [grid.get((lr, s)) or spec.point_at(stage1[0], lr, s)
                        for lr in confirm_lrs(spec, stage1, stage2, best, out) for s in spec.seeds[1:]]
+            stage2 += [p for p in keep if p not in stage2]  # lrs given every seed before a probe stay in the choice
             if spec.lr_extend and len(tried) > 1 and all(is_finished(out / p.rel_dir) for p in stage2):
                 # rule 1: the mean over seeds may choose an lr at the edge the first seed did not: probe beyond it
                 # with the first seed, as above (a probe within the seed spread then gets every seed too)
