@@ -139,3 +139,15 @@ def test_documented_torchrun_command_runs_with_default_flags(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     assert "2 processes (DDP)" in p.stderr
     assert [c.name for c in list_checkpoints(tmp_path / "run" / "checkpoints")] == ["ckpt-00000001", "ckpt-00000002"]
+
+
+def test_torchrun_overwrite_replaces_a_run_on_every_rank(tmp_path):
+    """`--overwrite` under torchrun: the other ranks wait for rank 0's checks and its removal of the old run (one
+    that ran ahead found the old run's checkpoints and refused to start)."""
+    out = tmp_path / "run"
+    assert main([*ARGS, "--out", str(out)]) == 0
+    old = _rows(out)
+    p = _torchrun([*ARGS, "--out", str(out), "--overwrite", "--seed", "1"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    new = _rows(out)
+    assert [r["step"] for r in new] == [r["step"] for r in old] and new[0]["loss"] != old[0]["loss"]

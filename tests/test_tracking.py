@@ -41,6 +41,22 @@ def test_wandb_backend_logs_every_record(tmp_path, monkeypatch, capsys):
     assert run.logged[-1][1]["eval_loss"] == pytest.approx(rows[-1]["eval_loss"])
 
 
+def test_wandb_run_id_is_kept_for_resume_and_new_for_a_new_run(tmp_path, monkeypatch):
+    """--resume continues the W&B run (its id is kept in the run directory); --overwrite starts a W&B run of its
+    own (an id from the path alone appended the new run to the old one)."""
+    runs = []
+    fake = types.SimpleNamespace(init=lambda **kw: runs.append(_FakeRun(**kw)) or runs[-1])
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    out = tmp_path / "run"
+    args = [*TRAIN, "--log", "wandb", "--out", str(out), "--checkpoint-every", "2"]
+    assert main(args) == 0
+    assert main([*args, "--resume"]) == 0
+    assert main([*args, "--overwrite"]) == 0
+    first, resumed, fresh = (r.kw["id"] for r in runs)
+    assert first == resumed != fresh
+    assert (out / "wandb" / "seqmem_run_id").read_text().strip() == fresh
+
+
 def test_missing_backend_is_skipped_with_a_clear_message(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
     assert make_loggers(["wandb"], tmp_path) == []

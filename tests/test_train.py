@@ -229,3 +229,93 @@ def test_logged_lr_is_the_lr_each_step_trained_with():
     logged = [r["lr"] for r in res.history if "loss" in r]
     assert len(used) == 10 and logged == pytest.approx(used, rel=1e-12)
     assert min(logged) > 0.1  # the schedule's floor (min_lr_frac) is where it ends, not a step's lr
+
+
+def test_resume_refuses_another_model_or_task_configuration(tmp_path):
+    """Weights of the same shapes load into another configuration (more heads, another eps) without an error of
+    their own: each checkpoint stores the model's and task's configurations and a resume compares them, before
+    touching the caller's model."""
+    from seqmem.tasks.mqar import MQARTask
+
+    model, task = setup()
+    train(model, task, TrainConfig(**CFG), out_dir=tmp_path, stop_after=5)
+    other = LanguageModel(LMConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=4, mixer="deltanet"))
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(ValueError, match="different model configuration"):
+        train(other, task, TrainConfig(**CFG), out_dir=tmp_path, resume=True)
+    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())  # left as it was
+    model2, _ = setup()
+    with pytest.raises(ValueError, match="different task configuration"):
+        train(model2, MQARTask(vocab_size=32, num_pairs=3, seq_len=16), TrainConfig(**CFG), out_dir=tmp_path,
+              resume=True)
+    model3, task3 = setup(seed=5)
+    train(model3, task3, TrainConfig(**CFG), out_dir=tmp_path, resume=True)  # the same run resumes
+
+
+def test_resume_needs_a_directory():
+    model, task = setup()
+    with pytest.raises(ValueError, match="resume=True needs out_dir"):
+        train(model, task, TrainConfig(**CFG), resume=True)
+
+
+def test_loading_weights_checks_tied_embeddings(tmp_path):
+    """A tied run's checkpoint has no head of its own: loading it into an untied model left the head at its
+    random initialisation; an untied run's head, loaded into a tied model, overwrote the shared embedding."""
+    from seqmem.train.checkpoint import load_weights, save_checkpoint
+
+    def lm(tie: bool) -> LanguageModel:
+        return LanguageModel(LMConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, mixer="deltanet",
+                                      tie_embeddings=tie))
+
+    tied, untied = save_checkpoint(tmp_path / "t", 1, lm(True), {}), save_checkpoint(tmp_path / "u", 1, lm(False), {})
+    with pytest.raises(ValueError, match="tie_embeddings=True"):
+        load_weights(lm(False), tied)
+    with pytest.raises(ValueError, match="tie_embeddings=False"):
+        load_weights(lm(True), untied)
+    load_weights(lm(True), tied)
+    load_weights(lm(False), untied)
+
+
+def test_unknown_precision_is_refused():
+    from seqmem.train.loop import autocast
+
+    for p in ("fp16", "BF16"):
+        with pytest.raises(ValueError, match="precision must be one of"):
+            autocast("cpu", p)
+    model, task = setup()
+    with pytest.raises(ValueError, match="precision must be one of"):
+        evaluate(model, task, 8, precision="fp16")
+
+
+@pytest.mark.parametrize("clip", [1.0, 0.0])
+def test_non_finite_gradients_stop_at_their_step(clip):
+    """A finite loss whose backward gives an inf gradient: clipping turned it into nan weights and the next step
+    blamed its loss on the lr.  The step that made it stops, with the weights not updated."""
+    model, task = setup()
+    calls = {"n": 0}
+
+    def poison(grad):
+        calls["n"] += 1
+        return grad * float("inf") if calls["n"] == 3 else grad
+
+    model.embed.weight.register_hook(poison)
+    with pytest.raises(FloatingPointError, match="gradients became non-finite .* at step 3"):
+        train(model, task, TrainConfig(**{**CFG, "clip": clip}))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_loading_weights_checks_the_stored_model_configuration(tmp_path):
+    """`seqmem eval`, export and `from_run` rebuild the model from run.json: one edited so that the shapes still
+    match (another number of heads) loaded the weights into another model.  The checkpoint's manifest carries the
+    model configuration; a field only one side has (added in a later version) is not compared."""
+    from seqmem.train.checkpoint import config_mismatch, load_weights
+
+    model, task = setup()
+    train(model, task, TrainConfig(**CFG), out_dir=tmp_path)
+    ck = list_checkpoints(tmp_path / "checkpoints")[-1]
+    load_weights(setup()[0], ck)
+    other = LanguageModel(LMConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=4, mixer="deltanet"))
+    with pytest.raises(ValueError, match="fields that differ: n_heads"):
+        load_weights(other, ck)
+    assert config_mismatch('{"a": 1, "b": 2}', '{"a": 1, "c": 3}') == []
+    assert config_mismatch('{"a": 1}', '{"a": 2}') == ["a"]

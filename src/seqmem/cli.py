@@ -401,6 +401,11 @@ def _train_into(args: argparse.Namespace, rank: int, world: int, device: str, ou
         atomic_write_text(spec_path, json.dumps(spec, indent=2))
     if main and hasattr(task, "save_tokenizer"):
         task.save_tokenizer(out / "tokenizer")
+    if world > 1:  # the other ranks wait for rank 0's checks and for --overwrite's removal of the old run: one that
+        # ran ahead found the old run's checkpoints and refused to start, or trained while rank 0 refused
+        import torch.distributed as dist
+
+        dist.barrier()
     cfg = TrainConfig(**spec["train"])
     fsdp = getattr(args, "fsdp", False)
     if fsdp and world == 1:

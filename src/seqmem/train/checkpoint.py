@@ -65,6 +65,8 @@ def save_checkpoint(directory: Path, step: int, model: nn.Module, trainer_state:
         except RuntimeError as e:  # torch and safetensors report a full disk as "unexpected pos ..."
             raise OSError(f"cannot write checkpoint {final} ({str(e).splitlines()[0]}): is the disk full?") from None
         manifest = {"step": step, "files": {f: _sha256(tmp / f) for f in CKPT_FILES}}
+        if isinstance(trainer_state.get("model_config"), str):  # what load_weights compares a model with
+            manifest["model_config"] = trainer_state["model_config"]
         (tmp / "manifest.json").write_text(json.dumps(manifest))
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
@@ -148,12 +150,31 @@ def latest_good_checkpoint(directory: Path) -> Path | None:
     return None
 
 
+def config_mismatch(stored: str, now: str) -> list[str]:
+    """The fields of a stored configuration (canonical JSON of a dict) that ``now`` gives another value; a field
+    only one side has is not compared (one added later defaults to the earlier behaviour)."""
+    a, b = json.loads(stored), json.loads(now)
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return [] if a == b else ["(the whole configuration)"]
+    return sorted(k for k in a if k in b and a[k] != b[k])
+
+
 def load_weights(model: nn.Module, path: Path) -> None:
     """Load ``model.safetensors`` from a checkpoint directory into ``model`` (strict up to tied weights)."""
     try:
         tensors = load_file(str(Path(path) / "model.safetensors"))
     except Exception as e:  # noqa: BLE001 — safetensors raises its own error types for damaged files
         raise ValueError(f"checkpoint {path}: cannot read model.safetensors ({e}); delete it or use another") from None
+    cfg = getattr(model, "cfg", None)
+    try:
+        stored = json.loads((Path(path) / "manifest.json").read_text()).get("model_config")
+    except (OSError, ValueError, AttributeError):
+        stored = None
+    if isinstance(stored, str) and callable(getattr(cfg, "to_dict", None)):
+        diff = config_mismatch(stored, json.dumps(cfg.to_dict(), sort_keys=True, default=str))
+        if diff:
+            raise ValueError(f"checkpoint {path} was written for another model configuration (fields that differ: "
+                             f"{', '.join(diff[:6])}); build the model with the configuration of that run")
     own = model.state_dict()
     wrong = [f"{n} {tuple(t.shape)} vs {tuple(own[n].shape)}" for n, t in tensors.items()
              if n in own and tuple(t.shape) != tuple(own[n].shape)]
@@ -162,8 +183,19 @@ def load_weights(model: nn.Module, path: Path) -> None:
             f"checkpoint {path} was written for another model configuration (checkpoint vs model shapes: "
             f"{'; '.join(wrong[:3])}); build the model with the configuration of that run"
         )
+    tie = getattr(getattr(model, "cfg", None), "tie_embeddings", None)
+    if tie and "head.weight" in tensors and "embed.weight" in tensors and not torch.equal(
+            tensors["head.weight"], tensors["embed.weight"]):
+        # an untied run's head would overwrite the tied model's shared embedding
+        raise ValueError(f"checkpoint {path} was written by a model with an output head of its own "
+                         "(tie_embeddings=False), this model ties it to the embedding: build it with "
+                         "tie_embeddings=False")
     missing, unexpected = model.load_state_dict(tensors, strict=False)
-    tied = {n for n in missing if n == "head.weight" and getattr(model, "cfg", None) is not None}
+    if tie is False and "head.weight" in missing:
+        raise ValueError(f"checkpoint {path} was written by a model whose output head is its embedding "
+                         "(tie_embeddings=True); this model has a head of its own, which would keep its random "
+                         "initialisation: build it with tie_embeddings=True")
+    tied = {n for n in missing if n == "head.weight" and tie}
     missing = [n for n in missing if n not in tied]
     if missing or unexpected:
         raise ValueError(

@@ -38,6 +38,7 @@ from seqmem.mixers.base import NonFiniteError, check_fields, check_option
 from seqmem.models.lm import check_ids
 from seqmem.tasks.base import split_batch
 from seqmem.train.checkpoint import (
+    config_mismatch,
     latest_good_checkpoint,
     list_checkpoints,
     load_trainer_state,
@@ -116,8 +117,23 @@ def with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
     return {**config_dict(TrainConfig()), **stored}
 
 
+def run_identity(model: nn.Module, task: Any) -> dict[str, str]:
+    """The model's and task's configurations as canonical JSON (those that have one: ``model.cfg.to_dict()``,
+    ``task.config()``), stored in each checkpoint and compared on resume: weights of the same shapes load into
+    another configuration (more heads, another eps or window) without an error of their own."""
+    out: dict[str, str] = {}
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None and callable(getattr(cfg, "to_dict", None)):
+        out["model_config"] = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+    if callable(getattr(task, "config", None)):
+        out["task_config"] = json.dumps(task.config(), sort_keys=True, default=str)
+    return out
+
+
 def autocast(device: torch.device | str, precision: str):
     """The forward-pass context for ``precision``: ``torch.autocast`` with bfloat16 for ``"bf16"``."""
+    if precision not in PRECISIONS:  # "fp16" or "BF16" would otherwise run float32 without a word
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
     if precision == "bf16":
         return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
     return nullcontext()
@@ -352,6 +368,8 @@ def train(
                          f"of {world} processes")
     if fsdp and world == 1:
         raise ValueError("fsdp=True needs an initialised process group of more than one rank (torchrun)")
+    if resume and out_dir is None:
+        raise ValueError("resume=True needs out_dir (the run directory whose checkpoints it continues)")
     opt_state = sched_state = None
     gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -369,11 +387,18 @@ def train(
             ck = latest_good_checkpoint(ckpt_dir)
             if ck is None:
                 raise ValueError(f"--resume: no valid checkpoint under {ckpt_dir}")
-            load_weights(model, ck)
             st = load_trainer_state(ck)
             old_cfg = with_defaults(dict(st.get("train_config") or {}))
             if {**old_cfg, "steps": cfg.steps} != config_dict(cfg):
                 raise ValueError(f"--resume: checkpoint {ck} was written with a different training configuration")
+            for what, now in run_identity(model, task).items():  # checkpoints written before these were kept: skip
+                diff = config_mismatch(st[what], now) if isinstance(st.get(what), str) else []
+                if diff:
+                    raise ValueError(f"--resume: checkpoint {ck} was written for a different "
+                                     f"{what.removesuffix('_config')} configuration (fields that differ: "
+                                     f"{', '.join(diff[:6])}); build the model and task of that run, or start a "
+                                     "new run")
+            load_weights(model, ck)  # after the checks: a refused resume leaves the caller's model as it was
             if cfg.steps < st["step"]:
                 raise ValueError(f"--resume: the checkpoint is at step {st['step']}, beyond steps={cfg.steps}")
             opt_state, sched_state = st["optimizer"], st["scheduler"]
@@ -497,8 +522,14 @@ def train(
         if simple:
             opt.zero_grad(set_to_none=True)
             loss.backward()
-        if cfg.clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        # the gradient norm (clipping with max_norm = inf clips nothing): a finite loss can still back-propagate
+        # an inf or nan, which clipping would turn into nan weights and the next step would blame on its loss
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip if cfg.clip > 0 else math.inf)
+        if not torch.isfinite(gnorm):
+            raise FloatingPointError(
+                f"the gradients became non-finite (norm {float(gnorm)}) at step {step}, with a finite loss "
+                f"({float(report.detach()):.4g}); the weights were not updated: lower the learning rate (--lr), "
+                "train in float32, or check a custom kernel's backward")
         lr_used = opt.param_groups[0]["lr"]  # the lr this step trains with (the scheduler then moves to the next)
         opt.step()
         sched.step()
@@ -549,6 +580,7 @@ def train(
                     "step": step, "optimizer": opt_sd, "scheduler": sched.state_dict(),
                     "data_rng": gen.get_state(), "torch_rng": torch.get_rng_state(),
                     "train_config": config_dict(cfg),
+                    **run_identity(model, task),  # what a resume must be given again (compared there)
                     # CPU seconds of the steps so far, across resumes (None-safe: an older checkpoint's earlier
                     # segments are unknown and left out)
                     "cpu_seconds": (result.cpu_seconds_before or 0.0) + time.process_time() - c0,

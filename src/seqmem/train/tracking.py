@@ -6,7 +6,8 @@
 * ``tensorboard`` — ``torch.utils.tensorboard.SummaryWriter`` writing event files to ``out_dir/tensorboard``
   (needs the ``tensorboard`` package); view with ``tensorboard --logdir out_dir/tensorboard``.
 * ``wandb`` — Weights & Biases in ``WANDB_MODE`` (default ``offline``), files under ``out_dir/wandb``; upload later
-  with ``wandb sync``.  The run id is derived from ``out_dir`` so ``--resume`` continues the same W&B run.
+  with ``wandb sync``.  The run id is kept in ``out_dir/wandb/seqmem_run_id`` so ``--resume`` continues the same
+  W&B run and a new run in the same directory starts its own.
 
 A backend whose package is not installed is skipped with one warning line on stderr (training still runs and the
 JSONL metrics are complete).
@@ -18,9 +19,12 @@ import hashlib
 import importlib
 import math
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
+
+from seqmem.io import atomic_write_text
 
 __all__ = ["BACKENDS", "TensorBoardLogger", "WandbLogger", "make_loggers"]
 
@@ -57,12 +61,30 @@ class TensorBoardLogger:
         self.writer.close()
 
 
+def wandb_run_id(out_dir: Path) -> str:
+    """The W&B run id of the training run in ``out_dir``: kept in ``out_dir/wandb/seqmem_run_id``, so a resumed
+    run continues its W&B run, and drawn at random where there is none, so a new run in the same directory (after
+    ``--overwrite``, which removes ``wandb/``) or at the same path on another machine starts a W&B run of its own
+    (an id from the path alone appended it to the old one, whose later steps W&B then drops)."""
+    f = Path(out_dir) / "wandb" / "seqmem_run_id"
+    if f.is_file() and not f.is_symlink():
+        rid = f.read_text().strip()
+        if rid.isalnum() and 0 < len(rid) <= 64:
+            return rid
+    if f.parent.is_dir() and any(f.parent.iterdir()):  # a run logged before the id was kept: its id, from the path
+        rid = hashlib.sha1(str(Path(out_dir).resolve()).encode()).hexdigest()[:12]
+    else:
+        rid = secrets.token_hex(6)
+    atomic_write_text(f, rid + "\n")
+    return rid
+
+
 class WandbLogger:
     def __init__(self, out_dir: Path, config: dict[str, Any] | None = None) -> None:
         wandb = importlib.import_module("wandb")
         out_dir = Path(out_dir)
         (out_dir / "wandb").mkdir(parents=True, exist_ok=True)
-        run_id = hashlib.sha1(str(out_dir.resolve()).encode()).hexdigest()[:12]
+        run_id = wandb_run_id(out_dir)
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT", "seqmem"), dir=str(out_dir), config=config or {},
             mode=os.environ.get("WANDB_MODE", "offline"), id=run_id, resume="allow", name=out_dir.name,
