@@ -525,6 +525,8 @@ def train(
         # the gradient norm (clipping with max_norm = inf clips nothing): a finite loss can still back-propagate
         # an inf or nan, which clipping would turn into nan weights and the next step would blame on its loss
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip if cfg.clip > 0 else math.inf)
+        if hasattr(gnorm, "full_tensor"):  # FSDP2: a DTensor
+            gnorm = gnorm.full_tensor()
         if not torch.isfinite(gnorm):
             raise FloatingPointError(
                 f"the gradients became non-finite (norm {float(gnorm)}) at step {step}, with a finite loss "
