@@ -314,7 +314,7 @@ def _copy_run(src: Path, dst: Path) -> Path:
     [
         ({"d_model": 32}, "another model configuration"),
         ({"mixer": "mamba2"}, "configuration of that run"),
-        ({"n_layers": 2}, "does not match the model"),
+        ({"n_layers": 2}, "fields that differ: n_layers"),  # the configuration the checkpoint stores
     ],
 )
 def test_eval_with_mismatched_checkpoint(trained_run, tmp_path, capsys, edit, match):
