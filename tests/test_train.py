@@ -86,7 +86,8 @@ def test_the_log_and_the_checkpoint_rename_reach_the_disk_before_a_checkpoint_co
     train(model, task, TrainConfig(**CFG), out_dir=tmp_path)
     log, ckpts = os.path.realpath(tmp_path / "metrics.jsonl"), os.path.realpath(tmp_path / "checkpoints")
     kinds = ["log" if p == log else "dir" if p == ckpts else "file" if ".tmp-ckpt-" in p else p for p in synced]
-    assert kinds == ["log", "file", "file", "file", "dir"] * 3  # checkpoints at steps 4, 8 and 12
+    # the three files, then the temporary directory itself, then (after the rename) the checkpoints directory
+    assert kinds == ["log", "file", "file", "file", "file", "dir"] * 3  # checkpoints at steps 4, 8 and 12
 
 
 def test_corrupt_checkpoint_falls_back(tmp_path):

@@ -71,6 +71,7 @@ def save_checkpoint(directory: Path, step: int, model: nn.Module, trainer_state:
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+        fsync_path(tmp)  # the directory's entries too, before the rename publishes it
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
