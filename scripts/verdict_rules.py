@@ -137,9 +137,10 @@ def lr_choice(report_dir: str, setting_dir: str, mixer: str, seed0_lr: float,
         if not ceiling and _better(means[x], means[best], higher):
             best = x
     shown = sorted(set(near) | (set(means) - {here}))
-    tied = [] if ceiling or math.isnan(means[best]) else sorted(
-        x for x in means if x != best and not math.isnan(means[x]) and math.isclose(means[x], means[best],
-                                                                                 rel_tol=1e-12, abs_tol=1e-15))
+    from seqmem.sweep.runner import tied_lrs
+
+    # an lr whose mean ties the choice's, as the sweep's report reads a tie (none at the metric's bounds)
+    tied = [] if ceiling else [x for x in tied_lrs(means, best, sel) if x != best]
     return {
         "lr": best, "select": f"validation {sel}", "seed0_choice": here,
         **({"tied": [f"{x:g}" for x in tied]} if tied else {}),  # an lr tied with the choice: the edge reads it

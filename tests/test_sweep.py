@@ -625,13 +625,9 @@ def test_lr_confirm_gives_lrs_within_the_seed_spread_every_seed_and_chooses_on_t
         load_spec(raw)
 
 
-def test_lr_confirm_probes_beyond_a_mean_over_seeds_choice_at_the_edge(tmp_path):
-    """lr_confirm with lr_extend: when the mean over seeds moves the choice to the grid's edge (the first seed
-    chose inside it), the lr beyond that edge is probed with the first seed, gets every seed if it is within the
-    seed spread there, and the mean over seeds decides again; the row is undecided while the probe runs (its
-    finished other seeds stay in the plan)."""
-    from seqmem.sweep.runner import row_plan
-
+def _confirm_extend_row(out: Path):
+    """A first_seed row with lr_confirm and lr_extend = 1 (lrs 1e-3 / 3e-3 / 1e-2, seeds 0-2): its spec, points,
+    and a ``fake(lr, seed, acc)`` writing a finished run under ``out``."""
     raw = tiny(lr_selection="first_seed", train__seeds=[0, 1, 2], mixers=["attention"], train__lrs=[1e-3, 3e-3, 1e-2])
     raw["train"]["lr_confirm"] = True
     raw["train"]["lr_extend"] = 1
@@ -639,7 +635,19 @@ def test_lr_confirm_probes_beyond_a_mean_over_seeds_choice_at_the_edge(tmp_path)
     pts = spec.points()
 
     def fake(lr: float, seed: int, acc: float) -> None:
-        _fake_finished(spec, pts[0], lr, seed, acc, tmp_path)
+        _fake_finished(spec, pts[0], lr, seed, acc, out)
+
+    return spec, pts, fake
+
+
+def test_lr_confirm_probes_beyond_a_mean_over_seeds_choice_at_the_edge(tmp_path):
+    """lr_confirm with lr_extend: when the mean over seeds moves the choice to the grid's edge (the first seed
+    chose inside it), the lr beyond that edge is probed with the first seed, gets every seed if it is within the
+    seed spread there, and the mean over seeds decides again; the row is undecided while the probe runs (its
+    finished other seeds stay in the plan)."""
+    from seqmem.sweep.runner import row_plan
+
+    spec, pts, fake = _confirm_extend_row(tmp_path)
 
     def plan() -> tuple[list[tuple[float, int]], list[tuple[float, int]], bool]:
         s1, s2, decided = row_plan(spec, pts, tmp_path)
@@ -680,14 +688,7 @@ def test_lr_confirm_edge_probe_that_wins_the_first_seed_keeps_the_lrs_with_every
     the side's probes are spent, a choice the mean puts at the edge stays there, marked '(edge)'."""
     from seqmem.sweep.runner import row_plan
 
-    raw = tiny(lr_selection="first_seed", train__seeds=[0, 1, 2], mixers=["attention"], train__lrs=[1e-3, 3e-3, 1e-2])
-    raw["train"]["lr_confirm"] = True
-    raw["train"]["lr_extend"] = 1
-    spec = load_spec(raw)
-    pts = spec.points()
-
-    def fake(lr: float, seed: int, acc: float) -> None:
-        _fake_finished(spec, pts[0], lr, seed, acc, tmp_path)
+    spec, pts, fake = _confirm_extend_row(tmp_path)
 
     for lr, vals in {1e-3: [0.5], 3e-3: [0.80, 0.70, 0.75], 1e-2: [0.78, 0.95, 0.95]}.items():
         for seed, v in enumerate(vals):

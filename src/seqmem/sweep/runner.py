@@ -780,14 +780,8 @@ def all_seeds_plan(spec: SweepSpec, pts: list[Point], out: Path) -> tuple[list[P
             continue
         if len(grid) == 1:  # an lr grid of one is never extended
             return plan, True
-        tried = sorted({p.lr for p in plan})
-        tie = tied_lrs(vals, best, spec.select)  # an lr tied with the choice at an edge makes it an edge choice
-        new = None
-        if tried[-1] in tie and sum(lr > max(grid) for lr in tried) < spec.lr_extend:
-            new = extended_lr(tried[-1], spec.lr_extend_factor)
-        elif tried[0] in tie and sum(lr < min(grid) for lr in tried) < spec.lr_extend:
-            new = extended_lr(tried[0], 1 / spec.lr_extend_factor)
-        if new is None or new in tried:
+        new = _edge_probe(spec, vals, best, sorted({p.lr for p in plan}), grid)
+        if new is None:
             return plan, True
         plan.append(spec.point_at(plan[0], new, first))
 
@@ -851,11 +845,7 @@ def row_plan(spec: SweepSpec, pts: list[Point], out: Path, tuned: bool = False
     stage1 = [p for p in pts if spec.is_first_stage(p)]
     if len(stage1) == 1 and not tuned:
         return stage1, [p for p in pts if p is not stage1[0] and p.lr == stage1[0].lr], True
-    lo, hi = min(p.lr for p in stage1), max(p.lr for p in stage1)  # the row's own grid
-
-    def room(tried: list[float], up: bool) -> bool:  # fewer than lr_extend lrs beyond the grid on that side
-        return sum((lr > hi) if up else (lr < lo) for lr in tried) < spec.lr_extend
-
+    grid = sorted(p.lr for p in stage1)  # the row's own grid
     keep: list[Point] = []  # lr_confirm: the other seeds known before a probe of the mean-over-seeds choice
     while True:
         if not all(is_finished(out / p.rel_dir) for p in stage1):
@@ -866,21 +856,21 @@ def row_plan(spec: SweepSpec, pts: list[Point], out: Path, tuned: bool = False
             return stage1, keep, False
         tried = sorted(vals)
         if spec.lr_extend and len(tried) > 1 and not math.isnan(vals[best]):
-            new = _edge_probe(spec, vals, best, tried, room)
+            new = _edge_probe(spec, vals, best, tried, grid)
             if new is not None:
                 stage1 = stage1 + [spec.point_at(stage1[0], new, spec.seeds[0])]
                 continue
-        grid = {(p.lr, p.seed): p for p in pts}
-        stage2 = [grid.get((best, s)) or spec.point_at(stage1[0], best, s) for s in spec.seeds[1:]]
+        given = {(p.lr, p.seed): p for p in pts}
+        stage2 = [given.get((best, s)) or spec.point_at(stage1[0], best, s) for s in spec.seeds[1:]]
         if spec.lr_confirm:
-            stage2 += [grid.get((lr, s)) or spec.point_at(stage1[0], lr, s)
+            stage2 += [given.get((lr, s)) or spec.point_at(stage1[0], lr, s)
                        for lr in confirm_lrs(spec, stage1, stage2, best, out) for s in spec.seeds[1:]]
             stage2 += [p for p in keep if p not in stage2]  # lrs given every seed before a probe stay in the choice
             if spec.lr_extend and len(tried) > 1 and all(is_finished(out / p.rel_dir) for p in stage2):
                 # rule 1: the mean over seeds may choose an lr at the edge the first seed did not: probe beyond it
                 # with the first seed, as above (a probe within the seed spread then gets every seed too)
                 chosen, means = _mean_choice(spec, stage1 + stage2, best, out)
-                new = _edge_probe(spec, means, chosen, tried, room) if means else None
+                new = _edge_probe(spec, means, chosen, tried, grid) if means else None
                 if new is not None:
                     stage1, keep = stage1 + [spec.point_at(stage1[0], new, spec.seeds[0])], stage2
                     continue
@@ -888,16 +878,17 @@ def row_plan(spec: SweepSpec, pts: list[Point], out: Path, tuned: bool = False
 
 
 def _edge_probe(spec: SweepSpec, values: dict[float, float], best: float, tried: list[float],
-                room: Callable[[list[float], bool], bool]) -> float | None:
+                grid: list[float]) -> float | None:
     """The lr beyond the edge of ``tried`` that ``best`` (or an lr tied with it in ``values``) sits on, while
-    ``room`` allows one more on that side; ``None`` if the choice is interior, diverged or the side is spent."""
+    fewer than ``lr_extend`` lrs lie beyond the row's ``grid`` on that side; ``None`` if the choice is interior,
+    diverged or the side is spent."""
     if math.isnan(values[best]):
         return None
     tie = tied_lrs(values, best, spec.select)  # an lr tied with the choice at an edge: an edge choice
     new = None
-    if tried[-1] in tie and room(tried, True):
+    if tried[-1] in tie and sum(lr > max(grid) for lr in tried) < spec.lr_extend:
         new = extended_lr(tried[-1], spec.lr_extend_factor)
-    elif tried[0] in tie and room(tried, False):
+    elif tried[0] in tie and sum(lr < min(grid) for lr in tried) < spec.lr_extend:
         new = extended_lr(tried[0], 1 / spec.lr_extend_factor)
     return None if new is None or new in tried else new
 

@@ -151,6 +151,15 @@ def latest_good_checkpoint(directory: Path) -> Path | None:
     return None
 
 
+def model_config_json(model: nn.Module) -> str | None:
+    """``model.cfg.to_dict()`` as canonical JSON (what a checkpoint stores and a load compares), ``None`` for a
+    model without such a configuration."""
+    cfg = getattr(model, "cfg", None)
+    if not callable(getattr(cfg, "to_dict", None)):
+        return None
+    return json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+
+
 def config_mismatch(stored: str, now: str) -> list[str]:
     """The fields of a stored configuration (canonical JSON of a dict) that ``now`` gives another value; a field
     only one side has is not compared (one added later defaults to the earlier behaviour)."""
@@ -166,13 +175,13 @@ def load_weights(model: nn.Module, path: Path) -> None:
         tensors = load_file(str(Path(path) / "model.safetensors"))
     except Exception as e:  # noqa: BLE001 — safetensors raises its own error types for damaged files
         raise ValueError(f"checkpoint {path}: cannot read model.safetensors ({e}); delete it or use another") from None
-    cfg = getattr(model, "cfg", None)
     try:
         stored = json.loads((Path(path) / "manifest.json").read_text()).get("model_config")
     except (OSError, ValueError, AttributeError):
         stored = None
-    if isinstance(stored, str) and callable(getattr(cfg, "to_dict", None)):
-        diff = config_mismatch(stored, json.dumps(cfg.to_dict(), sort_keys=True, default=str))
+    now = model_config_json(model)
+    if isinstance(stored, str) and now is not None:
+        diff = config_mismatch(stored, now)
         if diff:
             raise ValueError(f"checkpoint {path} was written for another model configuration (fields that differ: "
                              f"{', '.join(diff[:6])}); build the model with the configuration of that run")

@@ -43,6 +43,7 @@ from seqmem.train.checkpoint import (
     list_checkpoints,
     load_trainer_state,
     load_weights,
+    model_config_json,
     remove_orphans,
     save_checkpoint,
     unique_state,
@@ -117,14 +118,13 @@ def with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
     return {**config_dict(TrainConfig()), **stored}
 
 
-def run_identity(model: nn.Module, task: Any) -> dict[str, str]:
+def checkpoint_identity(model: nn.Module, task: Any) -> dict[str, str]:
     """The model's and task's configurations as canonical JSON (those that have one: ``model.cfg.to_dict()``,
     ``task.config()``), stored in each checkpoint and compared on resume: weights of the same shapes load into
     another configuration (more heads, another eps or window) without an error of their own."""
     out: dict[str, str] = {}
-    cfg = getattr(model, "cfg", None)
-    if cfg is not None and callable(getattr(cfg, "to_dict", None)):
-        out["model_config"] = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+    if (m := model_config_json(model)) is not None:
+        out["model_config"] = m
     if callable(getattr(task, "config", None)):
         out["task_config"] = json.dumps(task.config(), sort_keys=True, default=str)
     return out
@@ -375,6 +375,7 @@ def train(
     torch.manual_seed(cfg.seed)
     start = 0
     result = TrainResult()
+    identity = checkpoint_identity(model, task)  # stored in each checkpoint, compared on resume
     metrics_path = ckpt_dir = None
     if out_dir is not None:
         out_dir = Path(out_dir)
@@ -391,7 +392,7 @@ def train(
             old_cfg = with_defaults(dict(st.get("train_config") or {}))
             if {**old_cfg, "steps": cfg.steps} != config_dict(cfg):
                 raise ValueError(f"--resume: checkpoint {ck} was written with a different training configuration")
-            for what, now in run_identity(model, task).items():  # checkpoints written before these were kept: skip
+            for what, now in identity.items():  # checkpoints written before these were kept: skip
                 diff = config_mismatch(st[what], now) if isinstance(st.get(what), str) else []
                 if diff:
                     raise ValueError(f"--resume: checkpoint {ck} was written for a different "
@@ -582,7 +583,7 @@ def train(
                     "step": step, "optimizer": opt_sd, "scheduler": sched.state_dict(),
                     "data_rng": gen.get_state(), "torch_rng": torch.get_rng_state(),
                     "train_config": config_dict(cfg),
-                    **run_identity(model, task),  # what a resume must be given again (compared there)
+                    **identity,  # what a resume must be given again (compared there)
                     # CPU seconds of the steps so far, across resumes (None-safe: an older checkpoint's earlier
                     # segments are unknown and left out)
                     "cpu_seconds": (result.cpu_seconds_before or 0.0) + time.process_time() - c0,
