@@ -45,6 +45,34 @@ def test_resume_is_exact(tmp_path):
     assert res.final == full.final
 
 
+def test_logged_loss_mean_covers_the_interval_and_survives_a_resume(tmp_path):
+    """Each log record has ``loss`` (its step's) and ``loss_mean`` (the mean over the steps since the previous
+    record); a resume from a checkpoint inside an interval continues that interval's sum."""
+    cfg = {**CFG, "log_every": 1}
+    model, task = setup()
+    train(model, task, TrainConfig(**cfg), out_dir=tmp_path / "every")
+    per_step = {r["step"]: r["loss"] for r in map(json.loads, (tmp_path / "every" / "metrics.jsonl").read_text()
+                                                 .splitlines())}
+    cfg = {**CFG, "log_every": 3}  # checkpoints every 4 steps: inside the intervals 4-6 and 7-9
+    model, task = setup()
+    train(model, task, TrainConfig(**cfg), out_dir=tmp_path / "a")
+    rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in rows if "loss_mean" in r]
+    assert [r["step"] for r in logged] == [3, 6, 9, 12]
+    for r in logged:
+        window = [per_step[s] for s in range(r["step"] - 2, r["step"] + 1)]
+        assert r["loss"] == per_step[r["step"]]
+        assert r["loss_mean"] == pytest.approx(sum(window) / 3, rel=1e-6)
+    model, task = setup()
+    train(model, task, TrainConfig(**cfg), out_dir=tmp_path / "b", stop_after=5)  # checkpoint at step 4
+    model, task = setup(seed=123)
+    train(model, task, TrainConfig(**cfg), out_dir=tmp_path / "b", resume=True)
+    strip = [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]
+    got = [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"}
+           for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert got == strip
+
+
 def test_resume_at_the_final_step_returns_the_final_evaluation(tmp_path):
     """A resume from a checkpoint at the final step has nothing to train: it returned ``final == {}`` (and
     `seqmem train --resume` printed no evaluation).  It evaluates now, as the uninterrupted run did, and leaves its

@@ -205,3 +205,17 @@ def test_runs_from_before_new_fields_resume(tmp_path, capsys):
 def test_fsdp_needs_torchrun(tmp_path, capsys):
     assert main([*ARGS, "--fsdp", "--out", str(tmp_path / "r")]) == 2
     assert "torchrun" in capsys.readouterr().err
+
+
+def test_checkpoints_are_ordered_by_step_not_by_name(tmp_path):
+    # past step 10^8 the name grows a digit: "ckpt-100000000" sorts before "ckpt-99999999" by name; the newest
+    # must still be the one kept, listed last and resumed from
+    from seqmem.train.checkpoint import latest_good_checkpoint, save_checkpoint
+
+    m = torch.nn.Linear(2, 2)
+    for step in (99_999_998, 99_999_999, 100_000_000):
+        save_checkpoint(tmp_path, step, m, {"step": step}, keep=2)
+    (tmp_path / "ckpt-notastep").mkdir()  # not a checkpoint: neither listed nor removed
+    assert [c.name for c in list_checkpoints(tmp_path)] == ["ckpt-99999999", "ckpt-100000000"]
+    assert latest_good_checkpoint(tmp_path).name == "ckpt-100000000"
+    assert (tmp_path / "ckpt-notastep").is_dir()

@@ -94,10 +94,14 @@ def remove_orphans(directory: Path) -> None:
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
+    """The ``ckpt-<step>`` directories in ``directory``, oldest step first: ordered by the step's number, not by
+    name (``ckpt-100000000`` comes after ``ckpt-99999999``); a directory whose suffix is not a step is not one."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(CKPT_PREFIX))
+    found = [p for p in directory.iterdir()
+             if p.is_dir() and p.name.startswith(CKPT_PREFIX) and p.name[len(CKPT_PREFIX):].isdigit()]
+    return sorted(found, key=lambda p: (int(p.name[len(CKPT_PREFIX):]), p.name))
 
 
 def verify_checkpoint(path: Path) -> bool:

@@ -374,6 +374,7 @@ def train(
     gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     start = 0
+    loss_since_log = (0.0, 0)  # the training loss summed over the steps since the last log record
     result = TrainResult()
     identity = checkpoint_identity(model, task)  # stored in each checkpoint, compared on resume
     metrics_path = ckpt_dir = None
@@ -418,6 +419,9 @@ def train(
             result.start_step = start
             prior = st.get("cpu_seconds")
             result.cpu_seconds_before = float(prior) if isinstance(prior, int | float) else None
+            since = st.get("loss_since_log")  # the interval's loss sum and steps (older checkpoints: none)
+            if isinstance(since, list | tuple) and len(since) == 2:
+                loss_since_log = (float(since[0]), int(since[1]))
             result.history = [r for r in _read_jsonl(metrics_path) if r["step"] <= start]
             if main:
                 _write_jsonl(metrics_path, result.history)
@@ -488,6 +492,8 @@ def train(
     model.train()
     t0, c0 = time.perf_counter(), time.process_time()
     tokens = 0
+    loss_sum = torch.tensor(loss_since_log[0], dtype=torch.float32, device=device)  # summed on the device: no sync
+    loss_n = loss_since_log[1]
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     for step in range(start + 1, end + 1):
         x, y, am = split_batch(task.sample(cfg.batch_size, gen))
@@ -520,6 +526,8 @@ def train(
                 f"training loss became {float(report.detach())} at step {step}; the run diverged: lower the "
                 "learning rate (--lr), keep gradient clipping on, or train in float32"
             )
+        loss_sum += report.detach().float()
+        loss_n += 1
         if simple:
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -542,8 +550,11 @@ def train(
                 with torch.no_grad():
                     acc = float((logits.argmax(-1) == scored).float().mean()) if scored.numel() else float("nan")
             el = time.perf_counter() - t0
-            record = {"step": step, "loss": float(report.detach()), "accuracy": acc, "lr": lr_used,
-                      "tokens_per_s": tokens / max(el, 1e-9)}
+            # loss: this step's; loss_mean: the mean over the steps since the previous log record (less noisy)
+            record = {"step": step, "loss": float(report.detach()), "loss_mean": float(loss_sum) / loss_n,
+                      "accuracy": acc, "lr": lr_used, "tokens_per_s": tokens / max(el, 1e-9)}
+            loss_sum.zero_()
+            loss_n = 0
             if compile:
                 record["compiled"] = True
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
@@ -560,7 +571,8 @@ def train(
             for lg in loggers or []:
                 lg.log(record, step)
             if bar is not None:
-                bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record.get('accuracy', float('nan')):.3f}",
+                bar.set_postfix(loss=f"{record.get('loss_mean', record['loss']):.3f}",
+                                acc=f"{record.get('accuracy', float('nan')):.3f}",
                                 tok_s=f"{record.get('tokens_per_s', 0):.0f}")
             if (bar is not None or lines) and "eval_loss" in record:
                 _say(_eval_line(record, cfg.steps), bar)
@@ -587,6 +599,8 @@ def train(
                     # CPU seconds of the steps so far, across resumes (None-safe: an older checkpoint's earlier
                     # segments are unknown and left out)
                     "cpu_seconds": (result.cpu_seconds_before or 0.0) + time.process_time() - c0,
+                    # the logged loss_mean's partial interval: a resume continues it, as if never interrupted
+                    "loss_since_log": [float(loss_sum), loss_n],
                 })
         if world > 1 and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == end):
             import torch.distributed as dist
@@ -652,7 +666,7 @@ def _say(msg: str, bar: Any = None) -> None:
 def _progress_line(record: dict[str, Any], total: int, start: int, elapsed: float) -> str:
     step = record["step"]
     left = elapsed / max(step - start, 1) * (total - step)
-    return (f"step {step}/{total}  loss {record['loss']:.4f}  acc {record['accuracy']:.3f}  "
+    return (f"step {step}/{total}  loss {record.get('loss_mean', record['loss']):.4f}  acc {record['accuracy']:.3f}  "
             f"{record.get('tokens_per_s', 0):.0f} tok/s  {elapsed:.0f} s elapsed, ~{left:.0f} s left")
 
 
