@@ -3,7 +3,9 @@ one operator per sequence from the action-masked tokens, read at every position.
 non-causal), so tested here: reference == fast, == the ops ``ska_statistics`` + ``ska_readout`` directly, == the
 chunk-causal operator committed right after the last fact, mask None == all ones, what a masked-out token can and
 cannot change, gradients at T = 64 (where chunk-causal chunk 64 gives none), refusals (bad masks, streaming, packed
-sequences, decoding) and no target leakage through the Echo tasks' oracle masks."""
+sequences, decoding) and no target leakage through the Echo tasks' oracle masks; and its §3.5 decoding
+(``prefix_decode=True``): reference == fast, a split continuation == one call, each decoded token == the one operator
+of the sequence up to it, read at it, and ``generate``."""
 
 from __future__ import annotations
 
@@ -60,7 +62,7 @@ def test_reference_equals_fast(dtype, norm, masked):
     assert_rel_close(res["fast"][0], res["reference"][0], tol, "output")
     for a, b in zip(res["fast"][1], res["reference"][1], strict=True):
         assert_rel_close(a, b, tol * 10, "gradient")
-    for k in ("G", "M", "Cv", "m"):
+    for k in ("G", "M", "Cv", "z_prev", "m"):
         assert_rel_close(res["fast"][2][k], res["reference"][2][k], tol, k)
     assert res["fast"][0].abs().min() > 0  # every position reads the operator
 
@@ -104,8 +106,8 @@ def test_mask_none_equals_all_ones_and_prefix_max_equals_seqmax_without_a_mask()
     y1, st1 = m(x, action_mask=torch.ones(2, T, dtype=torch.long))
     assert torch.equal(y1, y) and all(torch.equal(st1[k], st[k]) for k in st)
     assert_rel_close(make(norm="seqmax")(x)[0], y, 1e-14, "prefix_max == seqmax over every token")
-    assert count_state(st) == m.state_size(T) == m.state_size(5000) == H * (2 * R * R + (D // H) * R + 1) + 1
-    assert set(st) == m.state_keys() == {"G", "M", "Cv", "m", "pos"}
+    assert count_state(st) == m.state_size(T) == m.state_size(5000) == H * (2 * R * R + (D // H) * R + R + 1) + 1
+    assert set(st) == m.state_keys() == {"G", "M", "Cv", "z_prev", "m", "pos"}
 
 
 def test_what_a_masked_out_token_changes():
@@ -282,3 +284,98 @@ def test_no_target_leak_through_the_echo_oracle_mask(task_name):
     for b, p in enumerate(first):
         assert_rel_close(logits2[b, : p + 1], logits[b, : p + 1], 1e-12, f"row {b} up to {p}")
     assert (logits2 - logits).abs().max() > 0 or task_name in ("niah", "tooltrace", "multihop", "commonword")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# §3.5: the prefix mode continued (prefix_decode=True)
+@pytest.mark.parametrize("dtype", [f64, torch.float32])
+@pytest.mark.parametrize("norm", ["prefix_max", "none"])
+@pytest.mark.parametrize("masked", [True, False])
+def test_prefix_decode_reference_equals_fast_and_splits_exactly(dtype, norm, masked):
+    """The continuation of a prefix: impl="reference" (a token loop, App. F steps) == impl="fast" (prefix sums, one
+    batched readout): outputs, every gradient, the state; float64 and float32.  A continuation split into calls
+    (5 tokens, then 1 — a decode step —, then the rest) equals one call."""
+    x, mask = x_().to(dtype), (amask() if masked else None)
+    tol = 1e-10 if dtype == f64 else 2e-4
+    res = {}
+    for impl in ("reference", "fast"):
+        m = make(impl, norm=norm, prefix_decode=True).to(dtype)
+        _, st = m(x[:, :20], action_mask=None if mask is None else mask[:, :20])
+        y, st2 = m(x[:, 20:], st, action_mask=None if mask is None else mask[:, 20:])
+        grads = torch.autograd.grad(y.square().sum(), list(m.parameters()))
+        res[impl] = (y, grads, st2)
+        pieces, s_ = [], st
+        for a, b in ((20, 25), (25, 26), (26, T)):
+            yp, s_ = m(x[:, a:b], s_, action_mask=None if mask is None else mask[:, a:b])
+            pieces.append(yp)
+        assert_rel_close(torch.cat(pieces, 1), y, tol, f"{impl}: split continuation")
+        for k in st2:
+            assert torch.equal(s_[k], st2[k]) if k == "pos" else bool(((s_[k] - st2[k]).abs() <= tol * (
+                1 + st2[k].abs().max())).all()), k
+    assert_rel_close(res["fast"][0], res["reference"][0], tol, "output")
+    for a, b in zip(res["fast"][1], res["reference"][1], strict=True):
+        assert_rel_close(a, b, tol * 10, "gradient")
+    for k in ("G", "M", "Cv", "z_prev", "m"):
+        assert_rel_close(res["fast"][2][k], res["reference"][2][k], tol, k)
+    assert int(res["fast"][2]["pos"][0]) == T
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_prefix_decode_reads_the_operator_that_includes_the_token(masked):
+    """§3.5, eqs. 4-6 continued: decoded token t reads the one operator of tokens 0..t, i.e. the sequence-mode
+    output of x[:, :t+1] at its last position (with the key norm fixed: norm="none"); with a mask, a masked-out
+    decoded token still reads, and adds nothing."""
+    m, x = make(norm="none", prefix_decode=True), x_()
+    mask = amask() if masked else torch.ones(2, T, dtype=torch.bool)
+    mask[:, 24] = False
+    _, st = m(x[:, :20], action_mask=mask[:, :20])
+    y, _ = m(x[:, 20:], st, action_mask=mask[:, 20:])
+    for t in range(20, T):
+        whole, _ = make(norm="none")(x[:, : t + 1], action_mask=mask[:, : t + 1])  # the same weights
+        assert_rel_close(y[:, t - 20], whole[:, -1], 1e-11, f"token {t}")
+
+
+def test_prefix_decode_keeps_the_prefix_norm():
+    """prefix_max: the decoded keys are divided by the prefix's key norm, frozen (a larger key does not change it)."""
+    m, x = make(prefix_decode=True), x_()
+    _, st = m(x[:, :20])
+    big = x[:, 20:].clone() * 50
+    _, st2 = m(big, st)
+    assert torch.equal(st2["m"], st["m"])
+    assert torch.equal(st2["pos"], st["pos"] + T - 20)
+
+
+def test_prefix_decode_options_and_refusals():
+    with pytest.raises(ValueError, match="operator_scope='sequence'"):
+        build_mixer("ska", D, n_heads=H, prefix_decode=True)
+    with pytest.raises(ValueError, match="prefix_decode"):
+        build_mixer("ska", D, n_heads=H, operator_scope="sequence", prefix_decode=1)
+    m, x = make(prefix_decode=True), x_()
+    assert "prefix_decode=True" in repr(m)
+    _, st = m(x[:, :20])
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        m(x[:1], cu_seqlens=torch.tensor([0, 20, T]))
+    with pytest.raises(ValueError, match="state has keys"):  # a chunk-causal state is not a prefix's
+        m(x[:, 20:], build_mixer("ska", D, n_heads=H, rank=R).double()(x[:, :20])[1])
+    # without prefix_decode the refusal names the way
+    with pytest.raises(ValueError, match="prefix_decode=True"):
+        make()(x[:, 20:], st)
+
+
+def test_generate_decodes_the_prefix_mode():
+    """A Mamba-2 + SKA(sequence, prefix_decode, norm none) model: generate with the state (one step per token, the
+    prompt's operator extended by each token) == generate recomputing the whole sequence each step (one SKA layer:
+    the last position of the one operator over the sequence is the decoded token's reading)."""
+    from seqmem.models import LanguageModel, LMConfig
+
+    cfg = LMConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=2, mixer=["mamba2", "ska"],
+                   mixer_options=[{"d_state": 4}, {"rank": 4, "operator_scope": "sequence", "prefix_decode": True,
+                                                   "norm": "none"}])
+    torch.manual_seed(0)
+    model = LanguageModel(cfg).double()
+    with torch.no_grad():
+        model.blocks[1].mixer.w_o.weight.normal_(0, 0.3)
+    ids = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(0))
+    a = model.generate(ids, 6)
+    b = model.generate(ids, 6, use_state=False)
+    assert a.shape == (2, 15) and torch.equal(a, b)

@@ -34,7 +34,15 @@ Operator scope ``operator_scope``:
   sequence (App. F step 2 as printed: with a mask it also reads the keys after the last fact, e.g. a
   teacher-forced answer's); ``"none"``: 1.  A row with no token in its mask gets 0 everywhere (``G = εI``,
   ``C_v = 0``).  The returned state holds the operator's statistics (``G``, ``M``, ``C_v`` of the normalised keys,
-  without ``εI``), the key norm ``m`` and ``pos``: an inspection, not a continuation (passing it back is refused).
+  without ``εI``), the last key ``z_prev`` (times its mask), the key norm ``m`` and ``pos``: an inspection, not a
+  continuation (passing it back is refused), unless ``prefix_decode=True``.
+* ``prefix_decode=True`` (with ``"sequence"``): the prefix mode of §3.5 for agentic inference.  The first call (no
+  state) is the prefix, as above; a call with its state continues it the paper's way: each later token is added
+  to the statistics (``G, M, C_v``; masked by ``action_mask`` if one is given) and read through the operator that
+  includes it, the prefix's key norm frozen, so every prefix token serves the first generated token and
+  ``model.generate`` streams in O(r³) per token.  The continuation is causal and splits exactly (any split of it
+  into calls equals one call), but it is not the one-operator forward of the whole sequence (the prefix's outputs
+  do not read later tokens; a later token reads its own).  Training is unchanged (a call without state).
   Leak-free for a model scored only at positions after its last ``m_t = 1`` token when the key norm does not read
   past it (``prefix_max``, the default): the Echo tasks' oracle masks are such (tests/tasks).
 """
@@ -50,12 +58,19 @@ from torch import Tensor, nn
 from seqmem.io import check_int
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_float, check_positive_int
 from seqmem.ops._common import check_action_mask, floor
-from seqmem.ops.ska.chunk import NORMS, OPERATOR_FORMS, STATE_KEYS, ska_sequence_operator, spectral_koopman_attention
-from seqmem.ops.ska.naive import ska_sequence_operator_naive
+from seqmem.ops.ska.chunk import (
+    NORMS,
+    OPERATOR_FORMS,
+    STATE_KEYS,
+    ska_sequence_decode,
+    ska_sequence_operator,
+    spectral_koopman_attention,
+)
+from seqmem.ops.ska.naive import ska_sequence_decode_naive, ska_sequence_operator_naive
 from seqmem.registry import register
 
 OPERATOR_SCOPES = ("chunk_causal", "sequence")
-SEQUENCE_STATE_KEYS = ("G", "M", "Cv", "m", "pos")
+SEQUENCE_STATE_KEYS = ("G", "M", "Cv", "z_prev", "m", "pos")
 
 
 @register(
@@ -114,6 +129,7 @@ class SKAMixer(Mixer):
         spec_iters: int = 6,
         operator_form: str = "whitened",
         operator_scope: str = "chunk_causal",
+        prefix_decode: bool = False,
     ) -> None:
         super().__init__(d_model, n_heads, impl)
         self.head_dim = self._head_dim()
@@ -125,6 +141,12 @@ class SKAMixer(Mixer):
         self.norm = check_choice("norm", norm, NORMS)
         self.operator_form = check_choice("operator_form", operator_form, OPERATOR_FORMS)
         self.operator_scope = check_choice("operator_scope", operator_scope, OPERATOR_SCOPES)
+        if not isinstance(prefix_decode, bool):
+            raise ValueError(f"prefix_decode must be True or False, got {prefix_decode!r}")
+        if prefix_decode and self.operator_scope != "sequence":
+            raise ValueError("prefix_decode=True continues the one-operator prefix mode (§3.5): it needs "
+                             "operator_scope='sequence' (the chunk-causal default already streams exactly)")
+        self.prefix_decode = prefix_decode
         self.spec_iters = check_positive_int("spec_iters", spec_iters)
         if not (1.0 <= gamma_init < 1.5):
             raise ValueError(f"gamma_init must lie in [1, 1.5), got {gamma_init!r}")
@@ -159,11 +181,11 @@ class SKAMixer(Mixer):
     def state_size(self, seq_len: int) -> int:
         """Per head: committed ``G, M`` (2r²), ``C_v`` (Pr), previous key (r), norm (1) — the paper's
         ``2r² + Pr + r + 1`` — plus the pending partial-chunk sums (2r² + Pr + 1); plus one position
-        counter.  ``operator_scope="sequence"``: the one operator's ``G, M, C_v`` and norm (2r² + Pr + 1 per
-        head) plus the position counter (a record, not a continuable state)."""
+        counter.  ``operator_scope="sequence"``: the one operator's ``G, M, C_v``, last key and norm
+        (2r² + Pr + r + 1 per head) plus the position counter (continuable with ``prefix_decode=True``)."""
         r, P = self.rank, self.head_dim
         if self.operator_scope == "sequence":
-            return self.n_heads * (2 * r * r + P * r + 1) + 1
+            return self.n_heads * (2 * r * r + P * r + r + 1) + 1
         return self.n_heads * (4 * r * r + 2 * P * r + r + 2) + 1
 
     def forward(
@@ -175,11 +197,12 @@ class SKAMixer(Mixer):
         if self.operator_scope == "sequence":
             why = ("is non-causal: every position reads ONE operator estimated from the whole sequence's "
                    "(action-masked) tokens, later ones included (Echo App. F eq. 53)")
-            if state is not None:
+            if state is not None and not self.prefix_decode:
                 raise ValueError(f"{type(self).__name__}(operator_scope='sequence') {why}, so it cannot continue "
                                  "from a state (streaming or token-by-token decoding would read an operator of "
-                                 "the new tokens alone); run the whole sequence in one call with state=None, or "
-                                 "use operator_scope='chunk_causal'")
+                                 "the new tokens alone); run the whole sequence in one call with state=None, "
+                                 "use operator_scope='chunk_causal', or decode the paper's way (§3.5: later "
+                                 "tokens added to the prefix's operator) with prefix_decode=True")
             if cu_seqlens is not None:
                 raise ValueError(f"{type(self).__name__}(operator_scope='sequence') {why}; packed sequences "
                                  "(cu_seqlens) are not supported: run the sequences as a batch")
@@ -211,10 +234,15 @@ class SKAMixer(Mixer):
         q = self.w_q(x).view(B, T, H, r)
         v = self.w_v(x).view(B, T, H, P)
         if self.operator_scope == "sequence":
-            seq = ska_sequence_operator_naive if self.impl == "reference" else ska_sequence_operator
-            o, new_state = seq(q, k, v, getattr(self, "_mask", None), self.eps, self.norm, dict(
-                power=self.power, gamma=self.gamma, eta=1.0, spec_iters=self.spec_iters,
-                operator_form=self.operator_form))
+            kw = dict(power=self.power, gamma=self.gamma, eta=1.0, spec_iters=self.spec_iters,
+                      operator_form=self.operator_form)
+            mask = getattr(self, "_mask", None)
+            if state is None:  # the prefix (or the whole sequence): one operator (eqs. 4-6, 53)
+                seq = ska_sequence_operator_naive if self.impl == "reference" else ska_sequence_operator
+                o, new_state = seq(q, k, v, mask, self.eps, self.norm, kw)
+            else:  # prefix_decode: later tokens added to the prefix's operator, each read inclusively (§3.5)
+                dec = ska_sequence_decode_naive if self.impl == "reference" else ska_sequence_decode
+                o, new_state = dec(q, k, v, state, mask, self.eps, self.norm, kw)
             y = self.w_o((self.eta * o.reshape(B, T, H * P)).to(x.dtype))
             return y, new_state
         o, new_state = spectral_koopman_attention(
@@ -241,6 +269,7 @@ class SKAMixer(Mixer):
             f"{super().extra_repr()}, rank={self.rank}, chunk_size={self.chunk_size}, K={self.power}, "
             f"norm={self.norm!r}, operator_form={self.operator_form!r}"
             + (f", operator_scope={self.operator_scope!r}" if self.operator_scope != "chunk_causal" else "")
+            + (", prefix_decode=True" if self.prefix_decode else "")
         )
 
 

@@ -29,6 +29,7 @@ from seqmem.ops._common import (
 from seqmem.ops.ska.naive import ska_naive
 
 __all__ = [
+    "ska_sequence_decode",
     "ska_sequence_operator",
     "ska_spectral_scale",
     "ska_readout",
@@ -439,6 +440,38 @@ def _ska_sequence_operator(q, k, v, mask, eps, norm, kw):
     Gt, M, Cv = ska_statistics(kh, v, None if mask is None else mask.to(cdt), eps=eps)  # eqs. (4)-(6), (53)
     o = ska_readout(Gt, M, Cv, qh.permute(0, 2, 3, 1), **kw).permute(0, 3, 1, 2)  # (B, H, P, T) → (B, T, H, P)
     eye = torch.eye(r, dtype=cdt, device=k.device)
-    state = {"G": Gt - eps * eye, "M": M, "Cv": Cv, "m": m,
+    last = kh[:, -1] if mask is None else mask[:, -1].to(cdt)[:, None, None] * kh[:, -1]  # m_T ẑ_T, for eq. (5)
+    state = {"G": Gt - eps * eye, "M": M, "Cv": Cv, "z_prev": last, "m": m,
              "pos": torch.full((B,), T, dtype=torch.long, device=k.device)}
     return o.to(out_dtype), state
+
+
+# the prefix mode continued (§3.5): the ska mixer's operator_scope="sequence" with prefix_decode=True
+def ska_sequence_decode(q: Tensor, k: Tensor, v: Tensor, state: dict[str, Tensor], mask: Tensor | None,
+                        eps: float, norm: str, kw: dict) -> tuple[Tensor, dict[str, Tensor]]:
+    """§3.5's decoding of the prefix mode: the tokens after a prefix update its statistics incrementally and each is
+    read through the operator that includes it (``G_t = G_prefix + Σ_{s≤t} m_s ẑ_s ẑ_sᵀ``, ``M`` and ``C_v``
+    alike, eqs. 4-6 / 53 continued), with the prefix's key norm ``m`` frozen.  ``state`` is the one-operator
+    state (``G, M, C_v`` without ``εI``, ``z_prev``, ``m``, ``pos``) of :func:`ska_sequence_operator` or of an
+    earlier call of this one, so a continuation split into calls equals one call.  Fast form: inclusive prefix sums
+    of the outer products and one batched readout per (batch, token, head).  ``q, k`` (B, T, H, r), ``v``
+    (B, T, H, P) → ``(o (B, T, H, P), state)``; at least float32, autocast off, ``o`` in ``v``'s dtype."""
+    with full_precision(k.device):
+        return _ska_sequence_decode(q, k, v, state, mask, eps, norm, kw)
+
+
+def _ska_sequence_decode(q, k, v, st, mask, eps, norm, kw):
+    B, T, H, r = k.shape
+    out_dtype, cdt = v.dtype, torch.promote_types(v.dtype, torch.float32)
+    q, k, v = q.to(cdt), k.to(cdt), v.to(cdt)
+    s = _norm_scale(st["m"].to(cdt), norm)[:, None, :, None]  # the prefix's norm, frozen (§3.5)
+    z = k / s if mask is None else mask.to(cdt)[:, :, None, None] * (k / s)  # m_t ẑ_t
+    z_prev = torch.cat([st["z_prev"].to(cdt)[:, None], z[:, :-1]], 1)
+    G = st["G"].to(cdt)[:, None] + torch.einsum("bthr,bths->bthrs", z, z).cumsum(1)
+    M = st["M"].to(cdt)[:, None] + torch.einsum("bthr,bths->bthrs", z, z_prev).cumsum(1)
+    Cv = st["Cv"].to(cdt)[:, None] + torch.einsum("bthp,bthr->bthpr", v, z).cumsum(1)
+    eye = torch.eye(r, dtype=cdt, device=k.device)
+    o = ska_readout(G + eps * eye, M, Cv, (q / s)[..., None], **kw)[..., 0]  # (B, T, H, P)
+    new = {"G": G[:, -1], "M": M[:, -1], "Cv": Cv[:, -1], "z_prev": z[:, -1], "m": st["m"],
+           "pos": st["pos"] + T}
+    return o.to(out_dtype), new

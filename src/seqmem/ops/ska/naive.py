@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["ska_readout_appf", "ska_sequence_operator_naive"]
+__all__ = ["ska_readout_appf", "ska_sequence_decode_naive", "ska_sequence_operator_naive"]
 
 
 def ska_readout_appf(
@@ -174,5 +174,36 @@ def _sequence_operator(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, eps
     Gt = G + eps * torch.eye(r, dtype=dt, device=k.device)
     Q = (q / div[:, None, :, None]).permute(0, 2, 3, 1)  # (B, H, r, T)
     o = ska_readout_appf(Gt, M, Cv, Q, **kw).permute(0, 3, 1, 2)
-    state = {"G": G, "M": M, "Cv": Cv, "m": m, "pos": torch.full((B,), T, dtype=torch.long, device=k.device)}
+    state = {"G": G, "M": M, "Cv": Cv, "z_prev": z_prev, "m": m,
+             "pos": torch.full((B,), T, dtype=torch.long, device=k.device)}
     return o.to(out_dtype), state
+
+
+def ska_sequence_decode_naive(q: Tensor, k: Tensor, v: Tensor, state: dict[str, Tensor], mask: Tensor | None,
+                              eps: float, norm: str, kw: dict) -> tuple[Tensor, dict[str, Tensor]]:
+    """§3.5's prefix-mode decoding one token at a time: add ``m_t ẑ_t ẑ_tᵀ``, ``m_t m_{t-1} ẑ_t ẑ_{t-1}ᵀ``,
+    ``m_t v_t ẑ_tᵀ`` to the state's sums (keys and queries divided by the state's frozen norm), then read the token's
+    query through App. F steps 4-10 on the updated statistics.  The reference of
+    :func:`seqmem.ops.ska.chunk.ska_sequence_decode`."""
+    dev = k.device.type
+    with torch.autocast(dev, enabled=False) if torch.is_autocast_enabled(dev) else contextlib.nullcontext():
+        B, T, H, r = k.shape
+        out_dtype, dt = v.dtype, torch.promote_types(v.dtype, torch.float32)
+        q, k, v = q.to(dt), k.to(dt), v.to(dt)
+        w = torch.ones(B, T, dtype=dt, device=k.device) if mask is None else mask.to(dt)
+        m = state["m"].to(dt)
+        div = torch.where(m > 0, torch.clamp(m, min=1e-6), torch.ones_like(m)) if norm != "none" else torch.ones_like(m)
+        G, M, Cv = state["G"].to(dt), state["M"].to(dt), state["Cv"].to(dt)
+        z_prev = state["z_prev"].to(dt)
+        eye = torch.eye(r, dtype=dt, device=k.device)
+        outs = []
+        for t in range(T):
+            z = w[:, t, None, None] * k[:, t] / div[..., None]
+            G = G + z[..., :, None] * z[..., None, :]
+            M = M + z[..., :, None] * z_prev[..., None, :]
+            Cv = Cv + v[:, t, :, :, None] * z[..., None, :]
+            z_prev = z
+            outs.append(ska_readout_appf(G + eps * eye, M, Cv, (q[:, t] / div[..., None])[..., None], **kw)[..., 0])
+        o = torch.stack(outs, 1)
+        new = {"G": G, "M": M, "Cv": Cv, "z_prev": z_prev, "m": state["m"], "pos": state["pos"] + T}
+        return o.to(out_dtype), new
