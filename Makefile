@@ -8,7 +8,8 @@ setup:
 	bash scripts/setup.sh test
 setup-demo:
 	bash scripts/setup.sh demo
-# The quick tour: each mechanism's main mixer and the variants that work, ~5 min on 2 cores.
+# The quick tour: each mechanism's main mixer and the variants that work (seconds: it reuses the committed runs;
+# `seqmem demo --fresh` retrains them, about 8 min on 2 idle cores).
 demo: setup-demo
 	.venv/bin/seqmem demo --out runs/demo
 # The full tour: every registered mixer (~26 CPU-minutes; reuses the quick tour's runs).

@@ -725,9 +725,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="under torchrun: shard parameters, gradients and optimizer state with FSDP2 instead of "
                         "replicating the model with DDP")
     p.add_argument("--compile", action="store_true",
-                   help="training steps through torch.compile (one process, --grad-accum 1; on CPU ≈ 5-25%% less "
-                        "time per step after a one-off compile, needs a C++ compiler); an execution choice, not part "
-                        "of run.json; the log records carry compiled: true")
+                   help="training steps through torch.compile (one process, --grad-accum 1; on CPU 0.68-1.04x the "
+                        "eager step's wall-clock time after a one-off compile in docs/BENCHMARKS.md's measurements, "
+                        "needs a C++ compiler); an execution choice, not part of run.json; the log records carry "
+                        "compiled: true")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the training data")
     p.add_argument("--seq-len", type=_positive_int, default=None,
                    help=_task_default_help("seq_len", "tokens per sequence", lm=512))

@@ -34,7 +34,8 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads per worker (default: OMP_NUM_THREADS if set, else 1)")
     p.add_argument("--compile", action="store_true",
-                   help="train through torch.compile (≈ 5-25%% less CPU time per step on CPU, after a one-off "
+                   help="train through torch.compile (on CPU 0.68-1.04x the eager step's wall-clock time in "
+                        "docs/BENCHMARKS.md's measurements, after a one-off "
                         "compile of up to a few minutes per model; needs a C++ compiler; recorded in each "
                         "result.json and log record)")
     p.add_argument("--device", default="cpu",
