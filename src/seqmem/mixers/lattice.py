@@ -10,7 +10,8 @@ Block (docs/lattice.md; details the paper leaves open are marked (R), our recomm
     out = (y ⊙ gelu(x W_g)) W_o                  GeLU post-gate, output projection
 
 Per head the state is ``S ∈ R^{d×m}`` (``d = head_dim``, ``m = n_slots ≤ d``), started from a fixed random
-orthonormal ``S_0`` per head (a buffer; ``learn_s0=True`` makes it a parameter, column-normalised when used).
+orthonormal ``S_0`` per head (a buffer; ``learn_s0=True`` makes it a parameter, column-normalised when used with
+``normalize=True``, the default, and used as it is with ``normalize=False``).
 Registered: ``lattice`` (DEC), ``lattice_enc``, ``lattice_sim``.  The rows of the Table 4 ablation and the TTT
 baseline are options of the same block (see ``LADDER`` below): DeltaNet update (``objective="delta",
 normalize=False``, eq. 20), orthogonal update without the sphere projection (``normalize=False``, eq. 7/13),

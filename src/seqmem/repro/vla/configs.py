@@ -24,7 +24,7 @@ EXTRA_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 ALL_MODELS = {**MODELS, **EXTRA_MODELS}
 
-#: budgets per scale: ``paper`` follows Tables 3/6; ``small`` fits ≈10 CPU-minutes on one core
+#: budgets per scale: ``paper`` follows Tables 3/6; ``small``: ≈45 min wall clock on a shared 2-core machine
 CONFIGS: dict[str, dict[str, Any]] = {
     "smoke": dict(
         d_model=32, n_heads=2, batch=8, eval_examples=32, seeds=[42], lrs=[3e-3], lr_main=3e-3,
