@@ -36,15 +36,16 @@ Operator scope ``operator_scope``:
   ``C_v = 0``).  The returned state holds the operator's statistics (``G``, ``M``, ``C_v`` of the normalised keys,
   without ``εI``), the last key ``z_prev`` (times its mask), the key norm ``m`` and ``pos``: an inspection, not a
   continuation (passing it back is refused), unless ``prefix_decode=True``.
+  Leak-free for a model scored only at positions after its last ``m_t = 1`` token when the key norm does not read
+  past it (``prefix_max``, the default): the Echo tasks' oracle masks are such (tests/tasks).
 * ``prefix_decode=True`` (with ``"sequence"``): the prefix mode of §3.5 for agentic inference.  The first call (no
   state) is the prefix, as above; a call with its state continues it the paper's way: each later token is added
   to the statistics (``G, M, C_v``; masked by ``action_mask`` if one is given) and read through the operator that
-  includes it, the prefix's key norm frozen, so every prefix token serves the first generated token and
-  ``model.generate`` streams in O(r³) per token.  The continuation is causal and splits exactly (any split of it
-  into calls equals one call), but it is not the one-operator forward of the whole sequence (the prefix's outputs
-  do not read later tokens; a later token reads its own).  Training is unchanged (a call without state).
-  Leak-free for a model scored only at positions after its last ``m_t = 1`` token when the key norm does not read
-  past it (``prefix_max``, the default): the Echo tasks' oracle masks are such (tests/tasks).
+  includes it, the prefix's key norm frozen (as §3.2.1 prescribes for decoding), so every prefix token serves the
+  first generated token and ``model.generate`` streams in O(r³) per token.  The continuation is causal and splits
+  exactly (any split of it into calls equals one call), but it is not the one-operator forward of the whole
+  sequence (the prefix's outputs do not read later tokens; a later token reads its own).  Training is unchanged (a
+  call without state).
 """
 
 from __future__ import annotations

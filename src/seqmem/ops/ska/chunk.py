@@ -451,7 +451,8 @@ def ska_sequence_decode(q: Tensor, k: Tensor, v: Tensor, state: dict[str, Tensor
                         eps: float, norm: str, kw: dict) -> tuple[Tensor, dict[str, Tensor]]:
     """§3.5's decoding of the prefix mode: the tokens after a prefix update its statistics incrementally and each is
     read through the operator that includes it (``G_t = G_prefix + Σ_{s≤t} m_s ẑ_s ẑ_sᵀ``, ``M`` and ``C_v``
-    alike, eqs. 4-6 / 53 continued), with the prefix's key norm ``m`` frozen.  ``state`` is the one-operator
+    alike, eqs. 4-6 / 53 continued), with the prefix's key norm ``m`` frozen (§3.2.1: "during autoregressive
+    decoding, m is frozen at the prefill value").  ``state`` is the one-operator
     state (``G, M, C_v`` without ``εI``, ``z_prev``, ``m``, ``pos``) of :func:`ska_sequence_operator` or of an
     earlier call of this one, so a continuation split into calls equals one call.  Fast form: inclusive prefix sums
     of the outer products and one batched readout per (batch, token, head).  ``q, k`` (B, T, H, r), ``v``
