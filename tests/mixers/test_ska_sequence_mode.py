@@ -379,3 +379,14 @@ def test_generate_decodes_the_prefix_mode():
     a = model.generate(ids, 6)
     b = model.generate(ids, 6, use_state=False)
     assert a.shape == (2, 15) and torch.equal(a, b)
+
+
+def test_the_unused_chunk_size_is_not_part_of_the_layer_identity():
+    """The one-operator mode reads no chunk_size: layers that differ only there have one identity (a sweep's --reuse
+    takes one's run for the other); in the chunk-causal mode chunk_size is the layer's."""
+    from seqmem.registry import layer_identity
+
+    seq = {"operator_scope": "sequence", "rank": 4}
+    assert layer_identity("ska", {**seq, "chunk_size": 16}) == layer_identity("ska", seq)
+    assert layer_identity("ska", {"chunk_size": 16}) != layer_identity("ska", {})
+    assert layer_identity("ska", {**seq, "power": 1}) != layer_identity("ska", seq)

@@ -51,7 +51,7 @@ Operator scope ``operator_scope``:
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -164,6 +164,15 @@ class SKAMixer(Mixer):
         # gamma = 1 + 0.5 sigmoid(rho); gamma_init = 1 maps to rho = -6 (gamma ≈ 1.0012)
         g = min(max((gamma_init - 1.0) / 0.5, 2.5e-3), 1 - 1e-6)
         self.gamma_raw = nn.Parameter(torch.tensor(math.log(g / (1 - g))))
+
+    @classmethod
+    def canonical_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """``operator_scope="sequence"`` reads no ``chunk_size``: two such layers that differ only there are the same
+        layer (``seqmem sweep --reuse`` takes one's run for the other)."""
+        out = dict(options)
+        if out.get("operator_scope") == "sequence":
+            out["chunk_size"] = None
+        return out
 
     def unused_parameters(self) -> dict[str, str]:
         if self.power == 0:  # kept so that power=0 layers load the state dicts of their runs (compare_diagnose)
