@@ -434,11 +434,24 @@ def test_sweep_exits_non_zero_when_a_run_failed(tmp_path, capsys, monkeypatch):
 
 
 def test_bench_exits_non_zero_when_a_cell_errored(tmp_path, capsys):
+    import argparse
+
+    from seqmem.bench.cli import _emit
+
+    # a cell whose record says status "error": the table is printed, the files written, and the exit code is 1
+    args = argparse.Namespace(bench="speed", markdown=tmp_path / "t.md", json=None)
+    bad = {"records": [{"mixer": "deltanet", "seq_len": 16, "status": "ok"},
+                       {"mixer": "deltanet", "seq_len": 32, "status": "error", "note": "RuntimeError: boom"}]}
+    assert _emit(args, "the table", bad) == 1
+    assert "1 cell(s) failed, e.g. deltanet T=32: RuntimeError: boom" in capsys.readouterr().err
+    assert (tmp_path / "t.md").read_text() == "the table"
+    assert _emit(args, "the table", {"records": [{"status": "ok"}]}) == 0
+    # a bad option never reaches a cell: refused before any timing, one line, exit 2
     code = _main(["bench", "speed", "--mixers", "deltanet", "--mixer-option", "chunk_size=abc", "--lengths", "16",
                   "--repeats", "1", "--warmup", "0", "--d-model", "16", "--heads", "2", "--batch", "1",
                   "--gemm-sizes", "16", "--impl", "fast"])
-    assert code in (1, 2)
-    assert "error" in capsys.readouterr().err
+    assert code == 2
+    assert "chunk_size" in capsys.readouterr().err
 
 
 def test_bench_markdown_errors_name_markdown(tmp_path, capsys):
@@ -527,6 +540,37 @@ def test_a_run_with_only_a_corrupt_checkpoint_is_not_told_to_resume(tmp_path):
     with pytest.raises(ValueError, match="only corrupt") as e:
         train(model, task, TrainConfig(steps=2, batch_size=2, lr=1e-3), out_dir=tmp_path)
     assert "resume=True" not in str(e.value)
+
+
+def test_a_full_disk_gives_one_line_and_leaves_no_partial_checkpoint(tmp_path, monkeypatch, capsys):
+    """Case 14, a full disk: torch and safetensors report it as "unexpected pos ..." — a checkpoint write says which
+    checkpoint and asks about the disk, leaving no partial checkpoint nor temporary directory; a sweep's report that
+    cannot be written is one line naming the directory, exit 2."""
+    import torch
+
+    from seqmem.train import checkpoint as ck
+
+    def full(*a, **k):
+        raise RuntimeError("[enforce fail at inline_container.cc:595] . unexpected pos 4096 vs 0")
+
+    monkeypatch.setattr(ck, "save_file", full)
+    with pytest.raises(OSError, match=r"cannot write checkpoint .*ckpt-00000007.*is the disk full\?"):
+        ck.save_checkpoint(tmp_path / "c", 7, torch.nn.Linear(2, 2), {"step": 7})
+    assert list((tmp_path / "c").iterdir()) == []
+    monkeypatch.undo()
+
+    import seqmem.sweep
+
+    def no_space(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    spec = tmp_path / "s.toml"
+    spec.write_text((PACKAGED_SPECS / "tiny.toml").read_text())
+    (tmp_path / "o").mkdir()
+    monkeypatch.setattr(seqmem.sweep, "write_report", no_space)  # what the sweep command calls
+    err = _one_line_error(["sweep", str(spec), "--out", str(tmp_path / "o"), "--report"], capsys,
+                          "cannot write the report")
+    assert "No space left" in err
 
 
 def test_a_model_too_large_for_memory_is_refused_at_once(tmp_path, capsys):

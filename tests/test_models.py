@@ -78,3 +78,6 @@ def test_bad_ids():
         m(torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError):
         m(torch.zeros(1, 3, dtype=torch.long), state=[{}])
+    for empty in (torch.zeros(1, 0, dtype=torch.long), torch.zeros(0, 3, dtype=torch.long)):
+        with pytest.raises(ValueError, match="empty"):
+            m(empty)

@@ -126,7 +126,8 @@ def test_state_dtype_type_and_batch_errors(built):
         m(x, {"S": [1.0], "conv": st["conv"]})
     with pytest.raises(ValueError, match="dict of tensors"):
         m(x, [st])
-    # under autocast only the kind (float / integer) is checked: a state built under it continues under it
+    # under autocast a floating state may be in the layer's, autocast's or float32 dtype: a state built under it
+    # continues under it
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _, s = m(x)
         y, _ = m(x, s)
