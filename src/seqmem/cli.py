@@ -639,10 +639,10 @@ def _add_repro(sub) -> None:
         rp = rsub.add_parser(paper, help=summary, description=summary)
         small = f" (small: {REPRO_SMALL_TIME[paper]} on a shared 2-core machine)" if paper in REPRO_SMALL_TIME else ""
         rp.add_argument("--scale", default="small", choices=getattr(mod, "SCALES", ["smoke", "small", "paper"]),
-                        help=REPRO_SCALES_HELP + small)
+                        help=getattr(mod, "SCALES_HELP", REPRO_SCALES_HELP) + small)
         rp.add_argument("--out", type=_out_path, default=None,
                         help="output directory (default runs/repro/<paper>)")
-        rp.add_argument("--seed", type=int, default=0, help="seed")
+        rp.add_argument("--seed", type=int, default=0, help=getattr(mod, "SEED_HELP", "seed"))
         if hasattr(mod, "add_arguments"):
             mod.add_arguments(rp)
         rp.set_defaults(func=_run_repro(mod, paper))
@@ -653,7 +653,14 @@ def _run_repro(mod, paper: str):
         if hasattr(mod, "check_args"):  # a bad argument: one line, nothing printed or created before it
             mod.check_args(args)
         args.out = _check_out_dir(args.out or Path("runs/repro") / paper)
-        print(f"seqmem repro {paper}: --scale {args.scale}, {threads_note()} -> {args.out}", file=sys.stderr)
+        if getattr(mod, "THREADS_FIXED", None):  # the reproduction sets its own thread count
+            n = mod.THREADS_FIXED
+            note = f"{n} torch thread{'s' if n != 1 else ''} (fixed by this reproduction)"
+        else:
+            note = threads_note()
+            if not hasattr(args, "threads"):  # no --threads flag here: OMP_NUM_THREADS is the way
+                note = note.replace("--threads N or ", "")
+        print(f"seqmem repro {paper}: --scale {args.scale}, {note} -> {args.out}", file=sys.stderr)
         return int(mod.run(args) or 0)
 
     return f
@@ -682,9 +689,10 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "train", help="train a language model on a task (multi-process: torchrun ... -m seqmem train)",
-        description="Train a language model whose layers use the given mixer(s) on MQAR or byte-level language "
-                    "modelling; writes run.json, metrics.jsonl and checkpoints to --out. The defaults marked "
-                    "'mqar' learn MQAR in about a minute on 2 CPU cores (the demo's sizes).")
+        description="Train a language model whose layers use the given mixer(s) on MQAR or language modelling "
+                    "(byte-level by default; --tokenizer for others); writes run.json, metrics.jsonl and "
+                    "checkpoints to --out. The defaults marked 'mqar' learn MQAR in about a minute on 2 CPU cores "
+                    "(the demo's sizes).")
     p.add_argument("--config", metavar="RUN.json", default=None,
                    help="the run.json of an earlier run (or its directory): its task, model and training settings "
                         "become the defaults, so it alone reproduces that run; flags given here override them "
@@ -703,13 +711,16 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=_positive_int, default=2, help="number of blocks")
     p.add_argument("--d-model", type=_positive_int, default=None, help=_task_default_help("d_model", "model width"))
     p.add_argument("--heads", type=_positive_int, default=2, help="attention / memory heads per layer")
-    p.add_argument("--mlp-ratio", type=float, default=4.0, help="SwiGLU MLP width / d_model")
+    p.add_argument("--mlp-ratio", type=float, default=4.0,
+                   help="SwiGLU MLP size: hidden width mlp_ratio·d_model·2/3, rounded up to a multiple of 8 (LLaMA's "
+                        "convention); 0: no MLP")
     p.add_argument("--steps", type=_positive_int, default=None,
                    help=_task_default_help("steps", "training steps (with --resume: may exceed the original run's "
                                                     "--steps to extend it; see docs/reliability.md)"))
     p.add_argument("--batch-size", type=_positive_int, default=32, help="sequences per step (all processes)")
     p.add_argument("--lr", type=_positive_float, default=None,
-                   help=_task_default_help("lr", "peak learning rate (AdamW, 10%% warm-up, cosine decay)"))
+                   help=_task_default_help("lr", "peak learning rate (AdamW; linear warm-up over --warmup-frac of the "
+                                                 "steps, then cosine decay to --min-lr-frac times it)"))
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of the matrices")
     p.add_argument("--warmup-frac", type=float, default=0.1, help="fraction of the steps spent in linear warm-up")
     p.add_argument("--min-lr-frac", type=float, default=0.0,
@@ -753,7 +764,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-examples", type=_positive_int, default=512, help="held-out examples per evaluation")
     p.add_argument("--eval-batch-size", type=_positive_int, default=64, help="sequences per evaluation forward pass")
     p.add_argument("--checkpoint-every", type=int, default=None,
-                   help="write a checkpoint every N steps (0: only at the end; default: steps/10, at most 1000)")
+                   help="write a checkpoint every N steps (0: only at the end; default: steps/10, at least 1 and at "
+                        "most 1000; with --resume, the run's own interval)")
     p.add_argument("--log-every", type=_positive_int, default=10,
                    help="write a metrics line every N steps (when stderr is not a terminal, a progress line is "
                         "also printed, at most one every 10 s)")

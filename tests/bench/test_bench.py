@@ -124,6 +124,20 @@ def test_profile_lists_top_ops(tmp_path, capsys):
     assert "| op | calls | self_ms |" in capsys.readouterr().out
 
 
+def test_profile_takes_only_the_options_it_uses(tmp_path, capsys):
+    """One profiled call after --warmup unprofiled ones: the timing options of speed / decode (repeats, a time cap,
+    plots) would do nothing here, so they are refused."""
+    for extra in (["--repeats", "3"], ["--max-seconds", "5"], ["--plot", str(tmp_path / "p")]):
+        with pytest.raises(SystemExit) as e:
+            main(["bench", "profile", "--mixers", "deltanet", "--lengths", "64", *extra])
+        assert e.value.code == 2
+    assert not (tmp_path / "p").exists()
+    capsys.readouterr()
+    assert main(["bench", "profile", "--mixers", "deltanet", "--lengths", "64", "--d-model", "32", "--heads", "2",
+                 "--warmup", "0", "--top", "3"]) == 0
+    assert "0 warm-up call(s), one profiled call" in capsys.readouterr().out
+
+
 def test_speed_no_floor_skips_the_projections(tmp_path):
     js = tmp_path / "s.json"
     assert main(["bench", "speed", *TINY, "--impl", "fast", "--no-flops", "--no-floor", "--gemm-sizes", "64",

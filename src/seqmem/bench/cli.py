@@ -41,24 +41,32 @@ from seqmem.cliargs import threads_note
 from seqmem.clihelp import add_deprecated_alias
 
 
-def _common(p: argparse.ArgumentParser, repeats: int, warmup: int, impl: str) -> None:
+def _common(p: argparse.ArgumentParser, repeats: int, warmup: int, impl: str, timed: bool = True) -> None:
+    """The options of speed / decode (``timed``) and profile (one profiled call: no repeats, cap or plots)."""
     add_model_options(p, d_model=256, heads=4)
     p.add_argument("--lengths", default=None,
                    help="comma-separated lengths, k = 1024 (e.g. 1k,2k,4k; default: the benchmark's own list)")
     p.add_argument("--batch-size", dest="batch", type=_pos_int, default=1, help="sequences per call")
     add_deprecated_alias(p, "--batch", "--batch-size")
-    add_repeat_options(p, repeats, warmup, "timed repeats per measurement", "untimed warm-up calls per measurement")
+    if timed:
+        add_repeat_options(p, repeats, warmup, "timed repeats per measurement", "untimed warm-up calls per measurement")
+    else:
+        from seqmem.cliargs import nonnegative_int
+
+        p.add_argument("--warmup", type=nonnegative_int, default=warmup,
+                       help="unprofiled calls before the one profiled call")
     p.add_argument("--device", default="cpu", help="torch device")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES), help="parameter and input dtype")
     p.add_argument("--impl", default=impl, choices=["fast", "reference", "both"],
                    help="the training form, the recurrent reference, or both")
-    p.add_argument("--max-seconds", type=_pos_float, default=30.0,
-                   help="time cap per measurement; what would exceed it is reported 'not run'")
+    if timed:
+        p.add_argument("--max-seconds", type=_pos_float, default=30.0,
+                       help="time cap per measurement; what would exceed it is reported 'not run'")
     p.add_argument("--threads", type=_pos_int, default=None,
                    help="torch threads (default: OMP_NUM_THREADS if set, else 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")
     _mixer_option(p)
-    add_output_options(p, "the summary tables", plot=True)
+    add_output_options(p, "the summary tables", plot=timed)
 
 
 def _mixer_option(p: argparse.ArgumentParser) -> None:
@@ -98,7 +106,7 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--piece", type=_pos_int, default=1024, help="tokens per piece when streaming the context")
     d.set_defaults(func=cmd_decode)
     pr = bsub.add_parser("profile", help="top ops of one forward+backward call of each mixer (torch.profiler)")
-    _common(pr, repeats=1, warmup=1, impl="fast")
+    _common(pr, repeats=1, warmup=1, impl="fast", timed=False)
     pr.add_argument("--top", type=_pos_int, default=12, help="ops to list per mixer")
     pr.set_defaults(func=cmd_profile)
 
@@ -152,7 +160,7 @@ def _setup(args: argparse.Namespace):
                                     else "") + f": {e}") from None
     if args.json is not None:
         check_writable_file(args.json)
-    if args.plot is not None:
+    if getattr(args, "plot", None) is not None:
         check_writable_dir(args.plot)
     if args.markdown is not None:
         check_writable_file(args.markdown, "--markdown")
@@ -197,7 +205,8 @@ def _header(args: argparse.Namespace, machine: dict[str, Any], title: str, setti
     :func:`run_end` where the run is over) and ``settings`` (default: those of speed / decode / profile)."""
     if settings is None:
         settings = (f"d_model={args.d_model}, heads={args.heads}, batch={args.batch}, dtype={args.dtype}, "
-                    f"device={args.device}, --max-seconds {args.max_seconds:g}")
+                    f"device={args.device}" + (f", --max-seconds {args.max_seconds:g}" if hasattr(args, "max_seconds")
+                                               else f", {args.warmup} warm-up call(s), one profiled call"))
     card = device_name(torch.device(getattr(args, "device", "cpu")))
     gpu = f"GPU {card}, " if card else ""
     return (f"## {title}\n\nCommand: `{_command(args)}`\n\nMachine: {gpu}{machine['cpu']}, {machine['cores']} cores, "

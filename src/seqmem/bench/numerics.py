@@ -463,7 +463,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tail", type=_pos_int, default=4096, help="tokens of the first/last error windows")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs")
     p.add_argument("--precisions", default=",".join(PRECISIONS),
-                   help=f"comma-separated subset of {','.join(PRECISIONS)} (float64 always runs: it is the reference)")
+                   help=f"comma-separated subset of {','.join(PRECISIONS)}, plus {','.join(EXTRA_PRECISIONS)} on "
+                        "request (float64 always runs: it is the reference)")
     p.add_argument("--impl", default="fast", choices=["fast", "reference"],
                    help="the training form or the recurrent reference")
     p.add_argument("--device", default="cpu", help="torch device")

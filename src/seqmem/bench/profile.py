@@ -12,14 +12,16 @@ from seqmem.bench.speed import _step_fn, build
 
 def profile_mixer(args: Any, device: torch.device, dtype: torch.dtype, name: str, seq_len: int,
                   impl: str = "fast", top: int = 15) -> dict[str, Any]:
-    """Profile one warm forward+backward call; return the top ops by self time and the op-call count."""
+    """Profile one forward+backward call after ``args.warmup`` unprofiled ones; return the top ops by self time and
+    the op-call count."""
     m = build(name, args, impl, device, dtype)
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
     x = torch.randn(args.batch, seq_len, args.d_model, generator=gen).to(device=device, dtype=dtype)
     x.requires_grad_(True)
     g = torch.randn(args.batch, seq_len, args.d_model, generator=gen).to(device=device, dtype=dtype)
     step = _step_fn(m, x, g)
-    step()  # warm-up
+    for _ in range(getattr(args, "warmup", 1)):
+        step()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=acts) as prof:
         step()

@@ -30,7 +30,9 @@ def add_parser(sub) -> None:
     from seqmem.cliargs import out_path
 
     p.add_argument("--out", type=out_path, default=None, help="sweep directory (default: runs/sweeps/<spec name>)")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes (at most the number of cores)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="worker processes (more than the machine's cores is allowed, with a warning: the timings "
+                        "then inflate)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads per worker (default: OMP_NUM_THREADS if set, else 1)")
     p.add_argument("--compile", action="store_true",

@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="give the SKA layers the paper's oracle action mask (App. F eq. 53, App. G.1): only the tasks' "
              "fact-bearing tokens (NIAH: the needles' key and value; per task in seqmem.tasks.echo_tasks) enter "
              "SKA's statistics, chunk-causally, in training and in every evaluation; SKA models only (--models "
-             "ssm_ska) and with --no-mqar",
+             "ssm_ska); at a scale with the §4.2 MQAR grid (smoke, paper) also --no-mqar",
     )
     parser.add_argument(
         "--ska-operator", default="chunk_causal", choices=SKA_OPERATORS,

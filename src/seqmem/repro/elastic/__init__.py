@@ -33,7 +33,7 @@ from seqmem.repro.elastic.evaluation import elastic_layers, set_window, summaris
 from seqmem.repro.elastic.hippo_tables import gbt_compress, table12, table13
 from seqmem.repro.elastic.models import build_model, model_specs, train_cfg
 from seqmem.repro.elastic.paper import PAPER_T2, PAPER_T3, PAPER_T5, PAPER_T8, PAPER_T8_16X, PAPER_T12, PAPER_T13
-from seqmem.repro.elastic.runner import add_arguments, plot_per_block, run
+from seqmem.repro.elastic.runner import SCALES_HELP, THREADS_FIXED, add_arguments, plot_per_block, run
 from seqmem.repro.elastic.topic import TopicTask, topic_check
 
 __all__ = [
@@ -48,6 +48,8 @@ __all__ = [
     "SCALES",
     "TOPIC",
     "TopicTask",
+    "SCALES_HELP",
+    "THREADS_FIXED",
     "add_arguments",
     "build_model",
     "elastic_layers",

@@ -19,10 +19,21 @@ from seqmem.repro.elastic.models import lm_config, model_device, model_specs, tr
 from seqmem.repro.elastic.paper import PAPER_T2, PAPER_T3, PAPER_T5, PAPER_T8, PAPER_T8_16X
 from seqmem.repro.elastic.topic import _topic_section
 
+#: the reproduction trains on one torch thread whatever the environment says (``torch_threads(1)`` in ``run``)
+THREADS_FIXED = 1
+
+#: the --scale help of `seqmem repro elastic` (the paper scale refuses to run without a GPU)
+SCALES_HELP = ("smoke: tiny budgets that check everything runs, seconds; small (default): the committed "
+               "docs/results, minutes; paper: the inferred 100M / 32k-token configuration, which needs a CUDA GPU "
+               "(refused without one)")
+
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--steps", type=int, default=None,
-                        help="override the number of training steps (default: the scale's)")
+    from seqmem.cliargs import positive_int
+
+    parser.add_argument("--steps", type=positive_int, default=None,
+                        help="override the training steps of the LM tables (not the topic-memory check's; default: "
+                             "the scale's)")
     parser.add_argument("--corpus", default="code", help="LMTask corpus (code, docs or a path)")
     parser.add_argument("--skip-lm", action="store_true", help="only the HiPPO tables (12) — seconds")
     parser.add_argument("--only-topic", action="store_true", help="only the synthetic topic-memory check")
@@ -74,10 +85,12 @@ def _run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     seed = int(getattr(args, "seed", 0) or 0)
-    cmd = f"seqmem repro elastic --scale {scale}" + (f" --steps {args.steps}" if getattr(args, "steps", None) else "")
+    corpus = getattr(args, "corpus", "code")
+    cmd = (f"seqmem repro elastic --scale {scale}" + (f" --steps {args.steps}" if getattr(args, "steps", None) else "")
+           + (f" --corpus {corpus}" if corpus != "code" else ""))
     T = c["block_len"] * c["n_blocks"]
     note = (
-        f"{scale}: byte-level LM on the `code` corpus, d_model={c['d_model']}, {c['n_layers']} layers, "
+        f"{scale}: byte-level LM on the `{corpus}` corpus, d_model={c['d_model']}, {c['n_layers']} layers, "
         f"{c['n_heads']} heads, blocks of {c['block_len']} bytes x {c['n_blocks']} = {T}-byte windows, "
         f"batch {c['batch']}, {c['steps']} steps; memory 1x = N = {c['n1x']} (paper: 100M params, 2048-token "
         f"blocks x 16, 40B tokens, N = 540)"

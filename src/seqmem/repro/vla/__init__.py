@@ -27,7 +27,7 @@ from seqmem.repro.vla.latency import exp_latency
 from seqmem.repro.vla.models import mqar_task, train_one
 from seqmem.repro.vla.paper import PAPER_CAPACITY, PAPER_COPY, PAPER_LONG, PAPER_N24_2000, PAPER_OOD
 from seqmem.repro.vla.recall import exp_capacity, exp_copy, exp_long, exp_ood
-from seqmem.repro.vla.runner import EXPERIMENTS, add_arguments, check_args, learning_rates, run
+from seqmem.repro.vla.runner import EXPERIMENTS, SEED_HELP, add_arguments, check_args, learning_rates, run
 
 __all__ = [
     "ALL_MODELS",
@@ -41,6 +41,7 @@ __all__ = [
     "PAPER_N24_2000",
     "PAPER_OOD",
     "SCALES",
+    "SEED_HELP",
     "add_arguments",
     "check_args",
     "exp_capacity",

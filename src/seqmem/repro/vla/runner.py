@@ -18,13 +18,19 @@ from seqmem.repro.vla.recall import exp_capacity, exp_copy, exp_long, exp_ood
 EXPERIMENTS = ["stability", "jacobian", "latency", "copy", "capacity", "long_context", "ood"]
 
 
+#: the --seed help of `seqmem repro vla`
+SEED_HELP = ("first training seed: 0 (the default) keeps the scale's seeds (42; paper: 42, 123, 999), a non-zero S "
+             "replaces the first of them")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experiments", default=",".join(EXPERIMENTS), help=f"comma list of {EXPERIMENTS}")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma list of {list(ALL_MODELS)}")
     p.add_argument("--steps", type=int, default=None,
                    help="override the training steps of every experiment (default: the scale's)")
-    p.add_argument("--capacity-ns", default=None, help="override the MQAR capacity n list, e.g. 4,8 (default: the "
-                                                       "scale's)")
+    p.add_argument("--capacity-ns", default=None,
+                   help="override the MQAR capacity n list, e.g. 4,8 (replaces the whole list, the paper scale's "
+                        "n = 32 / 48 block included; default: the scale's)")
     p.add_argument("--batch-size", dest="batch", type=int, default=None,
                    help="override the MQAR batch size (default: the scale's)")
     from seqmem.clihelp import add_deprecated_alias
@@ -99,7 +105,7 @@ def _run_body(args: argparse.Namespace, scale: str, cfg: dict[str, Any], out: Pa
                + (f" --lr-sweep {args.lr_sweep}" if getattr(args, "lr_sweep", None) else "")
                + (f" --steps {steps}" if steps is not None else "")
                + (f" --capacity-ns {args.capacity_ns}" if getattr(args, "capacity_ns", None) else "")
-               + (f" --batch {args.batch}" if getattr(args, "batch", None) else ""))
+               + (f" --batch-size {args.batch}" if getattr(args, "batch", None) else ""))
     runs: list[dict[str, Any]] = []
     timing: dict[str, float] = {}
     for e in exps:
