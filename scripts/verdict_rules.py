@@ -758,6 +758,9 @@ def echo() -> dict[str, Any]:
           for r in transfer["rows"] if str(r.get("table")) == "3"}
     # the paper's "Mean" is over all lengths and KV counts (not the mean of its task rows): our mean over all cells
     t3_ref_mean = t3["Mean (of all cells)"]["ours SSM+Attn"].split(" (")[0]  # "mean ± std"
+    t3_ref = float(t3_ref_mean.split(" ±")[0])
+    # rule 3 for Table 3: the reference against the paper's 76.2, the criterion of Table 2's claims
+    t3_calibrated = t3_ref >= 76.2 - 5.0
     attn = {int(r["task"].split("= ")[1]): r for r in transfer["rows"] if str(r.get("table")) == "2"}
 
     def table2(length: int, what: str) -> dict[str, Any]:
@@ -844,9 +847,16 @@ def echo() -> dict[str, Any]:
             "metric": "mean accuracy % over every cell (sequence length, KV count) of Table 3's tasks",
             "paper": {"a": 81.1, "b": 76.2, "source": "Table 3 \"Mean\" row (\"mean accuracy across all sequence "
                                                       "lengths and KV counts\", its caption)"},
+            "calibration": {"reference": "Mamba-2 + attention under the same training (transfer_paper, lr 3e-4, "
+                                         "3 seeds), its mean over all cells", "ours": t3_ref, "paper": 76.2,
+                            "criterion": "within 5 points of the paper's value or above it",
+                            "calibrated": t3_calibrated},
             "protocols": {
-                "paper": {"status": "uncalibrated", "why": "the reference (Mamba-2 + attention) reaches "
-                          f"{t3_ref_mean} against the paper's 76.2 at the paper's size and lr"},
+                "paper": ({"status": "uncalibrated", "why": "the reference (Mamba-2 + attention) reaches "
+                           f"{t3_ref_mean} against the paper's 76.2 at the paper's size and lr"}
+                          if not t3_calibrated else
+                          {"status": "not run", "why": "the reference calibrates, but the suite ran SKA chunk-causal "
+                           "with chunk 16 and no action mask, not the paper's protocol"}),
                 "tuned": {"status": "not run", "why": "no lr but the paper's was trained"},
             },
             "pending": "a tuned-lr transfer suite (not specified yet); the reference must calibrate first",
