@@ -211,10 +211,10 @@ def is_finished(run_dir: Path) -> bool:
 def trained_fraction(run_dir: Path, steps: int) -> float:
     """The share of ``steps`` an unfinished run has already trained: its newest checkpoint's step (by name; a
     corrupt one is found out when the run resumes) over ``steps``; 0 for a run that has none."""
-    from seqmem.train.checkpoint import CKPT_PREFIX, list_checkpoints
+    from seqmem.train.checkpoint import checkpoint_step, list_checkpoints
 
-    done = [int(n) for c in list_checkpoints(run_dir / "checkpoints") if (n := c.name[len(CKPT_PREFIX):]).isdigit()]
-    return min(max(done) / steps, 1.0) if done and steps > 0 else 0.0
+    found = list_checkpoints(run_dir / "checkpoints")  # oldest step first
+    return min(checkpoint_step(found[-1]) / steps, 1.0) if found and steps > 0 else 0.0
 
 
 def part_trained(out: Path, points: list[Point]) -> dict[Point, float]:

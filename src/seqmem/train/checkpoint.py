@@ -93,15 +93,20 @@ def remove_orphans(directory: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+def checkpoint_step(path: Path) -> int | None:
+    """The step of a ``ckpt-<step>`` directory's name, None for any other name."""
+    suffix = Path(path).name[len(CKPT_PREFIX):] if Path(path).name.startswith(CKPT_PREFIX) else ""
+    return int(suffix) if suffix.isdigit() else None
+
+
 def list_checkpoints(directory: Path) -> list[Path]:
     """The ``ckpt-<step>`` directories in ``directory``, oldest step first: ordered by the step's number, not by
     name (``ckpt-100000000`` comes after ``ckpt-99999999``); a directory whose suffix is not a step is not one."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    found = [p for p in directory.iterdir()
-             if p.is_dir() and p.name.startswith(CKPT_PREFIX) and p.name[len(CKPT_PREFIX):].isdigit()]
-    return sorted(found, key=lambda p: (int(p.name[len(CKPT_PREFIX):]), p.name))
+    found = [p for p in directory.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
+    return sorted(found, key=lambda p: (checkpoint_step(p), p.name))
 
 
 def verify_checkpoint(path: Path) -> bool:

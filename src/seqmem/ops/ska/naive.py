@@ -140,6 +140,20 @@ def ska_sequence_operator_naive(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | 
         return _sequence_operator(q, k, v, mask, eps, norm, kw)
 
 
+def _divisor(m: Tensor, norm: str) -> Tensor:
+    """What keys and queries are divided by: the key norm ``m`` clamped at 1e-6, 1 where it is 0 or for
+    ``norm="none"``."""
+    return torch.where(m > 0, torch.clamp(m, min=1e-6), torch.ones_like(m)) if norm != "none" else torch.ones_like(m)
+
+
+def _add_token(G: Tensor, M: Tensor, Cv: Tensor, z_prev: Tensor, z: Tensor, v_t: Tensor
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One token into eq. (53)'s sums: ``G += z zᵀ``, ``M += z z_prevᵀ``, ``C_v += v zᵀ`` (``z`` = ``m_t ẑ_t``, zero
+    for a masked-out token); returns the sums and ``z`` as the next ``z_prev``."""
+    return (G + z[..., :, None] * z[..., None, :], M + z[..., :, None] * z_prev[..., None, :],
+            Cv + v_t[..., :, None] * z[..., None, :], z)
+
+
 def _sequence_operator(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, eps: float, norm: str,
                        kw: dict) -> tuple[Tensor, dict[str, Tensor]]:
     B, T, H, r = k.shape
@@ -158,18 +172,14 @@ def _sequence_operator(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, eps
             mb = torch.maximum(mb, torch.sqrt((k[b, t] ** 2).sum(-1)))
         rows.append(mb)
     m = torch.stack(rows) if norm != "none" else torch.zeros(B, H, dtype=dt, device=k.device)
-    div = torch.where(m > 0, torch.clamp(m, min=1e-6), torch.ones_like(m)) if norm != "none" else torch.ones_like(m)
+    div = _divisor(m, norm)
     # 2. the masked sums of eq. (53), one token at a time
     G = torch.zeros(B, H, r, r, dtype=dt, device=k.device)
     M = torch.zeros(B, H, r, r, dtype=dt, device=k.device)
     Cv = torch.zeros(B, H, P, r, dtype=dt, device=k.device)
     z_prev = torch.zeros(B, H, r, dtype=dt, device=k.device)  # m_{t-1} ẑ_{t-1}
     for t in range(T):
-        z = w[:, t, None, None] * k[:, t] / div[..., None]
-        G = G + z[..., :, None] * z[..., None, :]
-        M = M + z[..., :, None] * z_prev[..., None, :]
-        Cv = Cv + v[:, t, :, :, None] * z[..., None, :]
-        z_prev = z
+        G, M, Cv, z_prev = _add_token(G, M, Cv, z_prev, w[:, t, None, None] * k[:, t] / div[..., None], v[:, t])
     # 3. App. F steps 4-10 on G + εI for every query ẑ^q_t = z^q_t / m
     Gt = G + eps * torch.eye(r, dtype=dt, device=k.device)
     Q = (q / div[:, None, :, None]).permute(0, 2, 3, 1)  # (B, H, r, T)
@@ -191,18 +201,13 @@ def ska_sequence_decode_naive(q: Tensor, k: Tensor, v: Tensor, state: dict[str, 
         out_dtype, dt = v.dtype, torch.promote_types(v.dtype, torch.float32)
         q, k, v = q.to(dt), k.to(dt), v.to(dt)
         w = torch.ones(B, T, dtype=dt, device=k.device) if mask is None else mask.to(dt)
-        m = state["m"].to(dt)
-        div = torch.where(m > 0, torch.clamp(m, min=1e-6), torch.ones_like(m)) if norm != "none" else torch.ones_like(m)
+        div = _divisor(state["m"].to(dt), norm)
         G, M, Cv = state["G"].to(dt), state["M"].to(dt), state["Cv"].to(dt)
         z_prev = state["z_prev"].to(dt)
         eye = torch.eye(r, dtype=dt, device=k.device)
         outs = []
         for t in range(T):
-            z = w[:, t, None, None] * k[:, t] / div[..., None]
-            G = G + z[..., :, None] * z[..., None, :]
-            M = M + z[..., :, None] * z_prev[..., None, :]
-            Cv = Cv + v[:, t, :, :, None] * z[..., None, :]
-            z_prev = z
+            G, M, Cv, z_prev = _add_token(G, M, Cv, z_prev, w[:, t, None, None] * k[:, t] / div[..., None], v[:, t])
             outs.append(ska_readout_appf(G + eps * eye, M, Cv, (q[:, t] / div[..., None])[..., None], **kw)[..., 0])
         o = torch.stack(outs, 1)
         new = {"G": G, "M": M, "Cv": Cv, "z_prev": z_prev, "m": state["m"], "pos": state["pos"] + T}
