@@ -465,7 +465,7 @@ def _ska_sequence_decode(q, k, v, st, mask, eps, norm, kw):
     B, T, H, r = k.shape
     out_dtype, cdt = v.dtype, torch.promote_types(v.dtype, torch.float32)
     q, k, v = q.to(cdt), k.to(cdt), v.to(cdt)
-    s = _norm_scale(st["m"].to(cdt), norm)[:, None, :, None]  # the prefix's norm, frozen (§3.5)
+    s = _norm_scale(st["m"].to(cdt), norm)[:, None, :, None]  # the prefix's norm, frozen (§3.2.1)
     z = k / s if mask is None else mask.to(cdt)[:, :, None, None] * (k / s)  # m_t ẑ_t
     z_prev = torch.cat([st["z_prev"].to(cdt)[:, None], z[:, :-1]], 1)
     G = st["G"].to(cdt)[:, None] + torch.einsum("bthr,bths->bthrs", z, z).cumsum(1)
