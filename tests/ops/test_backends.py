@@ -199,19 +199,20 @@ def test_float16_linear_attention_stays_on_pytorch(fake_fla):
 
 def test_vort_fla_kernel_follows_the_backend_switch(monkeypatch):
     """VORT's fla kernel (simple GLA) is a backend like the others: SEQMEM_BACKENDS / use_backends("pytorch") turn
-    it off (it used to follow only the Triton switch)."""
+    it off (it used to follow only the Triton switch); seqmem's own kernel then runs, which follows the Triton
+    switch (tests/ops/test_vort_triton.py)."""
     from seqmem.ops.vort import chunk as vort_chunk
 
     monkeypatch.setattr(vort_chunk._triton, "use_triton", lambda *a: True)
     monkeypatch.setattr(vort_chunk._FLA_GLA, "_available", True)
     x = torch.rand(1, 4, 2, 3)
     args = (x, x, x, x, x, {}, None)
-    assert vort_chunk._gla_applies(*args)
+    assert vort_chunk._gla_form(*args) == "fla"
     with backends.backends("pytorch"):
-        assert not vort_chunk._gla_applies(*args)
+        assert vort_chunk._gla_form(*args) == "triton"
     with backends.backends(["mamba_ssm"]):
-        assert not vort_chunk._gla_applies(*args)
-    assert not vort_chunk._gla_applies(x.double(), *args[1:])
+        assert vort_chunk._gla_form(*args) == "triton"
+    assert vort_chunk._gla_form(x.double(), *args[1:]) is None
 
 
 def test_mamba_gets_one_group_for_an_expanded_B_and_C():

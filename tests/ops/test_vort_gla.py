@@ -104,7 +104,7 @@ def test_split_sequence_continues_from_state(normalizer):
 def test_op_dispatch(monkeypatch):
     """soe_retention(mode="chunk") takes the GLA form where it applies (CUDA + fla; forced here), not with
     strict_causal."""
-    monkeypatch.setattr(vort_chunk, "_gla_applies", lambda *a: True)
+    monkeypatch.setattr(vort_chunk, "_gla_form", lambda *a: "fla")
     monkeypatch.setattr(vort_gla, "_fla_gla", lambda: gla_loop)
     calls = []
     monkeypatch.setattr(vort_chunk, "soe_retention_gla", lambda *a, **kw: calls.append(1) or

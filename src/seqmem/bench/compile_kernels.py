@@ -51,6 +51,7 @@ def _cases(quick: bool = False) -> list[tuple[str, Callable[[], None]]]:
 
     from seqmem.ops.lattice import fused_recurrent as lat
     from seqmem.ops.vla import fused_recurrent as vla
+    from seqmem.ops.vort import chunk_simple_gla as gla
 
     B, T, H = 1, 3, 1
 
@@ -84,13 +85,26 @@ def _cases(quick: bool = False) -> list[tuple[str, Callable[[], None]]]:
         o, st = vla.fused_recurrent_vla_paper_delta_rule(q, k, v, beta, chunk_size=2)
         (o.sum() + st["S"].sum()).backward()
 
+    def simple_gla(dtype: torch.dtype, K: int = 64, V: int = 65) -> Callable[[], None]:  # noqa: N803
+        def run() -> None:  # VORT's channels as heads: V = Dv + 1 (the key-sum column), two value blocks
+            g = torch.Generator().manual_seed(0)
+            q, k = (torch.randn(B, 70, H, K, generator=g, dtype=dtype).requires_grad_() for _ in range(2))
+            v = torch.randn(B, 70, H, V, generator=g, dtype=dtype).requires_grad_()
+            lg = (-torch.rand(B, 70, H, generator=g)).requires_grad_()
+            h0 = torch.randn(B, H, K, V, generator=g).requires_grad_()
+            o, ht = gla.chunk_simple_gla(q, k, v, lg, initial_state=h0, output_final_state=True)
+            (o.float().sum() + ht.sum()).backward()
+
+        return run
+
     dtypes = (torch.float32,) if quick else (torch.float32, torch.bfloat16)
     cases = [(f"lattice {o} {str(dt)[6:]}{' forget' if f else ''}", lattice(o, dt, f))
              for o in ("dec", "enc", "sim") for dt in dtypes for f in (False, True)]
     cases += [("vla", vla_attention(False)), ("vla fixed_A", vla_attention(True)), ("vla paper delta rule", vla_delta)]
+    cases += [(f"vort simple GLA {str(dt)[6:]}", simple_gla(dt)) for dt in dtypes]
     if not quick:
         cases += [("lattice dec float32 d=m=128", lattice("dec", torch.float32, False, 128)),
-                  ("vla d=128", vla_attention(False, 128))]
+                  ("vla d=128", vla_attention(False, 128)), ("vort simple GLA K=128", simple_gla(torch.float32, 128))]
     return cases
 
 

@@ -9,8 +9,9 @@ all tokens and a per-token input weight c_s(α_t),
 
 (the c_now term is the λ = 0 tail lump, acting at lag 0 only).  Modes: ``"recurrent"`` (the per-token loop of
 the paper, ``naive.py``), ``"chunk"`` (RetNet/GLA-style chunked form) and ``"parallel"`` (one chunk = quadratic form).
-On CUDA with flash-linear-attention installed, ``"chunk"`` without ``strict_causal`` runs fla's chunked simple-GLA
-kernel with the channels as heads (``gla.py``; the same math).
+On CUDA, ``"chunk"`` without ``strict_causal`` runs a chunked simple-GLA Triton kernel with the channels as heads
+(``gla.py``; the same math): flash-linear-attention's where it is installed and enabled, else seqmem's own
+(``chunk_simple_gla.py``).
 Normalisers: ``"kernel"`` (eq. 16, default; kernel-weighted denominator) and ``"plain"`` (eq. 13: undecayed
 denominator Σ_i φ(q_t)·φ(k_i); one extra accumulator z).  ``strict_causal=True`` reads out before writing token
 t (eq. 13's i < t).  Keys may be passed in scaled form, φ(k_t) = k_t e^{β_t} (``k_log_scale``): the state is then
@@ -174,7 +175,7 @@ def soe_retention(
         coef_now = coef_now[:, :, None].expand(B, T, H)
     if (shared is not None and normalizer == "kernel" and mode == "chunk" and initial_state is None
             and not output_final_state and T > 1 and lag_form_applies(T, S, F, v.shape[-1])
-            and not _gla_applies(q, k, v, coef, coef_now, None, k_log_scale)):
+            and _gla_form(q, k, v, coef, coef_now, None, k_log_scale) is None):
         _backends.note_form("soe_retention", "pytorch")
         return _lag_form(q, k, v, shared[0], xi, shared[1], eps0, strict_causal, k_log_scale), None
     if mode == "recurrent":
@@ -185,11 +186,12 @@ def soe_retention(
     if T == 1 and mode != "recurrent":  # a decode step: one fused update of the state, no chunk machinery
         return _final(output_final_state, *_one_token(q, k, v, coef, xi, coef_now, eps0, normalizer, strict_causal,
                                                       initial_state, k_log_scale))
-    if mode == "chunk" and not strict_causal and _gla_applies(q, k, v, coef, coef_now, initial_state, k_log_scale):
-        _backends.note_form("soe_retention", "fla")
+    form = None if mode != "chunk" or strict_causal else _gla_form(q, k, v, coef, coef_now, initial_state, k_log_scale)
+    if form is not None:
+        _backends.note_form("soe_retention", form)
         return _final(output_final_state, *soe_retention_gla(
             q, k, v, coef, xi, coef_now, eps0=eps0, normalizer=normalizer, initial_state=initial_state,
-            k_log_scale=k_log_scale))
+            k_log_scale=k_log_scale, gla=None if form == "fla" else _seqmem_gla()))
     _backends.note_form("soe_retention", "pytorch")
     G = b = z = m = None  # the chunked form skips the zero state's terms (None = zero)
     if initial_state is not None:
@@ -309,14 +311,25 @@ def _final(wanted: bool, o: Tensor, state: dict[str, Tensor]) -> tuple[Tensor, d
     return o, (state if wanted else None)
 
 
-def _gla_applies(q, k, v, coef, coef_now, initial_state, k_log_scale) -> bool:
-    """Whether ``mode="chunk"`` runs as fla's chunked simple-GLA kernel with the channels as heads (``gla.py``):
-    CUDA tensors with Triton kernels on (:func:`seqmem.ops._triton.use_triton`), the ``fla`` backend enabled
-    (:func:`seqmem.backends.use_backends` / ``SEQMEM_BACKENDS``), fla's kernel importable, no float64."""
+def _gla_form(q, k, v, coef, coef_now, initial_state, k_log_scale) -> str | None:
+    """Which chunked simple-GLA kernel ``mode="chunk"`` runs with the channels as heads (``gla.py``), or None (the
+    PyTorch forms).  Only CUDA tensors with Triton kernels on (:func:`seqmem.ops._triton.use_triton`) and no
+    float64 take one: ``"fla"``, flash-linear-attention's ``chunk_simple_gla``, where the ``fla`` backend is enabled
+    (:func:`seqmem.backends.use_backends` / ``SEQMEM_BACKENDS``) and installed; else ``"triton"``, seqmem's own
+    (``chunk_simple_gla.py``)."""
     ts = [q, k, v, coef, coef_now, k_log_scale, *(initial_state or {}).values()]
     ts = [t for t in ts if t is not None]
-    return (_triton.use_triton(*ts) and "fla" in _backends.enabled_backends() and _FLA_GLA.is_available()
-            and all(t.dtype != torch.float64 for t in ts))
+    if not (_triton.use_triton(*ts) and all(t.dtype != torch.float64 for t in ts)):
+        return None
+    if "fla" in _backends.enabled_backends() and _FLA_GLA.is_available():
+        return "fla"
+    return "triton"
+
+
+def _seqmem_gla():
+    from seqmem.ops.vort.chunk_simple_gla import chunk_simple_gla
+
+    return chunk_simple_gla
 
 
 # fla's simple-GLA kernels as a backend: installed and importable, checked once (a broken install is unavailable)

@@ -1,8 +1,9 @@
-"""VORT's SOE retention on CUDA through flash-linear-attention's chunked simple-GLA kernel, channels as heads.
+"""VORT's SOE retention on CUDA through a chunked simple-GLA kernel, channels as heads: flash-linear-attention's, or
+seqmem's own with the same signature (``chunk_simple_gla.py``).
 
 Each SOE channel s of eqs. (14)-(15) is a scalar-gated linear attention with a data-independent decay:
 ``G_t^(s) = e^{-ξ_s} G_{t-1}^(s) + (c_s(α_t) φ(k_t)) v_tᵀ``; its key sum ``b^(s)`` is the same recurrence with a value
-column of ones.  fla's ``chunk_simple_gla`` computes ``h_t = e^{g_t} h_{t-1} + k_t v_tᵀ``, ``o_t = h_tᵀ q_t·scale``
+column of ones.  ``chunk_simple_gla`` computes ``h_t = e^{g_t} h_{t-1} + k_t v_tᵀ``, ``o_t = h_tᵀ q_t·scale``
 per head, so with the channels as extra heads (keys ``c_s(α_t) φ(k_t)``, gate ``g = -ξ_s``, values ``[v_t, 1]``,
 ``scale = 1``) and the per-channel outputs summed, it computes exactly eq. (16)'s numerator and denominator.
 
