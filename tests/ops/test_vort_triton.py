@@ -96,7 +96,7 @@ def test_defaults_and_no_final_state():
     h0 = torch.randn(1, 1, 9, 8).to(DEVICE)
     o0, h0_out = kern.chunk_simple_gla(q[:, :0], k[:, :0], v[:, :0], g[:, :0], initial_state=h0,
                                        output_final_state=True)
-    assert o0.shape == (1, 0, 1, 8) and torch.equal(h0_out, h0)
+    assert o0.shape == (1, 0, 1, 8) and torch.equal(h0_out, h0) and h0_out is not h0
 
 
 def test_refusals():
@@ -105,6 +105,8 @@ def test_refusals():
         kern.chunk_simple_gla(q.double(), k.double(), v.double(), g.double())
     with pytest.raises(ValueError, match="power of two"):
         kern.chunk_simple_gla(q, k, v, g, chunk_size=24)
+    with pytest.raises(ValueError, match="power of two from 16 to 128"):
+        kern.chunk_simple_gla(q, k, v, g, chunk_size=256)
     with pytest.raises(ValueError, match="must agree"):
         kern.chunk_simple_gla(q, k, v, g[:, :4])
     with pytest.raises(ValueError, match="initial_state"):
@@ -181,3 +183,16 @@ def test_op_takes_seqmems_kernel_without_fla(monkeypatch):
                                  eps0=1e-3, mode="recurrent")
         assert_rel_close(o.double(), o_r, 1e-4, "o")
         assert_rel_close(s["G"].double(), s_r["G"], 1e-4, "G")
+
+
+def test_continues_a_state_that_has_seen_no_key():
+    """An empty piece with scaled keys returns m = −inf (no key scale yet); the next piece through the kernel takes
+    its first key's units (a gate of −inf − β would make the kernel's γ_i − γ_j a NaN)."""
+    q, k, v, coef, xi, cn, beta, _ = _soe_inputs(13, True, False, False)
+    _, st = soe_retention(q[:, :0], k[:, :0], v[:, :0], coef[:, :0], xi, cn[:, :0], k_log_scale=beta[:, :0])
+    assert torch.isinf(st["m"]).all()
+    o, s = vort_gla.soe_retention_gla(q, k, v, coef, xi, cn, eps0=1e-3, normalizer="kernel", initial_state=st,
+                                      k_log_scale=beta, gla=kern.chunk_simple_gla)
+    o_r, s_r = soe_retention(q, k, v, coef, xi, cn, eps0=1e-3, initial_state=st, k_log_scale=beta, mode="recurrent")
+    assert_rel_close(o, o_r, 1e-4, "o")
+    assert_rel_close(s["G"], s_r["G"], 1e-4, "G")

@@ -52,7 +52,8 @@ __all__ = ["chunk_simple_gla"]
 def _rows(x, i_b, i_h, T, H, D, c, i_d, BT: tl.constexpr, BD: tl.constexpr):
     o_t = c * BT + tl.arange(0, BT)
     o_d = i_d * BD + tl.arange(0, BD)
-    p = x + (i_b * T * H + i_h) * D + o_t[:, None] * (H * D) + o_d[None, :]
+    # the chunk's first row in 64-bit (i_b is), the offsets inside it in 32-bit: fewer registers per tile
+    p = x + ((i_b * T + c * BT) * H + i_h) * D + tl.arange(0, BT)[:, None] * (H * D) + o_d[None, :]
     return p, (o_t < T)[:, None] & (o_d < D)[None, :]
 
 
@@ -60,7 +61,7 @@ def _rows(x, i_b, i_h, T, H, D, c, i_d, BT: tl.constexpr, BD: tl.constexpr):
 def _cols(x, i_b, i_h, T, H, D, c, i_d, BT: tl.constexpr, BD: tl.constexpr):  # the same rows, transposed (BD, BT)
     o_t = c * BT + tl.arange(0, BT)
     o_d = i_d * BD + tl.arange(0, BD)
-    p = x + (i_b * T * H + i_h) * D + o_t[None, :] * (H * D) + o_d[:, None]
+    p = x + ((i_b * T + c * BT) * H + i_h) * D + tl.arange(0, BT)[None, :] * (H * D) + o_d[:, None]
     return p, (o_t < T)[None, :] & (o_d < D)[:, None]
 
 
@@ -99,9 +100,9 @@ def _fwd_h_kernel(k, v, gc, h0, h, ht, T, H, NT, K, V,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr):
     # one (key block, value block) of the state per program: its rows evolve independently of the others
-    i_k = tl.program_id(0)
-    i_v = tl.program_id(1)
-    i_bh = tl.program_id(2).to(tl.int64)
+    i_bh = tl.program_id(0).to(tl.int64)  # batch·heads on axis 0 (up to 2³¹ − 1; axes 1-2 stop at 65,535)
+    i_k = tl.program_id(1)
+    i_v = tl.program_id(2)
     i_b = i_bh // H
     i_h = i_bh % H
     if USE_H0:
@@ -121,9 +122,9 @@ def _fwd_h_kernel(k, v, gc, h0, h, ht, T, H, NT, K, V,
 @triton.jit
 def _fwd_o_kernel(q, k, v, gc, h, o, scale, T, H, NT, K, V,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
-    i_v = tl.program_id(0)
+    i_bh = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    i_bh = tl.program_id(2).to(tl.int64)
+    i_v = tl.program_id(2)
     i_b = i_bh // H
     i_h = i_bh % H
     b_s = tl.zeros([BT, BT], dtype=tl.float32)
@@ -147,9 +148,9 @@ def _fwd_o_kernel(q, k, v, gc, h, o, scale, T, H, NT, K, V,
 def _bwd_dh_kernel(q, do, gc, dht, dh, dh0, scale, T, H, NT, K, V,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr):
-    i_k = tl.program_id(0)
-    i_v = tl.program_id(1)
-    i_bh = tl.program_id(2).to(tl.int64)
+    i_bh = tl.program_id(0).to(tl.int64)  # batch·heads on axis 0 (up to 2³¹ − 1; axes 1-2 stop at 65,535)
+    i_k = tl.program_id(1)
+    i_v = tl.program_id(2)
     i_b = i_bh // H
     i_h = i_bh % H
     if USE_DHT:
@@ -171,12 +172,13 @@ def _bwd_dh_kernel(q, do, gc, dht, dh, dh0, scale, T, H, NT, K, V,
 def _bwd_dqk_kernel(q, k, v, gc, h, dh, do, dq, dk, scale, B, T, H, NT, K, V,
                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     # one key block of dq and dk from one value block's part of dA = do vᵀ (the parts are summed in PyTorch)
-    i_kv = tl.program_id(0)
+    i_bh = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    i_bh = tl.program_id(2).to(tl.int64)
+    i_kv = tl.program_id(2)
     NV = tl.cdiv(V, BV)
     i_k = i_kv // NV
     i_v = i_kv % NV
+    part = i_v.to(tl.int64) * B * T * H * K  # this value block's slice of the partial dq, dk
     i_b = i_bh // H
     i_h = i_bh % H
     b_g, g_last = _gates(gc, i_b, i_h, H, NT, c, BT)
@@ -189,21 +191,21 @@ def _bwd_dqk_kernel(q, k, v, gc, h, dh, do, dq, dk, scale, B, T, H, NT, K, V,
     b_k = _ld(_rows(k, i_b, i_h, T, H, K, c, i_k, BT, BK))
     b_h = _ld(_state(h, i_bh, NT, c, K, V, i_k, i_v, BK, BV))
     b_dq = _dot(b_da, b_k, PREC) + _dot(b_do, tl.trans(b_h), PREC) * (tl.exp(b_g) * scale)[:, None]
-    _st(_rows(dq + i_v * B * T * H * K, i_b, i_h, T, H, K, c, i_k, BT, BK), b_dq)
+    _st(_rows(dq + part, i_b, i_h, T, H, K, c, i_k, BT, BK), b_dq)
     # dk_j = Σ_i dA_ij q_i + e^{Γ − γ_j} dH_c v_j
     b_q = _ld(_rows(q, i_b, i_h, T, H, K, c, i_k, BT, BK))
     b_dh = _ld(_state(dh, i_bh, NT, c, K, V, i_k, i_v, BK, BV))
     b_dk = _dot(tl.trans(b_da), b_q, PREC) + _dot(tl.trans(b_vt), tl.trans(b_dh), PREC) * tl.exp(g_last - b_g)[:, None]
-    _st(_rows(dk + i_v * B * T * H * K, i_b, i_h, T, H, K, c, i_k, BT, BK), b_dk)
+    _st(_rows(dk + part, i_b, i_h, T, H, K, c, i_k, BT, BK), b_dk)
 
 
 @triton.jit
 def _bwd_dv_kernel(q, k, gc, dh, do, dv, scale, T, H, NT, K, V,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     # dv_j = Σ_{i ≥ j} A_ij do_i + e^{Γ − γ_j} dH_cᵀ k_j, with A_ij = scale e^{γ_i − γ_j} q_i·k_j
-    i_v = tl.program_id(0)
+    i_bh = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    i_bh = tl.program_id(2).to(tl.int64)
+    i_v = tl.program_id(2)
     i_b = i_bh // H
     i_h = i_bh % H
     b_at = tl.zeros([BT, BT], dtype=tl.float32)  # Aᵀ before its decay and scale
@@ -260,10 +262,10 @@ class _ChunkSimpleGLA(torch.autograd.Function):
         nk, nv = triton.cdiv(K, BK), triton.cdiv(V, BV)
         w = num_warps(BK * BV)
         with device_guard(q):
-            _fwd_h_kernel[(nk, nv, B * H)](k, v, gc, h0 if h0 is not None else ht, h, ht, T, H, NT, K, V,
+            _fwd_h_kernel[(B * H, nk, nv)](k, v, gc, h0 if h0 is not None else ht, h, ht, T, H, NT, K, V,
                                            BT=BT, BK=BK, BV=BV, USE_H0=h0 is not None, STORE_HT=True, PREC=prec,
                                            num_warps=w)
-            _fwd_o_kernel[(nv, NT, B * H)](q, k, v, gc, h, o, scale, T, H, NT, K, V, BT=BT, BK=BK, BV=BV,
+            _fwd_o_kernel[(B * H, NT, nv)](q, k, v, gc, h, o, scale, T, H, NT, K, V, BT=BT, BK=BK, BV=BV,
                                            PREC=prec, num_warps=w)
         ctx.save_for_backward(q, k, v, gc, h, ht, h0)
         ctx.scale, ctx.BT, ctx.g_dtype, ctx.prec = scale, BT, g.dtype, prec
@@ -288,12 +290,12 @@ class _ChunkSimpleGLA(torch.autograd.Function):
         dk = q.new_empty(nv, B, T, H, K, dtype=torch.float32)
         dv = q.new_empty(B, T, H, V, dtype=torch.float32)
         with device_guard(q):
-            _bwd_dh_kernel[(nk, nv, B * H)](q, do, gc, dht if dht is not None else dh0, dh, dh0, scale, T, H, NT, K,
+            _bwd_dh_kernel[(B * H, nk, nv)](q, do, gc, dht if dht is not None else dh0, dh, dh0, scale, T, H, NT, K,
                                             V, BT=BT, BK=BK, BV=BV, USE_DHT=dht is not None, STORE_DH0=True,
                                             PREC=prec, num_warps=w)
-            _bwd_dqk_kernel[(nk * nv, NT, B * H)](q, k, v, gc, h, dh, do, dq, dk, scale, B, T, H, NT, K, V,
+            _bwd_dqk_kernel[(B * H, NT, nk * nv)](q, k, v, gc, h, dh, do, dq, dk, scale, B, T, H, NT, K, V,
                                                   BT=BT, BK=BK, BV=BV, PREC=prec, num_warps=wb)
-            _bwd_dv_kernel[(nv, NT, B * H)](q, k, gc, dh, do, dv, scale, T, H, NT, K, V, BT=BT, BK=BK, BV=BV,
+            _bwd_dv_kernel[(B * H, NT, nv)](q, k, gc, dh, do, dv, scale, T, H, NT, K, V, BT=BT, BK=BK, BV=BV,
                                             PREC=prec, num_warps=w)
         dq, dk = dq.sum(0), dk.sum(0)
         # ∂L/∂B_t = q_t·dq_t − k_t·dk_t (+ ⟨dh_T, h_T⟩ at the last token); dg_t = Σ_{u ≥ t} ∂L/∂B_u
@@ -332,8 +334,11 @@ def chunk_simple_gla(
     V = v.shape[-1]
     if chunk_size is None:
         chunk_size = 32 if _precision(q, k, v) == "ieee" else 64
-    if not (isinstance(chunk_size, int) and chunk_size >= 16 and chunk_size & (chunk_size - 1) == 0):
-        raise ValueError(f"{op}: chunk_size must be a power of two >= 16, got {chunk_size!r}")
+    if not (isinstance(chunk_size, int) and 16 <= chunk_size <= 128 and chunk_size & (chunk_size - 1) == 0):
+        raise ValueError(f"{op}: chunk_size must be a power of two from 16 to 128, got {chunk_size!r}")
+    if triton.cdiv(T, chunk_size) > 65535:  # the chunks are a launch grid axis, which CUDA caps at 65,535
+        raise ValueError(f"{op}: at most 65,535 chunks of {chunk_size} tokens per call ({65535 * chunk_size:,} "
+                         f"tokens), got T = {T:,}: split the sequence and continue from the returned state")
     if initial_state is not None and tuple(initial_state.shape) != (B, H, K, V):
         raise ValueError(f"{op}: initial_state must be (batch, heads, K, V) = {(B, H, K, V)}, got "
                          f"{tuple(initial_state.shape)}")
@@ -342,7 +347,8 @@ def chunk_simple_gla(
     check_device(op, _fwd_h_kernel, q, k, v, g, initial_state)
     scale = K ** -0.5 if scale is None else float(scale)
     if T == 0:
-        ht = (initial_state.float() if initial_state is not None else q.new_zeros(B, H, K, V, dtype=torch.float32))
+        ht = (initial_state.float().clone() if initial_state is not None
+              else q.new_zeros(B, H, K, V, dtype=torch.float32))
         return q.new_zeros(B, 0, H, V), (ht if output_final_state else None)
     h0 = None if initial_state is None else initial_state.contiguous()
     return _ChunkSimpleGLA.apply(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), h0, scale,

@@ -49,8 +49,8 @@ def soe_retention_gla(
     dt = q.dtype
     # 1. key units: m_t = max(m_{t-1}, β_t); the state's rescale e^{m_{t-1} - m_t} is a gate, e^{β_t - m_t} a key factor
     if k_log_scale is not None:
-        if "m" in st:
-            m0 = st["m"]
+        if "m" in st:  # −inf (a state that has seen no key yet, so all zero) takes the first key's units
+            m0 = torch.where(torch.isfinite(st["m"]), st["m"], k_log_scale[:, 0])
         elif initial_state is not None:
             m0 = q.new_zeros(B, H)  # a state without m is in units of 1
         else:
