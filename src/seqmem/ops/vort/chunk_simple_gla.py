@@ -19,10 +19,11 @@ final state's gradient),
 
     dH_{c-1} = e^{Γ_c} dH_c + scale · Σ_{i in chunk c} e^{γ_i} q_i do_iᵀ,
 
-then ``_bwd_dqk`` and ``_bwd_dv`` compute each chunk's ``dq, dk`` and ``dv`` in parallel from ``h_c``, ``dH_c`` and
-the chunk's tokens.  The gates' gradient needs no kernel: with ``B_t = Σ_{s ≤ t} g_s`` the outputs and the final
-state depend on the gates only through ``e^{B_t} q_t``, ``e^{−B_s} k_s`` and ``e^{B_T}``, so
-``∂L/∂B_t = q_t·dq_t − k_t·dk_t`` (plus ``⟨dh_T, h_T⟩`` at the last token), and ``dg_t = Σ_{u ≥ t} ∂L/∂B_u``.
+then ``_bwd_dqk`` (summing over the value blocks) and ``_bwd_dv`` (over the key blocks) compute each chunk's
+``dq, dk`` and ``dv`` in parallel from ``h_c``, ``dH_c`` and the chunk's tokens.  The gates' gradient needs no
+kernel: with ``B_t = Σ_{s ≤ t} g_s`` the outputs and the final state depend on the gates only through
+``e^{B_t} q_t``, ``e^{−B_s} k_s`` and ``e^{B_T}``, so ``∂L/∂B_t = q_t·dq_t − k_t·dk_t`` (plus ``⟨dh_T, h_T⟩`` at
+the last token), and ``dg_t = Σ_{u ≥ t} ∂L/∂B_u``.
 
 Computed in float32.  Float32 inputs are multiplied in full float32 (``input_precision="ieee"``, as torch's
 float32 matmuls: the kernel agrees with the PyTorch forms to float32 rounding, not TF32's 1e-3); half inputs are
@@ -169,34 +170,35 @@ def _bwd_dh_kernel(q, do, gc, dht, dh, dh0, scale, T, H, NT, K, V,
 
 
 @triton.jit
-def _bwd_dqk_kernel(q, k, v, gc, h, dh, do, dq, dk, scale, B, T, H, NT, K, V,
+def _bwd_dqk_kernel(q, k, v, gc, h, dh, do, dq, dk, scale, T, H, NT, K, V,
                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
-    # one key block of dq and dk from one value block's part of dA = do vᵀ (the parts are summed in PyTorch)
+    # one key block of a chunk's dq and dk; dA = do vᵀ, do h_cᵀ and v dH_cᵀ summed over the value blocks
     i_bh = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    i_kv = tl.program_id(2)
-    NV = tl.cdiv(V, BV)
-    i_k = i_kv // NV
-    i_v = i_kv % NV
-    part = i_v.to(tl.int64) * B * T * H * K  # this value block's slice of the partial dq, dk
+    i_k = tl.program_id(2)
     i_b = i_bh // H
     i_h = i_bh % H
+    b_da = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        b_do = _ld(_rows(do, i_b, i_h, T, H, V, c, i_v, BT, BV))
+        b_v = _ld(_rows(v, i_b, i_h, T, H, V, c, i_v, BT, BV))
+        b_h = _ld(_state(h, i_bh, NT, c, K, V, i_k, i_v, BK, BV))
+        b_dh = _ld(_state(dh, i_bh, NT, c, K, V, i_k, i_v, BK, BV))
+        b_da += _dot(b_do, tl.trans(b_v), PREC)
+        b_dq += _dot(b_do, tl.trans(b_h), PREC)
+        b_dk += _dot(b_v, tl.trans(b_dh), PREC)
     b_g, g_last = _gates(gc, i_b, i_h, H, NT, c, BT)
     o_t = tl.arange(0, BT)
     causal = o_t[:, None] >= o_t[None, :]
-    b_do = _ld(_rows(do, i_b, i_h, T, H, V, c, i_v, BT, BV))
-    b_vt = _ld(_cols(v, i_b, i_h, T, H, V, c, i_v, BT, BV))
-    b_da = _dot(b_do, b_vt, PREC) * tl.exp(tl.where(causal, b_g[:, None] - b_g[None, :], float("-inf"))) * scale
-    # dq_i = Σ_j dA_ij k_j + scale e^{γ_i} h_c do_i
+    b_da = b_da * tl.exp(tl.where(causal, b_g[:, None] - b_g[None, :], float("-inf"))) * scale
+    # dq_i = Σ_j dA_ij k_j + scale e^{γ_i} h_c do_i;  dk_j = Σ_i dA_ij q_i + e^{Γ − γ_j} dH_c v_j
     b_k = _ld(_rows(k, i_b, i_h, T, H, K, c, i_k, BT, BK))
-    b_h = _ld(_state(h, i_bh, NT, c, K, V, i_k, i_v, BK, BV))
-    b_dq = _dot(b_da, b_k, PREC) + _dot(b_do, tl.trans(b_h), PREC) * (tl.exp(b_g) * scale)[:, None]
-    _st(_rows(dq + part, i_b, i_h, T, H, K, c, i_k, BT, BK), b_dq)
-    # dk_j = Σ_i dA_ij q_i + e^{Γ − γ_j} dH_c v_j
+    _st(_rows(dq, i_b, i_h, T, H, K, c, i_k, BT, BK), _dot(b_da, b_k, PREC) + b_dq * (tl.exp(b_g) * scale)[:, None])
     b_q = _ld(_rows(q, i_b, i_h, T, H, K, c, i_k, BT, BK))
-    b_dh = _ld(_state(dh, i_bh, NT, c, K, V, i_k, i_v, BK, BV))
-    b_dk = _dot(tl.trans(b_da), b_q, PREC) + _dot(tl.trans(b_vt), tl.trans(b_dh), PREC) * tl.exp(g_last - b_g)[:, None]
-    _st(_rows(dk + part, i_b, i_h, T, H, K, c, i_k, BT, BK), b_dk)
+    _st(_rows(dk, i_b, i_h, T, H, K, c, i_k, BT, BK),
+        _dot(tl.trans(b_da), b_q, PREC) + b_dk * tl.exp(g_last - b_g)[:, None])
 
 
 @triton.jit
@@ -281,23 +283,23 @@ class _ChunkSimpleGLA(torch.autograd.Function):
         BK, BV = _blocks(K, V, prec)
         nk, nv = triton.cdiv(K, BK), triton.cdiv(V, BV)
         w = num_warps(BK * BV)
-        wb = 2 * w if prec == "ieee" else w  # float32 FMA products of four operand tiles: 4 warps spilled
+        wb = 2 * w if prec == "ieee" else w  # dq, dk: float32 FMA products of four operand tiles spilled at 4 warps
         do = do.contiguous()
         dht = None if dht is None else dht.float().contiguous()
         dh = q.new_empty(B, H, NT, K, V, dtype=torch.float32)
         dh0 = q.new_empty(B, H, K, V, dtype=torch.float32)
-        dq = q.new_empty(nv, B, T, H, K, dtype=torch.float32)
-        dk = q.new_empty(nv, B, T, H, K, dtype=torch.float32)
+        dq = q.new_empty(B, T, H, K, dtype=torch.float32)
+        dk = q.new_empty(B, T, H, K, dtype=torch.float32)
         dv = q.new_empty(B, T, H, V, dtype=torch.float32)
         with device_guard(q):
             _bwd_dh_kernel[(B * H, nk, nv)](q, do, gc, dht if dht is not None else dh0, dh, dh0, scale, T, H, NT, K,
                                             V, BT=BT, BK=BK, BV=BV, USE_DHT=dht is not None, STORE_DH0=True,
                                             PREC=prec, num_warps=w)
-            _bwd_dqk_kernel[(B * H, NT, nk * nv)](q, k, v, gc, h, dh, do, dq, dk, scale, B, T, H, NT, K, V,
-                                                  BT=BT, BK=BK, BV=BV, PREC=prec, num_warps=wb)
+            _bwd_dqk_kernel[(B * H, NT, nk)](q, k, v, gc, h, dh, do, dq, dk, scale, T, H, NT, K, V,
+                                                  BT=BT, BK=BK, BV=min(BV, 32), PREC=prec,  # 3 sums: 64 spilled
+                                                  num_warps=wb)
             _bwd_dv_kernel[(B * H, NT, nv)](q, k, gc, dh, do, dv, scale, T, H, NT, K, V, BT=BT, BK=BK, BV=BV,
                                             PREC=prec, num_warps=w)
-        dq, dk = dq.sum(0), dk.sum(0)
         # ∂L/∂B_t = q_t·dq_t − k_t·dk_t (+ ⟨dh_T, h_T⟩ at the last token); dg_t = Σ_{u ≥ t} ∂L/∂B_u
         db = (q.float() * dq).sum(-1) - (k.float() * dk).sum(-1)
         if dht is not None:
