@@ -233,3 +233,27 @@ def test_layers_through_the_kernel(monkeypatch, name):
     assert len(out[3]) == len(ref[3])
     for i, (a, b) in enumerate(zip(out[3], ref[3])):
         assert_rel_close(a, b, 1e-4, f"parameter grad {i}")
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU (the kernel is compiled there)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("K", "V"), [(64, 65), (128, 129)])  # VORT: the features; the values and the key-sum column
+def test_kernel_at_benchmark_sizes(dtype, K, V):  # noqa: N803
+    """The compiled kernel at the sizes a layer gives it (T = 300, not a multiple of the chunk; 16 heads of SOE
+    channels), float32 (full-precision products) and bfloat16 (TF32), against the float64 loop."""
+    q, k, v, g, h0 = (x.detach() for x in _inputs(21, 2, 300, 16, K, V))
+    ins = [x.to(dtype).requires_grad_() for x in (q, k, v)] + [g.requires_grad_(), h0.requires_grad_()]
+    ref_ins = [x.detach().double().requires_grad_() for x in ins]
+    o, h = kern.chunk_simple_gla(*ins[:4], scale=K ** -0.5, initial_state=ins[4], output_final_state=True)
+    o_r, h_r = gla_loop(*ref_ins[:4], K ** -0.5, ref_ins[4])
+    assert o.dtype == dtype and h.dtype == torch.float32
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    assert_rel_close(o.double(), o_r, tol, "o")
+    assert_rel_close(h.double(), h_r, tol, "final state")
+    gen = torch.Generator().manual_seed(3)
+    wo = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(DEVICE)
+    wh = torch.randn(h.shape, generator=gen, dtype=torch.float64).to(DEVICE)
+    ga = torch.autograd.grad((o.double() * wo).sum() + (h.double() * wh).sum(), ins)
+    gr = torch.autograd.grad((o_r * wo).sum() + (h_r * wh).sum(), ref_ins)
+    for name, a, b in zip("q k v g h0".split(), ga, gr):
+        assert_rel_close(a.double(), b, 10 * tol, f"d{name}")
