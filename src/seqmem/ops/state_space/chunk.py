@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from seqmem.ops import _backends
+from seqmem.ops import _backends, _triton
 from seqmem.ops._common import (
     check_chunk_size,
     check_mode,
@@ -64,7 +64,11 @@ def ssd(
     Precision: float16 / bfloat16 inputs, and any inputs under ``torch.autocast``, are computed in float32 with
     autocast off (float64 stays float64) by the PyTorch forms; ``y`` is in ``x``'s dtype.  On CUDA with
     ``mamba_ssm`` installed (:mod:`seqmem.backends`, on by default) ``mode="chunk"`` runs its kernel, float32
-    calls included: TF32 matmuls (about 1e-3 relative) and per-chunk states in the input's dtype.
+    calls included: TF32 matmuls (about 1e-3 relative) and per-chunk states in the input's dtype.  Otherwise on CUDA
+    (``mamba_ssm`` absent or its backend off, Triton kernels on: :func:`seqmem.ops._triton.use_triton`)
+    ``mode="chunk"`` runs seqmem's chunked simple-GLA Triton kernel (``ops/vort/chunk_simple_gla.py``): SSD is that
+    recurrence with queries ``C``, keys ``B``, values ``dt x`` and log-gates ``dt A``, the state transposed; float32
+    calls multiply in full float32, half ones in TF32, with float32 sums and states (float64: the PyTorch forms).
     """
     op = "ssd"
     initial_state = state_tensor(op, initial_state)
@@ -89,6 +93,12 @@ def ssd(
         _backends.note_form(op, be.name)
         y, S = be.fn(x, dt, A, B, C, initial_state, chunk_size)  # a GPU kernel (seqmem.backends)
         return y, {"S": S}
+    if mode == "chunk" and _triton.use_triton(x, dt, A, B, C, initial_state) and \
+            all(z.dtype != torch.float64 for z in (x, dt, A, B, C) + ((initial_state,) if initial_state is not None
+                                                                     else ())):
+        _backends.note_form(op, "triton")
+        with full_precision(x.device):
+            return _ssd_gla(x, dt, A, B, C, initial_state)
     # autocast off: the chunk maths (segment sums, exp, the block products) in the compute dtype, as the other ops
     # (under bfloat16 autocast its matmuls ran in bfloat16: a relative error of ~4e-2 against float64)
     with full_precision(x.device):
@@ -97,6 +107,25 @@ def ssd(
             return y, {"S": S}
         _backends.note_form(op, "pytorch")
         return _ssd_chunk(x, dt, A, B, C, initial_state, chunk_size)
+
+
+def _ssd_gla(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
+             initial_state: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+    """:func:`ssd` as one chunked simple-GLA kernel call: ``h_t = e^{g_t} h_{t-1} + k_t v_tᵀ``, ``o_t = h_tᵀ q_t``
+    with ``q = C``, ``k = B``, ``v = dt x`` (in float32), ``g = dt A``; its state ``(n, p)`` is SSD's ``S (p, n)``
+    transposed.  The state comes back in the compute dtype (float32 for half inputs), as from the PyTorch forms."""
+    from seqmem.ops.vort.chunk_simple_gla import chunk_simple_gla
+
+    cd = compute_dtype(x, dt, A, B, C, initial_state)
+    dtf = dt.float()
+    v = x.float() * dtf[..., None]
+    h0 = None if initial_state is None else initial_state.transpose(-1, -2)
+    if x.shape[1] == 0:
+        S = x.new_zeros(x.shape[0], x.shape[2], x.shape[3], B.shape[-1], dtype=cd) if initial_state is None \
+            else initial_state.to(cd)
+        return x.new_zeros(x.shape), {"S": S}
+    y, hT = chunk_simple_gla(C, B, v, dtf * A.float(), scale=1.0, initial_state=h0, output_final_state=True)
+    return y.to(x.dtype), {"S": hT.transpose(-1, -2).to(cd).contiguous()}
 
 
 def _ssd_chunk(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, initial_state: Tensor | None,

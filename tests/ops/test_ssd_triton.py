@@ -1,0 +1,135 @@
+"""Mamba-2's SSD on CUDA without mamba_ssm: ``ssd(mode="chunk")`` runs seqmem's chunked simple-GLA Triton kernel
+(ops/vort/chunk_simple_gla.py; queries C, keys B, values dt·x, log-gates dt·A, the state transposed).  CUDA is faked
+here (Triton's interpreter takes CPU tensors; mamba_ssm's backend off): against the recurrent reference in float64,
+in float32 — outputs, the state, the gradients of x, dt, A, B, C and the initial state, a split sequence continued
+from its state, tokens with dt = 0 and a head with A = 0; the op's choice of form; and the mamba2 layer through the
+kernel against the same layer on the PyTorch forms."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _triton_util import kernel_module
+
+import seqmem.ops as _ops
+from conftest import assert_rel_close
+from seqmem import backends, build_mixer
+from seqmem.ops.state_space import chunk as ssd_chunk
+
+kern, DEVICE = kernel_module("seqmem.ops.vort.chunk_simple_gla")
+
+B, T, H, P, N = 2, 37, 2, 6, 5
+
+
+@pytest.fixture
+def on_kernel(monkeypatch):
+    """Every tensor reads as CUDA to the dispatch (the interpreter runs the kernel on CPU tensors); no backend."""
+    if DEVICE == "cpu":
+        monkeypatch.setattr(ssd_chunk._triton, "use_triton", lambda *ts: True)
+    with backends.backends("pytorch"):
+        yield
+
+
+def _inputs(seed, t=T, init=True):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    dt = torch.nn.functional.softplus(r(B, t, H))
+    dt[:, 3] = 0.0  # a token that neither decays nor writes
+    A = -torch.exp(r(H))
+    A[1] = 0.0  # a head without decay
+    ins = [r(B, t, H, P), dt, A, r(B, t, H, N), r(B, t, H, N)] + ([r(B, H, P, N)] if init else [])
+    return [x.float().to(DEVICE).requires_grad_() for x in ins]
+
+
+def _ref(ins):
+    d = [x.detach().double().requires_grad_() for x in ins]
+    y, st = _ops.ssd(*d[:5], initial_state=({"S": d[5]} if len(d) > 5 else None), mode="recurrent")
+    return d, y, st["S"]
+
+
+def _check(y, S, ins, ref, tol=2e-5, tol_grad=1e-4):
+    d, y_r, S_r = ref
+    assert y.dtype == torch.float32 and S.dtype == torch.float32
+    assert_rel_close(y.double(), y_r, tol, "y")
+    assert_rel_close(S.double(), S_r, tol, "S")
+    gen = torch.Generator().manual_seed(9)
+    wy = torch.randn(y.shape, generator=gen, dtype=torch.float64).to(DEVICE)
+    ws = torch.randn(S.shape, generator=gen, dtype=torch.float64).to(DEVICE)
+    ga = torch.autograd.grad((y.double() * wy).sum() + (S.double() * ws).sum(), ins)
+    gr = torch.autograd.grad((y_r * wy).sum() + (S_r * ws).sum(), d)
+    for name, a, b in zip(("x", "dt", "A", "B", "C", "S0"), ga, gr):
+        assert_rel_close(a.double(), b, tol_grad, f"d{name}")
+
+
+@pytest.mark.parametrize("init", [True, False])
+def test_ssd_through_the_kernel(on_kernel, init):
+    ins = _inputs(1, init=init)
+    with backends.record_forms() as forms:
+        y, st = _ops.ssd(*ins[:5], initial_state=({"S": ins[5]} if init else None))
+    assert forms == {"ssd": {"triton": 1}}
+    _check(y, st["S"], ins, _ref(ins))
+
+
+def test_split_sequence_continues_from_its_state(on_kernel):
+    ins = _inputs(2)
+    y1, st = _ops.ssd(*(z[:, :20] for z in ins[:2]), ins[2], *(z[:, :20] for z in ins[3:5]),
+                      initial_state={"S": ins[5]})
+    y2, st = _ops.ssd(*(z[:, 20:] for z in ins[:2]), ins[2], *(z[:, 20:] for z in ins[3:5]), initial_state=st)
+    _check(torch.cat([y1, y2], 1), st["S"], ins, _ref(ins))
+
+
+def test_choice_of_form(monkeypatch):
+    """mamba_ssm's backend first where it applies; else the kernel on CUDA with Triton on (faked); float64 and
+    Triton off (or not CUDA) run the PyTorch forms, ``mode="recurrent"`` the reference loop."""
+    ins = [x.detach() for x in _inputs(3)]
+    monkeypatch.setattr(ssd_chunk._triton, "use_triton", lambda *ts: True)
+
+    def form(*args, **kw):
+        with backends.record_forms() as forms:
+            _ops.ssd(*args, **kw)
+        return forms.get("ssd")
+
+    with backends.backends("pytorch"):
+        assert form(*ins[:5]) == {"triton": 1}
+        assert form(*(x.double() for x in ins[:5])) == {"pytorch": 1}
+        assert form(*ins[:5], mode="recurrent") is None  # the reference loop: no form chosen
+    monkeypatch.setattr(ssd_chunk._triton, "use_triton", lambda *ts: False)
+    with backends.backends("pytorch"):
+        assert form(*ins[:5]) == {"pytorch": 1}
+
+
+def test_mamba2_layer_through_the_kernel(monkeypatch):
+    """The mamba2 layer (forward, a split sequence continued from its state, input and parameter gradients) with its
+    SSD on the kernel equals the same layer on the PyTorch forms."""
+    torch.manual_seed(0)
+    layer = build_mixer("mamba2", 32, n_heads=2)
+    x = torch.randn(1, 40, 32).to(DEVICE)
+    w = torch.randn(1, 40, 32).to(DEVICE)
+    layer = layer.to(DEVICE)
+
+    def run(kernel: bool):
+        layer.zero_grad()
+        xi = x.clone().requires_grad_()
+        with backends.record_forms() as forms:
+            y, _ = layer(xi, output_final_state=False)
+            y1, st = layer(xi[:, :23])
+            y2, _ = layer(xi[:, 23:], st)
+        ((y + torch.cat([y1, y2], 1)) * w).sum().backward()
+        assert ("triton" in forms.get("ssd", {})) == kernel, forms
+        grads = [p.grad.clone() for p in layer.parameters() if p.grad is not None]
+        return y.detach(), torch.cat([y1, y2], 1).detach(), xi.grad, grads
+
+    monkeypatch.setattr(ssd_chunk._triton, "use_triton", lambda *ts: False)
+    ref = run(False)
+    monkeypatch.setattr(ssd_chunk._triton, "use_triton", lambda *ts: True)
+    with backends.backends("pytorch"):
+        out = run(True)
+    assert_rel_close(out[0], ref[0], 1e-4, "y")
+    assert_rel_close(out[1], ref[0], 1e-4, "y streamed")
+    assert_rel_close(out[2], ref[2], 1e-4, "dx")
+    assert len(out[3]) == len(ref[3])
+    for i, (a, b) in enumerate(zip(out[3], ref[3])):
+        assert_rel_close(a, b, 1e-4, f"parameter grad {i}")
