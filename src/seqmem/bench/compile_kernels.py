@@ -97,11 +97,27 @@ def _cases(quick: bool = False) -> list[tuple[str, Callable[[], None]]]:
 
         return run
 
+    def ssd(dtype: torch.dtype) -> None:
+        def run() -> None:
+            from seqmem.ops.state_space.chunk import _ssd_gla
+
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(B, 70, H, 64, generator=g, dtype=dtype).requires_grad_()
+            dt = torch.rand(B, 70, H, generator=g).requires_grad_()
+            A = -torch.rand(H, generator=g).requires_grad_()
+            Bm, Cm = (torch.randn(B, 70, H, 128, generator=g, dtype=dtype).requires_grad_() for _ in range(2))
+            y, st = _ssd_gla(x, dt, A, Bm, Cm, None)
+            (y.float().sum() + st["S"].sum()).backward()
+
+        return run
+
     dtypes = (torch.float32,) if quick else (torch.float32, torch.bfloat16)
     cases = [(f"lattice {o} {str(dt)[6:]}{' forget' if f else ''}", lattice(o, dt, f))
              for o in ("dec", "enc", "sim") for dt in dtypes for f in (False, True)]
     cases += [("vla", vla_attention(False)), ("vla fixed_A", vla_attention(True)), ("vla paper delta rule", vla_delta)]
     cases += [(f"vort simple GLA {str(dt)[6:]}", simple_gla(dt)) for dt in dtypes]
+    if not quick:  # Mamba-2's ssd on the same kernel: half C, B with float32 values dt·x (the launch's pointer types)
+        cases += [("mamba2 SSD simple GLA bfloat16", ssd(torch.bfloat16))]
     if not quick:
         cases += [("lattice dec float32 d=m=128", lattice("dec", torch.float32, False, 128)),
                   ("vla d=128", vla_attention(False, 128)), ("vort simple GLA K=128", simple_gla(torch.float32, 128))]

@@ -215,7 +215,9 @@ def which_form(op: str, device: torch.device | str, dtype: torch.dtype, head_dim
                value_dim: int | None = None, state: bool = True) -> str:
     """The form ``op`` (``mode="chunk"``) takes for inputs of ``dtype`` on ``device`` with key/value head sizes
     ``head_dim`` / ``value_dim`` (default: ``head_dim``), with or without an initial ``state``: a backend's name,
-    or ``"pytorch"``.  Answers from the backends' ``supports`` alone, so also for a device not present here."""
+    or ``"pytorch"``.  Answers from the backends' ``supports`` alone, so also for a device not present here.
+    seqmem's own Triton kernels are not backends and are not answered for here: where no backend applies, ``ssd``
+    (and VORT's retention, VLA, Lattice) run them on CUDA when :func:`seqmem.ops._triton.use_triton` says so."""
     if op not in OPS:
         raise ValueError(f"which_form: no op {op!r} takes backends; ops: {list(OPS)}")
     dv = head_dim if value_dim is None else value_dim
