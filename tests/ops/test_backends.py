@@ -15,7 +15,7 @@ from _core_util import tensor_state
 import seqmem
 import seqmem.ops as _ops
 from seqmem import backends
-from seqmem.ops import _backends
+from seqmem.ops import _backends, _triton
 
 # the bare state tensor of the math (the backends' own convention): initial_state=S, returned state S
 delta_rule, gated_delta_rule, ssd = (tensor_state(op) for op in (_ops.delta_rule, _ops.gated_delta_rule, _ops.ssd))
@@ -148,7 +148,8 @@ def test_mixer_uses_backend_and_gradients_flow(fake):
 @pytest.fixture
 def fake_fla(monkeypatch):
     """fla "installed" with its kernels replaced by a stand-in that refuses float32 as fla's chunk kernels do
-    ("... does not support float32"), and every tensor reporting ``is_cuda``: what a CUDA machine with fla sees."""
+    ("... does not support float32"), and every tensor reporting ``is_cuda``: what a CUDA machine with fla sees
+    (seqmem's own Triton kernels off, which would take linear attention's calls that fla does not)."""
     calls = []
 
     def kernel_for(op):
@@ -171,7 +172,9 @@ def fake_fla(monkeypatch):
         monkeypatch.setattr(b, "fn", kernel_for(op))
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     backends.use_backends(["fla"])
+    prev = _triton.set_triton(False)  # seqmem's own Triton kernels off: the calls fla refuses run the PyTorch forms
     yield calls
+    _triton.set_triton(prev)
     backends.use_backends(None)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from seqmem.ops import _backends
+from seqmem.ops import _backends, _triton
 from seqmem.ops._common import (
     check_qkv_op,
     compute_dtype,
@@ -51,7 +51,10 @@ def linear_attention(
 
         Float16 / bfloat16 inputs, and any inputs under ``torch.autocast``, are computed in float32 with autocast
         off (both modes) by the PyTorch forms; on CUDA a GPU kernel of :mod:`seqmem.backends` (on by default where
-        installed; bfloat16 only here) computes as its kernels do (per-chunk states in bfloat16).
+        installed; bfloat16 only here) computes as its kernels do (per-chunk states in bfloat16).  Where no backend
+        applies, a CUDA call of more than one token (Triton kernels on: :func:`seqmem.ops._triton.use_triton`, no
+        float64) runs seqmem's chunked simple-GLA Triton kernel (``ops/vort/chunk_simple_gla.py``) with zero
+        gates: float32 calls multiply in full float32, half ones in TF32, with float32 sums and states.
     """
     op = "linear_attention"
     initial_state = state_tensor(op, initial_state)
@@ -60,6 +63,16 @@ def linear_attention(
         _backends.note_form(op, be.name)  # (seqmem.backends)
         o, S = be.fn(q, k, v, scale, initial_state, chunk_size)
         return o, {"S": S}
+    if mode == "chunk" and q.shape[1] > 1 and _triton.use_triton(q, k, v, initial_state) and \
+            all(x.dtype != torch.float64 for x in (q, k, v) + (() if initial_state is None else (initial_state,))):
+        _backends.note_form(op, "triton")
+        from seqmem.ops.vort.chunk_simple_gla import chunk_simple_gla
+
+        with full_precision(q.device):
+            cd = compute_dtype(q, k, v, initial_state)
+            g = q.new_zeros(q.shape[:3], dtype=torch.float32)  # no decay
+            o, S = chunk_simple_gla(q, k, v, g, scale=scale, initial_state=initial_state, output_final_state=True)
+        return o.to(v.dtype), {"S": S.to(cd)}
     # half inputs or autocast: computed in float32 with autocast off (the state, an undecayed sum, and the
     # read-out grow with t: under float16 autocast the chunk products overflowed after ~40k tokens)
     with full_precision(q.device):

@@ -66,9 +66,10 @@ def ssd(
     ``mamba_ssm`` installed (:mod:`seqmem.backends`, on by default) ``mode="chunk"`` runs its kernel, float32
     calls included: TF32 matmuls (about 1e-3 relative) and per-chunk states in the input's dtype.  Otherwise on CUDA
     (``mamba_ssm`` absent or its backend off, Triton kernels on: :func:`seqmem.ops._triton.use_triton`)
-    ``mode="chunk"`` runs seqmem's chunked simple-GLA Triton kernel (``ops/vort/chunk_simple_gla.py``): SSD is that
-    recurrence with queries ``C``, keys ``B``, values ``dt x`` and log-gates ``dt A``, the state transposed; float32
-    calls multiply in full float32, half ones in TF32, with float32 sums and states (float64: the PyTorch forms).
+    ``mode="chunk"`` with more than one token runs seqmem's chunked simple-GLA Triton kernel
+    (``ops/vort/chunk_simple_gla.py``): SSD is that recurrence with queries ``C``, keys ``B``, values ``dt x`` and
+    log-gates ``dt A``, the state transposed; float32 calls multiply in full float32, half ones in TF32, with float32
+    sums and states (float64: the PyTorch forms).
     """
     op = "ssd"
     initial_state = state_tensor(op, initial_state)
@@ -93,7 +94,7 @@ def ssd(
         _backends.note_form(op, be.name)
         y, S = be.fn(x, dt, A, B, C, initial_state, chunk_size)  # a GPU kernel (seqmem.backends)
         return y, {"S": S}
-    if mode == "chunk" and _triton.use_triton(x, dt, A, B, C, initial_state) and \
+    if mode == "chunk" and x.shape[1] > 1 and _triton.use_triton(x, dt, A, B, C, initial_state) and \
             all(z.dtype != torch.float64 for z in (x, dt, A, B, C) + ((initial_state,) if initial_state is not None
                                                                      else ())):
         _backends.note_form(op, "triton")
