@@ -395,7 +395,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
                                           ("gated_deltanet", "fla"), ("mamba2", "mamba_ssm")])
 def test_layer_on_the_gpu_kernels_matches_pytorch(name, backend):
     """A whole layer in bfloat16 on the backend's kernels (the default on CUDA) against the same layer on the
-    PyTorch forms: outputs, final state and input gradients within bfloat16 tolerance; float32 runs PyTorch."""
+    PyTorch forms (seqmem's Triton kernels off): outputs, final state and input gradients within bfloat16
+    tolerance; then which form float32 takes."""
     if not (_cuda and importlib.util.find_spec(backend)):
         pytest.skip(f"needs CUDA and {backend}")
     torch.manual_seed(0)
@@ -405,9 +406,13 @@ def test_layer_on_the_gpu_kernels_matches_pytorch(name, backend):
     outs = {}
     for be in ("pytorch", backend):
         x.grad = None
-        with backends.backends(be), backends.record_forms() as forms:
-            y, st = m(x)
-            (y.float() * w).sum().backward()
+        prev = _triton.set_triton(False if be == "pytorch" else None)  # the reference: the PyTorch forms
+        try:
+            with backends.backends(be), backends.record_forms() as forms:
+                y, st = m(x)
+                (y.float() * w).sum().backward()
+        finally:
+            _triton.set_triton(prev)
         ran = {f for fs in forms.values() for f in fs}
         assert ran == {be}, f"{name}: {forms}"
         outs[be] = (y, st, x.grad.clone())
@@ -417,6 +422,7 @@ def test_layer_on_the_gpu_kernels_matches_pytorch(name, backend):
         assert _rel(s1[k], s0[k]) <= 3e-2, f"{name}: state[{k}] {_rel(s1[k], s0[k]):.1e}"
     with backends.record_forms() as forms:
         m.float()(x.detach().float())
-    # fla's kernels refuse float32 (the PyTorch form runs); mamba_ssm takes it (TF32 matmuls)
-    want = {"mamba_ssm"} if backend == "mamba_ssm" else {"pytorch"}
+    # fla's kernels refuse float32: linear attention then runs seqmem's Triton kernel, the delta rules their PyTorch
+    # forms; mamba_ssm takes it (TF32 matmuls)
+    want = {"mamba_ssm"} if backend == "mamba_ssm" else {"triton"} if name == "linear_attention" else {"pytorch"}
     assert {f for fs in forms.values() for f in fs} == want, f"{name} float32: {forms}"
