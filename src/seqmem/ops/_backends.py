@@ -24,9 +24,11 @@ tensor conventions (``(batch, time, heads, dim)``, state ``(batch, heads, d_k, d
 Precision on a backend is its kernels', not the PyTorch forms': Triton's ``tl.dot`` on float32 inputs runs in TF32
 on NVIDIA GPUs (a relative error of about 1e-3 where the float32 PyTorch form has about 1e-6; mamba_ssm takes
 float32 calls), and the kernels keep their per-chunk states in the input's dtype.  For that reason float16
-linear attention stays on the PyTorch form (its undecayed state overflows float16 near 65k tokens there);
-bfloat16 goes to fla.  ``seqmem.backends.use_backends("pytorch")`` (or ``SEQMEM_BACKENDS=pytorch``) turns every
-backend off, VORT's fla kernel included.
+linear attention is not sent to fla (its undecayed state overflows float16 near 65k tokens there); bfloat16 goes
+to fla.  ``seqmem.backends.use_backends("pytorch")`` (or ``SEQMEM_BACKENDS=pytorch``) turns every backend off,
+VORT's fla kernel included.  Where no backend takes a CUDA call, ``linear_attention``, ``ssd`` and VORT's
+retention run seqmem's own chunked Triton kernel (float32 states; full float32 products for float32 inputs),
+which is not a backend: it follows the Triton switch (``SEQMEM_TRITON=0``, :func:`seqmem.backends.set_triton`).
 """
 
 from __future__ import annotations
