@@ -27,3 +27,39 @@ def kernel_module(name: str) -> tuple[ModuleType, str]:
     if not any(_triton.interpreted(getattr(mod, a)) for a in dir(mod)):  # imported before: decorate again
         mod = importlib.reload(mod)
     return mod, "cpu"
+
+
+def assert_layer_same_on_kernel(monkeypatch, op_module: ModuleType, layer: torch.nn.Module, op: str,
+                                device: str) -> None:
+    """``layer`` (forward, a split sequence continued from its state, input and parameter gradients) with ``op``'s
+    Triton form on equals the same layer on the PyTorch forms.  ``op_module`` is the op's module: its
+    ``_triton.use_triton`` is patched off for the reference and on for the kernel (so CPU tensors under the
+    interpreter take the kernel), with the third-party backends off."""
+    from conftest import assert_rel_close
+    from seqmem import backends
+
+    torch.manual_seed(0)
+    layer = layer.to(device)
+    x = torch.randn(1, 40, layer.d_model).to(device)
+    w = torch.randn(1, 40, layer.d_model).to(device)
+
+    def run(kernel: bool):
+        monkeypatch.setattr(op_module._triton, "use_triton", lambda *ts: kernel)
+        layer.zero_grad()
+        xi = x.clone().requires_grad_()
+        with backends.backends("pytorch"), backends.record_forms() as forms:
+            y, _ = layer(xi, output_final_state=False)
+            y1, st = layer(xi[:, :23])  # a split sequence, continued from its state
+            y2, _ = layer(xi[:, 23:], st)
+        ((y + torch.cat([y1, y2], 1)) * w).sum().backward()
+        assert ("triton" in forms.get(op, {})) == kernel, forms
+        grads = [p.grad.clone() for p in layer.parameters() if p.grad is not None]
+        return y.detach(), torch.cat([y1, y2], 1).detach(), xi.grad, grads
+
+    ref, out = run(False), run(True)
+    assert_rel_close(out[0], ref[0], 1e-4, "y")
+    assert_rel_close(out[1], ref[0], 1e-4, "y streamed")
+    assert_rel_close(out[2], ref[2], 1e-4, "dx")
+    assert len(out[3]) == len(ref[3])
+    for i, (a, b) in enumerate(zip(out[3], ref[3])):
+        assert_rel_close(a, b, 1e-4, f"parameter grad {i}")

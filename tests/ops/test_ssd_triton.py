@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _triton_util import kernel_module
+from _triton_util import assert_layer_same_on_kernel, kernel_module
 
 import seqmem.ops as _ops
 from conftest import assert_rel_close
@@ -105,31 +105,4 @@ def test_mamba2_layer_through_the_kernel(monkeypatch):
     """The mamba2 layer (forward, a split sequence continued from its state, input and parameter gradients) with its
     SSD on the kernel equals the same layer on the PyTorch forms."""
     torch.manual_seed(0)
-    layer = build_mixer("mamba2", 32, n_heads=2)
-    x = torch.randn(1, 40, 32).to(DEVICE)
-    w = torch.randn(1, 40, 32).to(DEVICE)
-    layer = layer.to(DEVICE)
-
-    def run(kernel: bool):
-        layer.zero_grad()
-        xi = x.clone().requires_grad_()
-        with backends.record_forms() as forms:
-            y, _ = layer(xi, output_final_state=False)
-            y1, st = layer(xi[:, :23])
-            y2, _ = layer(xi[:, 23:], st)
-        ((y + torch.cat([y1, y2], 1)) * w).sum().backward()
-        assert ("triton" in forms.get("ssd", {})) == kernel, forms
-        grads = [p.grad.clone() for p in layer.parameters() if p.grad is not None]
-        return y.detach(), torch.cat([y1, y2], 1).detach(), xi.grad, grads
-
-    monkeypatch.setattr(ssd_chunk._triton, "use_triton", lambda *ts: False)
-    ref = run(False)
-    monkeypatch.setattr(ssd_chunk._triton, "use_triton", lambda *ts: True)
-    with backends.backends("pytorch"):
-        out = run(True)
-    assert_rel_close(out[0], ref[0], 1e-4, "y")
-    assert_rel_close(out[1], ref[0], 1e-4, "y streamed")
-    assert_rel_close(out[2], ref[2], 1e-4, "dx")
-    assert len(out[3]) == len(ref[3])
-    for i, (a, b) in enumerate(zip(out[3], ref[3])):
-        assert_rel_close(a, b, 1e-4, f"parameter grad {i}")
+    assert_layer_same_on_kernel(monkeypatch, ssd_chunk, build_mixer("mamba2", 32, n_heads=2), "ssd", DEVICE)

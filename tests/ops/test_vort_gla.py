@@ -30,16 +30,17 @@ def gla_loop(q, k, v, g, scale=None, initial_state=None, output_final_state=Fals
     return torch.stack(outs, 1), (h if output_final_state else None)
 
 
-def _inputs(seed, dtype, scaled, plain, state, t=T):
+def _inputs(seed, dtype, scaled, plain, state, t=T, device="cpu"):
+    """SOE retention inputs (also those of tests/ops/test_vort_triton.py, on its device)."""
     g = torch.Generator().manual_seed(seed)
 
     def r(*shape, pos=False):
         x = torch.randn(*shape, generator=g, dtype=torch.float64)
-        return (x.abs() + 0.1 if pos else x).to(dtype).requires_grad_()
+        return (x.abs() + 0.1 if pos else x).to(device, dtype).requires_grad_()
 
     q, k, v = r(B, t, H, F, pos=True), r(B, t, H, F, pos=True), r(B, t, H, DV)
     coef, cn = r(B, t, H, S, pos=True), r(B, t, H, pos=True)
-    xi = torch.tensor([0.0, 0.3, 1.5], dtype=dtype)  # a λ = 1 channel included
+    xi = torch.tensor([0.0, 0.3, 1.5], dtype=dtype, device=device)  # a λ = 1 channel included
     beta = r(B, t, H) if scaled else None
     st = None
     if state:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _triton_util import kernel_module
+from _triton_util import assert_layer_same_on_kernel, kernel_module
+from test_vort_gla import _inputs as soe_inputs
 
 from conftest import assert_rel_close
 from seqmem import backends
@@ -115,25 +116,7 @@ def test_refusals():
 
 # ------------------------------------------------------------------ VORT's SOE retention through the kernel
 def _soe_inputs(seed, scaled, plain, state, t=21):
-    gen = torch.Generator().manual_seed(seed)
-    B, H, F, DV, S = 2, 2, 4, 3, 3
-
-    def r(*shape, pos=False):
-        x = torch.randn(*shape, generator=gen, dtype=torch.float64)
-        return (x.abs() + 0.1 if pos else x).float().to(DEVICE).requires_grad_()
-
-    q, k, v = r(B, t, H, F, pos=True), r(B, t, H, F, pos=True), r(B, t, H, DV)
-    coef, cn = r(B, t, H, S, pos=True), r(B, t, H, pos=True)
-    xi = torch.tensor([0.0, 0.3, 1.5]).to(DEVICE)
-    beta = r(B, t, H) if scaled else None
-    st = None
-    if state:
-        st = {"G": r(B, H, S, F, DV), "b": r(B, H, S, F, pos=True)}
-        if plain:
-            st["z"] = r(B, H, F, pos=True)
-        if scaled:
-            st["m"] = r(B, H)
-    return q, k, v, coef, xi, cn, beta, st
+    return soe_inputs(seed, torch.float32, scaled, plain, state, t=t, device=DEVICE)
 
 
 @pytest.mark.parametrize(("scaled", "plain", "state"), [(False, False, False), (True, False, True),
@@ -207,32 +190,8 @@ def test_layers_through_the_kernel(monkeypatch, name):
     torch.manual_seed(0)
     few = {"vort": {"n_soe": 3}, "vort_fixed_alpha": {"n_soe": 3}, "exp_mixture": {"n_exp": 2}}.get(name, {})
     # (fewer channels than the defaults: the interpreter is slow)
-    layer = build_mixer(name, 32, n_heads=2, **few)
-    x = torch.randn(1, 40, 32)
-    w = torch.randn(1, 40, 32)
-
-    def run(kernel: bool):
-        layer.zero_grad()
-        xi = x.clone().requires_grad_()
-        with backends.record_forms() as forms:
-            y, _ = layer(xi, output_final_state=False)
-            y1, st = layer(xi[:, :23])  # a split sequence, continued from its state
-            y2, _ = layer(xi[:, 23:], st)
-        ((y + torch.cat([y1, y2], 1)) * w).sum().backward()
-        assert ("triton" in forms.get("soe_retention", {})) == kernel, forms
-        grads = [p.grad.clone() for p in layer.parameters() if p.grad is not None]
-        return y.detach(), torch.cat([y1, y2], 1).detach(), xi.grad, grads
-
-    ref = run(False)
-    monkeypatch.setattr(vort_chunk._triton, "use_triton", lambda *ts: True)
-    with backends.backends("pytorch"):
-        out = run(True)
-    assert_rel_close(out[0], ref[0], 1e-4, "y")
-    assert_rel_close(out[1], ref[0], 1e-4, "y streamed")
-    assert_rel_close(out[2], ref[2], 1e-4, "dx")
-    assert len(out[3]) == len(ref[3])
-    for i, (a, b) in enumerate(zip(out[3], ref[3])):
-        assert_rel_close(a, b, 1e-4, f"parameter grad {i}")
+    assert_layer_same_on_kernel(monkeypatch, vort_chunk, build_mixer(name, 32, n_heads=2, **few), "soe_retention",
+                                DEVICE)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU (the kernel is compiled there)")
