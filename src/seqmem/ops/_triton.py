@@ -21,7 +21,7 @@ import os
 
 from torch import Tensor
 
-__all__ = ["device_guard", "set_triton", "triton_available", "use_triton"]
+__all__ = ["device_guard", "set_triton", "triton_available", "use_float_kernel", "use_triton"]
 
 _FORCED: bool | None = None
 _AVAILABLE: bool | None = None
@@ -55,6 +55,15 @@ def use_triton(*tensors: Tensor | None) -> bool:
     """True when the op should run its Triton kernel on these tensors (``None`` entries are ignored)."""
     ts = [t for t in tensors if t is not None]
     return bool(ts) and _enabled() and all(t.is_cuda for t in ts) and triton_available()
+
+
+def use_float_kernel(*tensors: Tensor | None) -> bool:
+    """:func:`use_triton`, for a kernel that computes in float32: none of the tensors is float64 (those take the
+    PyTorch forms, which keep float64)."""
+    import torch
+
+    ts = [t for t in tensors if t is not None]
+    return use_triton(*ts) and all(t.dtype != torch.float64 for t in ts)
 
 
 def interpreted(kernel: object) -> bool:

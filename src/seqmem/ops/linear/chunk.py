@@ -63,8 +63,7 @@ def linear_attention(
         _backends.note_form(op, be.name)  # (seqmem.backends)
         o, S = be.fn(q, k, v, scale, initial_state, chunk_size)
         return o, {"S": S}
-    if mode == "chunk" and q.shape[1] > 1 and _triton.use_triton(q, k, v, initial_state) and \
-            all(x.dtype != torch.float64 for x in (q, k, v) + (() if initial_state is None else (initial_state,))):
+    if mode == "chunk" and q.shape[1] > 1 and _triton.use_float_kernel(q, k, v, initial_state):
         _backends.note_form(op, "triton")
         from seqmem.ops.vort.chunk_simple_gla import chunk_simple_gla
 

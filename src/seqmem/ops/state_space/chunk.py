@@ -94,9 +94,7 @@ def ssd(
         _backends.note_form(op, be.name)
         y, S = be.fn(x, dt, A, B, C, initial_state, chunk_size)  # a GPU kernel (seqmem.backends)
         return y, {"S": S}
-    if mode == "chunk" and x.shape[1] > 1 and _triton.use_triton(x, dt, A, B, C, initial_state) and \
-            all(z.dtype != torch.float64 for z in (x, dt, A, B, C) + ((initial_state,) if initial_state is not None
-                                                                     else ())):
+    if mode == "chunk" and x.shape[1] > 1 and _triton.use_float_kernel(x, dt, A, B, C, initial_state):
         _backends.note_form(op, "triton")
         with full_precision(x.device):
             return _ssd_gla(x, dt, A, B, C, initial_state)
@@ -121,10 +119,6 @@ def _ssd_gla(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     dtf = dt.float()
     v = x.float() * dtf[..., None]
     h0 = None if initial_state is None else initial_state.transpose(-1, -2)
-    if x.shape[1] == 0:
-        S = x.new_zeros(x.shape[0], x.shape[2], x.shape[3], B.shape[-1], dtype=cd) if initial_state is None \
-            else initial_state.to(cd)
-        return x.new_zeros(x.shape), {"S": S}
     y, hT = chunk_simple_gla(C, B, v, dtf * A.float(), scale=1.0, initial_state=h0, output_final_state=True)
     return y.to(x.dtype), {"S": hT.transpose(-1, -2).to(cd).contiguous()}
 

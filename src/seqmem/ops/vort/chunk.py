@@ -317,9 +317,7 @@ def _gla_form(q, k, v, coef, coef_now, initial_state, k_log_scale) -> str | None
     float64 take one: ``"fla"``, flash-linear-attention's ``chunk_simple_gla``, where the ``fla`` backend is enabled
     (:func:`seqmem.backends.use_backends` / ``SEQMEM_BACKENDS``) and installed; else ``"triton"``, seqmem's own
     (``chunk_simple_gla.py``)."""
-    ts = [q, k, v, coef, coef_now, k_log_scale, *(initial_state or {}).values()]
-    ts = [t for t in ts if t is not None]
-    if not (_triton.use_triton(*ts) and all(t.dtype != torch.float64 for t in ts)):
+    if not _triton.use_float_kernel(q, k, v, coef, coef_now, k_log_scale, *(initial_state or {}).values()):
         return None
     if "fla" in _backends.enabled_backends() and _FLA_GLA.is_available():
         return "fla"

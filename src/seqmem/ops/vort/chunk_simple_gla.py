@@ -99,7 +99,7 @@ def _gates(gc, i_b, i_h, H, NT, c, BT: tl.constexpr):
 @triton.jit
 def _fwd_h_kernel(k, v, gc, h0, h, ht, T, H, NT, K, V,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr):
+                  USE_H0: tl.constexpr, PREC: tl.constexpr):
     # one (key block, value block) of the state per program: its rows evolve independently of the others
     i_bh = tl.program_id(0).to(tl.int64)  # batch·heads on axis 0 (up to 2³¹ − 1; axes 1-2 stop at 65,535)
     i_k = tl.program_id(1)
@@ -116,8 +116,7 @@ def _fwd_h_kernel(k, v, gc, h0, h, ht, T, H, NT, K, V,
         b_v = _ld(_rows(v, i_b, i_h, T, H, V, c, i_v, BT, BV))
         b_g, g_last = _gates(gc, i_b, i_h, H, NT, c, BT)
         b_h = b_h * tl.exp(g_last) + _dot(b_kt * tl.exp(g_last - b_g)[None, :], b_v, PREC)
-    if STORE_HT:
-        _st(_state(ht, i_bh, 1, 0, K, V, i_k, i_v, BK, BV), b_h)
+    _st(_state(ht, i_bh, 1, 0, K, V, i_k, i_v, BK, BV), b_h)  # the backward's gate gradient reads it too
 
 
 @triton.jit
@@ -265,7 +264,7 @@ class _ChunkSimpleGLA(torch.autograd.Function):
         w = num_warps(BK * BV)
         with device_guard(q):
             _fwd_h_kernel[(B * H, nk, nv)](k, v, gc, h0 if h0 is not None else ht, h, ht, T, H, NT, K, V,
-                                           BT=BT, BK=BK, BV=BV, USE_H0=h0 is not None, STORE_HT=True, PREC=prec,
+                                           BT=BT, BK=BK, BV=BV, USE_H0=h0 is not None, PREC=prec,
                                            num_warps=w)
             _fwd_o_kernel[(B * H, NT, nv)](q, k, v, gc, h, o, scale, T, H, NT, K, V, BT=BT, BK=BK, BV=BV,
                                            PREC=prec, num_warps=w)
@@ -287,13 +286,13 @@ class _ChunkSimpleGLA(torch.autograd.Function):
         do = do.contiguous()
         dht = None if dht is None else dht.float().contiguous()
         dh = q.new_empty(B, H, NT, K, V, dtype=torch.float32)
-        dh0 = q.new_empty(B, H, K, V, dtype=torch.float32)
+        dh0 = q.new_empty(B, H, K, V, dtype=torch.float32)  # written only with an initial state
         dq = q.new_empty(B, T, H, K, dtype=torch.float32)
         dk = q.new_empty(B, T, H, K, dtype=torch.float32)
         dv = q.new_empty(B, T, H, V, dtype=torch.float32)
         with device_guard(q):
             _bwd_dh_kernel[(B * H, nk, nv)](q, do, gc, dht if dht is not None else dh0, dh, dh0, scale, T, H, NT, K,
-                                            V, BT=BT, BK=BK, BV=BV, USE_DHT=dht is not None, STORE_DH0=True,
+                                            V, BT=BT, BK=BK, BV=BV, USE_DHT=dht is not None, STORE_DH0=h0 is not None,
                                             PREC=prec, num_warps=w)
             _bwd_dqk_kernel[(B * H, NT, nk)](q, k, v, gc, h, dh, do, dq, dk, scale, T, H, NT, K, V,
                                                   BT=BT, BK=BK, BV=min(BV, 32), PREC=prec,  # 3 sums: 64 spilled
