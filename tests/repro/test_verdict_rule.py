@@ -508,3 +508,69 @@ def test_a_readme_edge_lr_is_one_trained(paper):
     for m in re.finditer(r"(\d+(?:\.\d+)?e-\d+) \((?:edge|extension)\)", text):
         lr = float(m.group(1))
         assert any(abs(lr - t) <= 1e-9 * lr for t in trained), f"{paper} README prints {m.group(0)}: never trained"
+
+
+def test_vort_reads_the_dense_layout_once_vort_settle_dense_is_complete(tmp_path):
+    """VORT's claims read vort_settle (our sparse layout) once it is complete, with vort_settle_dense pending; once
+    vort_settle_dense is complete too, both protocols read the paper's dense layout, calibrated by that sweep's own
+    reference, with no layout deviation and nothing pending, and the sparse cells are reported beside them."""
+    import shutil
+
+    spec = importlib.util.spec_from_file_location("verdict_rules_vd", ROOT / "scripts" / "verdict_rules.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.ROOT = tmp_path
+    res, real = tmp_path / "docs" / "results" / "vort", ROOT / "docs" / "results" / "vort"
+    for p in [real / "zipf_tiny" / "report.json", *(real / "zipf_tiny" / "runs").rglob("result.json")]:
+        (res / p.relative_to(real)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(p, res / p.relative_to(real))
+    models = ["power-law", "mixture-5", "exp-lambda4e-3", "exp-lambda4e-2", "exp-lambda4e-1"]
+
+    def sweep(name: str, long: dict[str, float], ref_long: float | None = None) -> None:
+        rows = []
+        for mixer in ([] if ref_long is None else ["swa8+attention"]) + models:
+            lrs = [1e-3] if mixer == "swa8+attention" else [3e-4, 1e-3]
+            value = ref_long if mixer == "swa8+attention" else long[mixer]
+            for lr in lrs:
+                for seed in range(3):
+                    d = res / name / "runs" / "beta-1.0" / mixer / "model" / f"lr{lr:g}" / f"seed{seed}"
+                    d.mkdir(parents=True, exist_ok=True)
+                    hits = round(1000 * (value + 0.01 * seed - (0.05 if lr == 3e-4 else 0)))
+                    (d / "result.json").write_text(json.dumps({
+                        "status": "finished", "setting": "beta=1.0", "lr": lr, "seed": seed,
+                        "report": {"hits_long": hits, "queries_long": 1000}}))
+            valid = {f"{lr:g}": value - (0.05 if lr == 3e-4 else 0) for lr in lrs}
+            extra = {f"hits_{b}/queries_{b}": {"mean": value} for b in ("short", "medium", "long")}
+            rows.append({"setting": "beta=1.0", "mixer": mixer, "complete": True, "best_lr": 1e-3,
+                         "lr_valid": valid, "valid_at_best": valid["0.001"], "lr_at_grid_edge": False,
+                         "extra": extra})
+        (res / name / "report.json").write_text(json.dumps({"rows": rows}))
+
+    sweep("settle", {"power-law": 0.8, "mixture-5": 0.5, "exp-lambda4e-3": 0.3, "exp-lambda4e-2": 0.35,
+                     "exp-lambda4e-1": 0.2})
+    body = mod.vort()
+    head = body["claims"][0]
+    assert "vort_settle " in head["settled_by"] and "vort_settle_dense" in head["pending"]
+    assert "settle/runs" in head["protocols"]["paper"]["cells"]["a"]["runs"][0]
+    assert head["protocols"]["paper"]["deviations"] and head["outcomes"]["paper"] == "agrees"
+    # the dense layout reverses the order; its reference calibrates
+    sweep("settle_dense", {"power-law": 0.3, "mixture-5": 0.4, "exp-lambda4e-3": 0.6, "exp-lambda4e-2": 0.8,
+                           "exp-lambda4e-1": 0.5}, ref_long=0.95)
+    body = mod.vort()
+    head = body["claims"][0]
+    assert "pending" not in head and "vort_settle_dense" in head["settled_by"]
+    assert head["protocols"]["paper"]["deviations"] == []
+    pa, pb = (head["protocols"]["paper"]["cells"][k] for k in "ab")
+    assert "settle_dense/runs" in pa["runs"][0] and pa["lr"] == 3e-4 and "exp-lambda4e-2" in pb["label"]
+    assert pa["per_seed"] == {"0": 0.25, "1": 0.26, "2": 0.27}
+    assert head["outcomes"] == {"paper": "disagrees", "tuned": "disagrees"} and head["word"] == "refuted"
+    assert body["calibration"]["calibrated"] and "vort_settle_dense" in body["calibration"]["reference"]
+    assert check_rule({"word": head["word"], **body}) == []
+    sparse = head["also_reported"]["our sparse layout (vort_settle; not read into the word)"]
+    assert "settle/runs" in sparse["paper"]["a"]["runs"][0] and "exponential λ 4e-2 at lr 1e-3, seed 0 (validation " \
+        "0.842 vs λ 4e-3's 0.844)" in head["also_reported"]
+    # an uncalibrated dense reference leaves every dense cell unread
+    sweep("settle_dense", {"power-law": 0.3, "mixture-5": 0.4, "exp-lambda4e-3": 0.6, "exp-lambda4e-2": 0.8,
+                           "exp-lambda4e-1": 0.5}, ref_long=0.2)
+    body = mod.vort()
+    assert not body["calibration"]["calibrated"] and body["claims"][0]["word"] != "refuted"

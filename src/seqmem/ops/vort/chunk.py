@@ -84,7 +84,9 @@ def soe_retention(
     weights c_s(α_t), or (S',) one set of weights for every token (a fixed order α, or the exponential
     baselines); ``xi`` (S',) non-negative decay rates (λ_s = e^{-ξ_s}); ``coef_now`` (batch, time[, heads]) the
     lag-0-only weight, a 0-d tensor with a shared ``coef``, or None.  ``k_log_scale`` (batch, time, heads),
-    optional: the keys are φ(k_t) = k_t·e^{β_t}.  Returns ``(o (batch, time, heads, Dv), state)``;
+    optional: the keys are φ(k_t) = k_t·e^{β_t}.  ``chunk_size``: tokens per chunk of the PyTorch chunked form
+    (``mode="chunk"``); it changes only rounding, and the CUDA kernels and the lag-kernel form use their own
+    blocking.  Returns ``(o (batch, time, heads, Dv), state)``;
     ``output_final_state=False`` returns ``(o, None)`` (training discards the state).
 
     Shared weights without a returned state or initial state (``mode="chunk"``, ``normalizer="kernel"``) may run the
