@@ -22,7 +22,8 @@
 #             versions win (site.addsitedir in a wrapper would not reach xdist's workers; PYTHONPATH does).
 #             fla-core by pip only where no ./.whl was brought.  Versions into versions.txt: numpy (seqmem imports
 #             it at module level: the page says so where it is missing), fla with its import error in full, ...
-#   triton    seqmem's own Triton kernels compiled on CUDA against their references: tests/ops/test_*triton*.py
+#   triton    seqmem's own Triton kernels compiled on CUDA against their references: tests/ops/test_*triton*.py,
+#             the mechanisms' (Lattice, VLA, VORT) before the baselines' (SSD, linear attention, delta rules)
 #             (the interpreter tests' shapes, then the benchmark's sizes: head dims 128 and 96, T = 300, bfloat16;
 #             a second GPU where there is one) — first, as nothing else checks them on a GPU
 #   contract  SEQMEM_TEST_DEVICE=cuda SEQMEM_BACKENDS=pytorch pytest tests/test_device.py tests/test_contract.py
@@ -273,7 +274,14 @@ fi
 
 # ---------------------------------------------------------------------------------------------------- tests
 pytest=("$py" -m pytest -v --tb=short -p no:cacheprovider)  # -v: each test's outcome on its own line, as it ends
-stage triton "$(fit "$(scaled 80)")" "${pytest[@]}" -rfEs tests/ops/test_*triton*.py
+# the mechanisms' kernels first (Lattice, VLA, VORT), then the baselines' (SSD, linear attention, delta rules): a
+# box cut short cuts the last; every test_*triton*.py file is listed (a new one is appended, not dropped)
+triton_tests=(tests/ops/test_lattice_triton.py tests/ops/test_vla_triton.py tests/ops/test_vort_triton.py
+    tests/ops/test_ssd_triton.py tests/ops/test_linear_triton.py tests/ops/test_delta_triton.py)
+for f in tests/ops/test_*triton*.py; do
+    case " ${triton_tests[*]} " in *" $f "*) ;; *) triton_tests+=("$f") ;; esac
+done
+stage triton "$(fit "$(scaled 80)")" "${pytest[@]}" -rfEs "${triton_tests[@]}"
 stage contract "$(fit "$(scaled 100)")" env SEQMEM_TEST_DEVICE=cuda SEQMEM_BACKENDS=pytorch \
     "${pytest[@]}" -rfE tests/test_device.py tests/test_contract.py "${xdist[@]}"
 stage kernels "$(fit "$(scaled 110)")" env SEQMEM_TEST_DEVICE=cuda \

@@ -31,7 +31,8 @@ def test_every_kernel_compiles_for_sm90_without_spills(tmp_path: Path) -> None:
     kernels = {r["kernel"] for r in rows}
     assert kernels == {"lattice._fwd_kernel", "lattice._bwd_kernel", "vla._sm_fwd_kernel", "vla._sm_bwd_kernel",
                        "vla._gdr_fwd_kernel", "vla._gdr_bwd_kernel", "vort._fwd_h_kernel", "vort._fwd_o_kernel",
-                       "vort._bwd_dh_kernel", "vort._bwd_dqk_kernel", "vort._bwd_dv_kernel"}, kernels  # fmt: skip
+                       "vort._bwd_dh_kernel", "vort._bwd_dqk_kernel", "vort._bwd_dv_kernel", "delta._fwd_kernel",
+                       "delta._bwd_kernel"}, kernels  # fmt: skip
     assert all(r["ok"] for r in rows)
     spilled = [(r["kernel"], r["constexprs"], r["spill_stores"]) for r in rows if r["spill_stores"]]
     assert not spilled, spilled

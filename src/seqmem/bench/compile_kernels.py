@@ -111,16 +111,33 @@ def _cases(quick: bool = False) -> list[tuple[str, Callable[[], None]]]:
 
         return run
 
+    def delta(gated: bool, K: int = 64, C: int = 32) -> Callable[[], None]:  # noqa: N803
+        def run() -> None:  # the (gated) delta rule's walk over chunks of 32 (the ops' length), float32 only
+            from seqmem.ops.delta.chunk_scan import delta_chunk_scan
+
+            g = torch.Generator().manual_seed(0)
+            up = torch.randn(B, H, 2, C, 64, generator=g).requires_grad_()
+            w, q, ko = (torch.randn(B, H, 2, C, K, generator=g).requires_grad_() for _ in range(3))
+            qk = torch.randn(B, H, 2, C, C, generator=g).requires_grad_()
+            gt = torch.rand(B, H, 2, generator=g).requires_grad_() if gated else None
+            s0 = torch.randn(B, H, K, 64, generator=g).requires_grad_()
+            o, st = delta_chunk_scan(up, w, q, qk, ko, gt, s0)
+            (o.sum() + st.sum()).backward()
+
+        return run
+
     dtypes = (torch.float32,) if quick else (torch.float32, torch.bfloat16)
     cases = [(f"lattice {o} {str(dt)[6:]}{' forget' if f else ''}", lattice(o, dt, f))
              for o in ("dec", "enc", "sim") for dt in dtypes for f in (False, True)]
     cases += [("vla", vla_attention(False)), ("vla fixed_A", vla_attention(True)), ("vla paper delta rule", vla_delta)]
     cases += [(f"vort simple GLA {str(dt)[6:]}", simple_gla(dt)) for dt in dtypes]
+    cases += [("delta rule", delta(False)), ("gated delta rule", delta(True))]
     if not quick:  # Mamba-2's ssd on the same kernel: half C, B with float32 values dt·x (the launch's pointer types)
         cases += [("mamba2 SSD simple GLA bfloat16", ssd(torch.bfloat16))]
     if not quick:
         cases += [("lattice dec float32 d=m=128", lattice("dec", torch.float32, False, 128)),
-                  ("vla d=128", vla_attention(False, 128)), ("vort simple GLA K=128", simple_gla(torch.float32, 128))]
+                  ("vla d=128", vla_attention(False, 128)), ("vort simple GLA K=128", simple_gla(torch.float32, 128)),
+                  ("gated delta rule K=128", delta(True, 128))]
     return cases
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from seqmem.ops import _backends
+from seqmem.ops import _backends, _triton
 from seqmem.ops._common import (
     check_qkv_op,
     compute_dtype,
@@ -35,6 +35,16 @@ from seqmem.ops._common import (
     to_chunks,
 )
 from seqmem.ops.delta.naive import gated_delta_rule_naive
+
+MAX_K = 128  # the Triton walk's largest key size (chunk_scan.py; imported only where triton is)
+KERNEL_CHUNK = 32  # its chunk length: ptxas keeps every launch in registers there (longer chunks spilled)
+
+
+def delta_chunk_scan(*args: Tensor | None) -> tuple[Tensor, Tensor]:
+    """:func:`seqmem.ops.delta.chunk_scan.delta_chunk_scan`, imported on first use (triton is optional)."""
+    from seqmem.ops.delta.chunk_scan import delta_chunk_scan as scan
+
+    return scan(*args)
 
 __all__ = ["delta_rule", "gated_delta_rule"]
 
@@ -57,13 +67,17 @@ def _run(
         if mode == "recurrent":
             o, S = gated_delta_rule_naive(q, k, v, beta, g, scale, initial_state)
         else:
-            _backends.note_form(op, "pytorch")
-            o, S = _delta_core(q, k, v, beta, g, scale, initial_state, chunk_size)
+            kernel = (q.shape[1] > 1 and q.shape[-1] <= MAX_K
+                      and _triton.use_float_kernel(q, k, v, *gates, initial_state))
+            _backends.note_form(op, "triton" if kernel else "pytorch")
+            C = min(chunk_size, KERNEL_CHUNK) if kernel else chunk_size  # any chunk length is exact
+            o, S = _delta_core(q, k, v, beta, g, scale, initial_state, C, kernel)
     return o, {"S": S}
 
 
-def _delta_core(q, k, v, beta, g, scale, initial_state, chunk_size):
-    """The chunkwise form; ``g`` None means no decay (plain delta rule)."""
+def _delta_core(q, k, v, beta, g, scale, initial_state, chunk_size, kernel=False):
+    """The chunkwise form; ``g`` None means no decay (plain delta rule).  ``kernel``: the walk over chunks runs
+    as Triton kernels (``chunk_scan.py``; float32 CUDA tensors), else as a loop here."""
     b, t, h, dk = q.shape
     dv = v.shape[-1]
     cd = compute_dtype(q, k, v, beta, g, initial_state)
@@ -105,6 +119,9 @@ def _delta_core(q, k, v, beta, g, scale, initial_state, chunk_size):
     W = torch.linalg.solve_triangular(M, k_rhs, upper=False, unitriangular=True)
     Up = torch.linalg.solve_triangular(M, vc * bc[..., None], upper=False, unitriangular=True)
     qk = qk.masked_fill(~incl, 0.0)
+    if kernel:
+        o, S = delta_chunk_scan(Up, W, q_in, qk, k_out, g_tot if gh is not None else None, S)
+        return from_chunks(o, t).transpose(1, 2).to(v.dtype), S
     # unbind once: indexing inside the loop would make autograd scatter into a full-size zero tensor per step
     Up_, W_, q_, qk_, ko_ = (z.unbind(2) for z in (Up, W, q_in, qk, k_out.transpose(-1, -2)))
     gt_ = g_tot[..., None, None].unbind(2) if gh is not None else None
@@ -137,7 +154,10 @@ def delta_rule(
         initial_state: the state dict below, or None (zeros); a bare ``S`` tensor (the former form) still works,
             with a DeprecationWarning.
         mode: ``"recurrent"`` (per-token loop) or ``"chunk"`` (exact UT/WY chunkwise form).
-        chunk_size: chunk length of ``mode="chunk"``; any sequence length works.
+        chunk_size: chunk length of ``mode="chunk"``; any sequence length works.  On CUDA without a
+            :mod:`seqmem.backends` kernel, float32 and half calls of more than one token run the walk over chunks as
+            seqmem's Triton kernels (``ops/delta/chunk_scan.py``; Triton on: :func:`seqmem.ops._triton.use_triton`;
+            key size ≤ 128) with chunks of at most 32 tokens; the chunk length changes only rounding.
 
     Returns:
         ``(o (batch, time, heads, d_v), state)`` with the state
