@@ -88,6 +88,50 @@ def test_key_blocks(on_kernel, dk):
     _check(o, st["S"], ins, True, True)
 
 
+@pytest.mark.parametrize(("dk", "dv", "t"), [(40, 8, 37), (16, 16, 5), (33, 17, 33)])  # two key blocks, a value
+def test_sizes(on_kernel, dk, dv, t):  # block below 16; one short chunk; block edges and one token past a chunk
+    global DV
+    old, DV = DV, dv
+    try:
+        ins = _inputs(6, True, True, t=t, dk=dk)
+    finally:
+        DV = old
+    o, st = _call(ins, True, True)
+    _check(o, st["S"], ins, True, True)
+
+
+@pytest.mark.parametrize("which", ["output", "state"])
+def test_a_loss_on_one_output(on_kernel, which):
+    """Gradients when only the output or only the final state enters the loss (the other's gradient is zero)."""
+    ins = _inputs(7, True)
+    o, st = _call(ins, True, True)
+    d = [x.detach().double().requires_grad_() for x in ins]
+    o_r, st_r = _call(d, True, True, mode="recurrent")
+    pick = (lambda a, b: a) if which == "output" else (lambda a, b: b)
+    ga = torch.autograd.grad(pick(o, st["S"]).double().pow(2).sum(), ins, allow_unused=True)
+    gr = torch.autograd.grad(pick(o_r, st_r["S"]).pow(2).sum(), d, allow_unused=True)
+    for name, a, b in zip(("q", "k", "v", "beta", "g", "S0"), ga, gr):
+        if b is None:  # the final state does not depend on q
+            assert a is None or not a.any(), name
+        else:
+            assert_rel_close(a.double(), b, 2e-4, f"d{name}")
+
+
+def test_without_a_backward_the_walk_runs_in_segments(on_kernel, monkeypatch):
+    """Under no_grad the walk runs SEGMENT chunks per call (memory bounded in T), with the same result."""
+    ins = [x.detach() for x in _inputs(8, True)]
+    o_full, st_full = _call(ins, True, True, chunk_size=4)  # no input requires grad: segments of 64 chunks (one)
+    calls = []
+    real = kern._Walk.apply
+    monkeypatch.setattr(kern._Walk, "apply", lambda *a: (calls.append(a[0].shape[2]), real(*a))[1])
+    monkeypatch.setattr(kern, "SEGMENT", 3)
+    with torch.no_grad():
+        o, st = _call(ins, True, True, chunk_size=4)  # 10 chunks: 3 + 3 + 3 + 1
+    assert calls == [3, 3, 3, 1]
+    assert_rel_close(o, o_full, 1e-6, "o")
+    assert_rel_close(st["S"], st_full["S"], 1e-6, "S")
+
+
 @pytest.mark.parametrize("gated", [False, True])
 def test_split_sequence_continues_from_its_state(on_kernel, gated):
     ins = _inputs(2, gated)
@@ -128,7 +172,7 @@ def test_choice_of_form(monkeypatch):
     wide = torch.nn.functional.normalize(torch.randn(B, 3, H, 129), dim=-1)
     with backends.backends("pytorch"):
         assert form(q, k, v, beta) == {"triton": 1}
-        assert form(q, k, v, beta, chunk_size=200) == {"triton": 1}  # the chunk is the input's 37 tokens
+        assert form(q, k, v, beta, chunk_size=200) == {"triton": 1}  # the kernel path's chunk: 32 tokens
         assert form(q[:, :1], k[:, :1], v[:, :1], beta[:, :1]) == {"pytorch": 1}
         assert form(q.double(), k.double(), v.double(), beta.double()) == {"pytorch": 1}
         assert form(wide, wide, v[:, :3], beta[:, :3]) == {"pytorch": 1}

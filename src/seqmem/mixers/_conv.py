@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from seqmem.io import check_int
+from seqmem.ops._common import first_order_backward
 
 __all__ = ["ShortConv", "causal_conv1d"]
 
@@ -82,7 +83,7 @@ class _ShiftedMultiplyAdd(torch.autograd.Function):
         return _shifted_multiply_add(xp, w, t)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order_backward("ShortConv")
     def backward(ctx, dy: Tensor) -> tuple[Tensor | None, Tensor | None, None]:  # type: ignore[override]
         xp, w = ctx.saved_tensors
         t, k = ctx.t, w.shape[1]

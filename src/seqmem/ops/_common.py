@@ -180,6 +180,30 @@ def backward_without_autocast(backward: Any) -> Any:
     return wrapped
 
 
+def first_order_backward(op: str) -> Any:
+    """Decorator of an ``autograd.Function``'s ``backward`` that autograd cannot record (a Triton or C++ kernel, a
+    loop under ``no_grad``): differentiating its result again — ``create_graph=True`` (double backward, gradient
+    penalties, Hessian-vector products) — would silently drop terms, so that raises a one-line error instead.  The
+    backward itself is wrapped in ``torch.autograd.function.once_differentiable``."""
+    import functools
+
+    def deco(backward: Any) -> Any:
+        once = torch.autograd.function.once_differentiable(backward)
+
+        @functools.wraps(backward)
+        def wrapped(ctx: Any, *grads: Any) -> Any:
+            if torch.is_grad_enabled():  # autograd runs a backward with grad mode on only for create_graph=True
+                raise RuntimeError(f"{op}: its backward is a fused kernel and cannot be differentiated again "
+                                   "(create_graph=True: double backward, gradient penalties, Hessian-vector "
+                                   "products); use the op's per-token reference form (mode='recurrent') for "
+                                   "higher-order gradients")
+            return once(ctx, *grads)
+
+        return wrapped
+
+    return deco
+
+
 def floor(value: float, dtype: torch.dtype) -> float:
     """``value`` as a lower clamp that stays positive in ``dtype``: at least the smallest normal number of ``dtype``
     (a fixed ``1e-30`` is 0 in float16, so ``x / norm.clamp_min(1e-30)`` is 0/0 = NaN for a zero vector).  Equal to

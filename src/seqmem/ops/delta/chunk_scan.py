@@ -22,12 +22,15 @@ the outputs, and the gradients that are products over whole chunks — stays bat
   ``∂L/∂W_c = −Ū_c S_cᵀ``, ``∂L/∂K̃_c = U_c Gᵀ`` and ``∂L/∂γ_c = ⟨G, S_c⟩`` are batched products in PyTorch, and
   the last ``G`` is the initial state's gradient.
 
-The columns of ``S`` evolve independently, so a program holds one block of ``BV`` columns, as up to four key blocks
-of ``BK`` rows.  Float32 throughout (the delta rule's ops compute half inputs in float32), products in full float32
-(``input_precision="ieee"``, as torch's float32 matmuls).  Chunks of any length up to 128 tokens (padded to a power
-of two ≥ 16 inside the kernels), key size up to 128, any value size.  Tiles are at most 32 wide and the ops use
-chunks of 32: ptxas then keeps every launch in registers, where 64-wide full-precision products spilled.  CUDA
-tensors, or CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``).
+Memory kept for the backward: the inputs, every ``U_c`` and every entering state (``B·H·⌈T/C⌉·K·V`` floats; with
+chunks of 32 twice what 64-token chunks keep); without a backward (inference) the walk runs :data:`SEGMENT` chunks
+per call, so memory does not grow with the sequence.  The columns of ``S`` evolve independently, so a program holds
+one block of ``BV`` columns, as up to four key blocks of ``BK`` rows.  Float32 throughout (the delta rule's ops
+compute half inputs in float32), products in full float32 (``input_precision="ieee"``, as torch's float32
+matmuls).  Chunks of any length up to 128 tokens (padded to a power of two ≥ 16 inside the kernels), key size up
+to 128, any value size.  Tiles are at most 32 wide and the ops use chunks of 32: ptxas then keeps every launch in
+registers, where 64-wide full-precision products spilled.  CUDA tensors, or CPU tensors under Triton's
+interpreter (``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from seqmem.ops._common import backward_without_autocast, first_order_backward
 from seqmem.ops._triton import check_device, device_guard
 
 __all__ = ["MAX_CHUNK", "MAX_K", "delta_chunk_scan"]
@@ -44,6 +48,9 @@ __all__ = ["MAX_CHUNK", "MAX_K", "delta_chunk_scan"]
 MAX_CHUNK = 128  #: the longest chunk the kernels take
 MAX_K = 128  #: the largest key size (four key blocks of 32)
 PREC = "ieee"  #: tl.dot's input precision: full float32 products
+#: chunks per kernel call without a backward (inference): the entering states kept for the outputs then take
+#: SEGMENT·K·V floats per batch and head, not one state per chunk of the whole sequence
+SEGMENT = 64
 
 
 @triton.jit
@@ -224,12 +231,12 @@ class _Walk(torch.autograd.Function):
         return u, sall, st
 
     @staticmethod
-    def backward(ctx, du: Tensor | None, dsall: Tensor | None, dst: Tensor | None):
+    @first_order_backward("delta_rule (Triton walk over chunks)")
+    @backward_without_autocast  # dW, dK̃ below in float32, as the forward computed
+    def backward(ctx, du: Tensor, dsall: Tensor, dst: Tensor):  # unused outputs' gradients come as zeros
         w, ko, gt, u, sall = ctx.saved_tensors
         _, NT, C, K, V, la = _launch_args(u, w)
-        du = torch.zeros_like(u) if du is None else du.float().contiguous()
-        dsall = torch.zeros_like(sall) if dsall is None else dsall.float().contiguous()
-        dst = torch.zeros_like(sall[:, :, 0]) if dst is None else dst.float().contiguous()
+        du, dsall, dst = (x.float().contiguous() for x in (du, dsall, dst))
         dup = torch.empty_like(u)
         gall = torch.empty_like(sall)
         ds0 = torch.empty_like(dst)
@@ -238,7 +245,7 @@ class _Walk(torch.autograd.Function):
                                     HAS_G=gt is not None, **la["const"])
         dw = -(dup @ sall.transpose(-1, -2))  # ∂L/∂W_c = −Ū_c S_cᵀ
         dko = u @ gall.transpose(-1, -2)  # ∂L/∂K̃_c = U_c Gᵀ
-        dgt = None if gt is None else (gall * sall).sum((-2, -1))  # ⟨G, S_c⟩
+        dgt = None if gt is None else torch.einsum("bhnkv,bhnkv->bhn", gall, sall)  # ⟨G, S_c⟩
         return dup, dw, dko, dgt, ds0
 
 
@@ -272,6 +279,15 @@ def delta_chunk_scan(up: Tensor, w: Tensor, q: Tensor, qk: Tensor, ko: Tensor, g
         raise ValueError(f"{op}: chunks of 1 to {MAX_CHUNK} tokens and key sizes of 1 to {MAX_K}, got C = {C}, "
                          f"K = {K}")
     check_device(op, _fwd_kernel, *ts)
+    if NT > SEGMENT and not (torch.is_grad_enabled() and any(t.requires_grad for t in ts)):
+        # no backward to keep the states for: walk SEGMENT chunks at a time, so that memory does not grow with T
+        outs = []
+        for i in range(0, NT, SEGMENT):
+            part = slice(i, i + SEGMENT)
+            o, s0 = delta_chunk_scan(up[:, :, part], w[:, :, part], q[:, :, part], qk[:, :, part], ko[:, :, part],
+                                     None if gt is None else gt[:, :, part], s0)
+            outs.append(o)
+        return torch.cat(outs, 2), s0
     u, sall, st = _Walk.apply(up.contiguous(), w.contiguous(), ko.contiguous(),
                               None if gt is None else gt.contiguous(), s0.contiguous())
     return q @ sall + qk @ u, st

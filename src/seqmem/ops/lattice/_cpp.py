@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from seqmem.ops._common import backward_without_autocast
+from seqmem.ops._common import backward_without_autocast, first_order_backward
 
 _SRC = Path(__file__).with_name("_kernel.cpp")
 _LIB: ctypes.CDLL | None = None
@@ -160,6 +160,7 @@ class CppScan(torch.autograd.Function):
         return y, S_end
 
     @staticmethod
+    @first_order_backward("lattice_scan (C++ scan)")
     @backward_without_autocast
     def backward(ctx, gy, gS_end):
         bounds, q, k, v, g, mu = ctx.saved_tensors

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from seqmem.ops._common import first_order_backward
 from seqmem.ops._triton import check_device, device_guard, num_warps
 
 __all__ = ["MAX_DIM", "fused_recurrent_lattice"]
@@ -244,6 +245,7 @@ class _FusedRecurrentLattice(torch.autograd.Function):
         return (y[0] if n_m == 1 else y.sum(0).to(v.dtype)), s_out
 
     @staticmethod
+    @first_order_backward("fused_recurrent_lattice")
     def backward(ctx, dy, ds_out):  # noqa: ANN001, ANN205
         q, k, v, g, mu, ckpt = ctx.saved_tensors
         B, T, H, M = k.shape

@@ -19,6 +19,7 @@ from seqmem.ops._common import (
     check_number,
     check_state_keys,
     compute_dtype,
+    first_order_backward,
     full_precision,
     state_dict,
 )
@@ -362,6 +363,7 @@ class _FastScan(torch.autograd.Function):
         return torch.cat(ys, 0), S
 
     @staticmethod
+    @first_order_backward("lattice_scan")
     @backward_without_autocast
     def backward(ctx, gy, gS_end):
         q, k, v, g, mu, *bounds = ctx.saved_tensors

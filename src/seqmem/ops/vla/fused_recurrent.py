@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from seqmem.ops._common import first_order_backward
 from seqmem.ops._triton import check_device, device_guard, num_warps
 
 __all__ = ["MAX_DIM", "fused_recurrent_vla", "fused_recurrent_vla_paper_delta_rule"]
@@ -156,6 +157,7 @@ class _ShermanMorrison(torch.autograd.Function):
         return alpha, a_out
 
     @staticmethod
+    @first_order_backward("fused_recurrent_vla (Sherman–Morrison)")
     def backward(ctx, dalpha, da_out):  # noqa: ANN001, ANN205
         u, kh, eh, ckpt = ctx.saved_tensors
         B, T, H, D = kh.shape
@@ -328,6 +330,7 @@ class _ResidualWrite(torch.autograd.Function):
         return o, s_out
 
     @staticmethod
+    @first_order_backward("fused_recurrent_vla (residual write)")
     def backward(ctx, do, ds_out):  # noqa: ANN001, ANN205
         q, a, b, v, g, ckpt = ctx.saved_tensors
         B, T, H, D = a.shape

@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from seqmem.ops._common import first_order_backward
 from seqmem.ops._triton import check_device, device_guard, num_warps
 
 __all__ = ["chunk_simple_gla"]
@@ -273,6 +274,7 @@ class _ChunkSimpleGLA(torch.autograd.Function):
         return o.to(q.dtype), (ht if want_ht else None)
 
     @staticmethod
+    @first_order_backward("chunk_simple_gla")
     def backward(ctx, do: Tensor, dht: Tensor | None):
         q, k, v, gc, h, ht, h0 = ctx.saved_tensors
         scale, BT, prec = ctx.scale, ctx.BT, ctx.prec
