@@ -9,8 +9,8 @@ batch 2; the sizes of the GPU issue) mixer by mixer in a fixed order — attenti
 their GPU kernels (fla; mamba_ssm for mamba2) side by side, then the five mechanisms, then the rest — until the
 budget is spent (the baselines' PyTorch rows run seqmem's own Triton kernels where it has them — linear_attention's
 and mamba2's ``ssd`` on the chunked simple-GLA kernel, deltanet's and gated_deltanet's walk over chunks — as VORT's
-rows do for their retention: the ``form`` column says ``triton``; ``SEQMEM_TRITON=0`` would time the PyTorch forms).  Before a row
-is timed, one untimed, uncapped forward+backward at the shortest length pays its
+rows do for their retention: the ``form`` column says ``triton``; ``SEQMEM_TRITON=0`` would time the PyTorch
+forms).  Before a row is timed, one untimed, uncapped forward+backward at the shortest length pays its
 kernels' compilation and autotuning (fla's autotune keys leave out the length, so one call covers every length;
 its seconds: ``warmup_s``), so no capped measurement counts them.  A ``[fla]`` row whose kernels are not installed
 (``seqmem.backends.which_form`` says the PyTorch form would run) is recorded "not installed", not measured again.
