@@ -63,3 +63,24 @@ def assert_layer_same_on_kernel(monkeypatch, op_module: ModuleType, layer: torch
     assert len(out[3]) == len(ref[3])
     for i, (a, b) in enumerate(zip(out[3], ref[3])):
         assert_rel_close(a, b, 1e-4, f"parameter grad {i}")
+
+
+def assert_same_as_reference(o: torch.Tensor, S: torch.Tensor, o_r: torch.Tensor, S_r: torch.Tensor,
+                             ins: list[torch.Tensor], d: list[torch.Tensor], names: list[str], tol: float,
+                             grad_tol: float, seed: int) -> None:
+    """A kernel's float32 output ``o`` and final state ``S`` (computed from ``ins``) equal the float64 reference's
+    ``o_r``, ``S_r`` (computed from ``d``, the same inputs in float64) within ``tol``, and so do the gradients of a
+    random weighting of both (weights from ``seed``) with respect to every input, named ``names``, within
+    ``grad_tol``."""
+    from conftest import assert_rel_close
+
+    assert o.dtype == torch.float32 and S.dtype == torch.float32
+    assert_rel_close(o.double(), o_r, tol, "o")
+    assert_rel_close(S.double(), S_r, tol, "S")
+    gen = torch.Generator().manual_seed(seed)
+    wo = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device)
+    ws = torch.randn(S.shape, generator=gen, dtype=torch.float64).to(o.device)
+    ga = torch.autograd.grad((o.double() * wo).sum() + (S.double() * ws).sum(), ins)
+    gr = torch.autograd.grad((o_r * wo).sum() + (S_r * ws).sum(), d)
+    for name, a, b in zip(names, ga, gr, strict=True):
+        assert_rel_close(a.double(), b, grad_tol, f"d{name}")

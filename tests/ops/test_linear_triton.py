@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _triton_util import assert_layer_same_on_kernel, kernel_module
+from _triton_util import assert_layer_same_on_kernel, assert_same_as_reference, kernel_module
 
 import seqmem.ops as _ops
-from conftest import assert_rel_close
 from seqmem import backends, build_mixer
 from seqmem.ops.linear import chunk as lin_chunk
 
@@ -39,16 +38,8 @@ def _check(o, S, ins, tol=2e-5):
     d = [x.detach().double().requires_grad_() for x in ins]
     o_r, st = _ops.linear_attention(*d[:3], scale=0.4, initial_state=({"S": d[3]} if len(d) > 3 else None),
                                     mode="recurrent")
-    assert o.dtype == torch.float32 and S.dtype == torch.float32
-    assert_rel_close(o.double(), o_r, tol, "o")
-    assert_rel_close(S.double(), st["S"], tol, "S")
-    gen = torch.Generator().manual_seed(4)
-    wo = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(DEVICE)
-    ws = torch.randn(S.shape, generator=gen, dtype=torch.float64).to(DEVICE)
-    ga = torch.autograd.grad((o.double() * wo).sum() + (S.double() * ws).sum(), ins)
-    gr = torch.autograd.grad((o_r * wo).sum() + (st["S"] * ws).sum(), d)
-    for name, a, b in zip(("q", "k", "v", "S0"), ga, gr):
-        assert_rel_close(a.double(), b, 5 * tol, f"d{name}")
+    names = ["q", "k", "v", "S0"][:len(ins)]
+    assert_same_as_reference(o, S, o_r, st["S"], ins, d, names, tol, 5 * tol, seed=4)
 
 
 @pytest.mark.parametrize("init", [True, False])
