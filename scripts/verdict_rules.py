@@ -419,11 +419,15 @@ def vort() -> dict[str, Any]:
     d, s, m = "vort/zipf_tiny", "beta-1.0", "report.hits_long/report.queries_long"
     exps = ["exp-lambda4e-3", "exp-lambda4e-2", "exp-lambda4e-1"]
     exp_paper = best_valid(d, s, exps, 3e-4)
-    ref = report_row(d, "swa8+attention", "beta=1.0")
-    bins = {b: ref["extra"][f"hits_{b}/queries_{b}"]["mean"] for b in ("short", "medium", "long")}
-    calib = calibration("swa8+attention (a sliding window of 8 + attention), vort_zipf_tiny β = 1, 3 seeds",
-                        "mean test recall ≥ 0.5 in every lag bin (chance 1/16)", bins,
-                        all(v >= 0.5 for v in bins.values()), "the β = 1 cells (vort_zipf_tiny, vort_settle)")
+    def recall_calibration(ref: dict[str, Any], where: str, applies: str) -> dict[str, Any]:
+        """Rule 3 from the reference (window 8 + attention) row ``ref``: mean test recall ≥ 0.5 in every lag bin."""
+        bins = {b: ref["extra"][f"hits_{b}/queries_{b}"]["mean"] for b in ("short", "medium", "long")}
+        return calibration(f"swa8+attention (a sliding window of 8 + attention), {where}, 3 seeds",
+                           "mean test recall ≥ 0.5 in every lag bin (chance 1/16)", bins,
+                           all(v >= 0.5 for v in bins.values()), applies)
+
+    calib = recall_calibration(report_row(d, "swa8+attention", "beta=1.0"), "vort_zipf_tiny β = 1",
+                               "the β = 1 cells (vort_zipf_tiny, vort_settle)")
     cal = calib["calibrated"]
     paper = {
         "pl": cell(d, s, "power-law", 3e-4, m, label="power-law, lr 3e-4", calibrated=cal, fixed_lr=True),
@@ -461,16 +465,18 @@ def vort() -> dict[str, Any]:
     settled = ""
     # once vort_settle is complete: every row at the paper's lr and at its lr chosen on the validation mean over
     # seeds (3 seeds each), the exponential's λ chosen on validation the same way; the dense layout stays pending
+    def swept(report_dir: str, rows: dict[str, dict[str, Any]], calibrated: bool,
+              lr: float | None = None) -> dict[str, dict[str, Any]]:
+        """A settling sweep's three cells, at ``lr`` (the paper's protocol) or at each row's chosen lr."""
+        kw = {"lower": False, "calibrated": calibrated, "lr": lr}
+        return {"pl": swept_cell(report_dir, s, rows, ["power-law"], m, name="power-law", **kw),
+                "exp": swept_cell(report_dir, s, rows, exps, m, name="exponential", **kw),
+                "mix": swept_cell(report_dir, s, rows, ["mixture-5"], m, name="mixture-5", **kw)}
+
     dv = "vort/settle"
     vrows = settled_rows(dv, ["power-law", "mixture-5", *exps])
     if vrows is not None:
-        kw = {"lower": False, "calibrated": cal}
-        paper = {"pl": swept_cell(dv, s, vrows, ["power-law"], m, name="power-law", lr=3e-4, **kw),
-                 "exp": swept_cell(dv, s, vrows, exps, m, name="exponential", lr=3e-4, **kw),
-                 "mix": swept_cell(dv, s, vrows, ["mixture-5"], m, name="mixture-5", lr=3e-4, **kw)}
-        tuned = {"pl": swept_cell(dv, s, vrows, ["power-law"], m, name="power-law", **kw),
-                 "exp": swept_cell(dv, s, vrows, exps, m, name="exponential", **kw),
-                 "mix": swept_cell(dv, s, vrows, ["mixture-5"], m, name="mixture-5", **kw)}
+        paper, tuned = swept(dv, vrows, cal, 3e-4), swept(dv, vrows, cal)
         what_p = ("the paper's lr 3e-4 (§6 'Models compared') at 1/40 scale, β = 1; the exponential's λ (4e-3 / "
                   "4e-2 / 4e-1) chosen on the validation mean over seeds at that lr; vort_settle, 3 seeds")
         what_t = ("lr from 3e-4 / 1e-3 (an edge probed x3 or /3 with seed 0) and the exponential's λ chosen on the "
@@ -486,19 +492,10 @@ def vort() -> dict[str, Any]:
     sparse: dict[str, dict[str, Any]] | None = None
     drows = settled_rows(dd, ["swa8+attention", "power-law", "mixture-5", *exps]) if vrows is not None else None
     if drows is not None:
-        dbins = {b: drows["swa8+attention"]["extra"][f"hits_{b}/queries_{b}"]["mean"]
-                 for b in ("short", "medium", "long")}
-        calib = calibration("swa8+attention (a sliding window of 8 + attention), vort_settle_dense (the paper's "
-                            "dense layout) β = 1, 3 seeds", "mean test recall ≥ 0.5 in every lag bin (chance 1/16)",
-                            dbins, all(v >= 0.5 for v in dbins.values()), "the dense-layout cells (vort_settle_dense)")
-        kw = {"lower": False, "calibrated": calib["calibrated"]}
+        calib = recall_calibration(drows["swa8+attention"], "vort_settle_dense (the paper's dense layout) β = 1",
+                                   "the dense-layout cells (vort_settle_dense)")
         sparse = {"paper": paper, "tuned": tuned}
-        paper = {"pl": swept_cell(dd, s, drows, ["power-law"], m, name="power-law", lr=3e-4, **kw),
-                 "exp": swept_cell(dd, s, drows, exps, m, name="exponential", lr=3e-4, **kw),
-                 "mix": swept_cell(dd, s, drows, ["mixture-5"], m, name="mixture-5", lr=3e-4, **kw)}
-        tuned = {"pl": swept_cell(dd, s, drows, ["power-law"], m, name="power-law", **kw),
-                 "exp": swept_cell(dd, s, drows, exps, m, name="exponential", **kw),
-                 "mix": swept_cell(dd, s, drows, ["mixture-5"], m, name="mixture-5", **kw)}
+        paper, tuned = swept(dd, drows, calib["calibrated"], 3e-4), swept(dd, drows, calib["calibrated"])
         what_p = ("the paper's lr 3e-4 (§6 'Models compared') and its dense anchor layout (§6 'Task design') at 1/40 "
                   "scale, β = 1; the exponential's λ (4e-3 / 4e-2 / 4e-1) chosen on the validation mean over seeds "
                   "at that lr; vort_settle_dense, 3 seeds")
