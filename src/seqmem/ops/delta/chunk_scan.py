@@ -136,6 +136,21 @@ def _times4(x, base, C, K, b1, b2, b3, b4, NK: tl.constexpr, BC: tl.constexpr, B
 
 
 @triton.jit
+def _decay_add4(x, base, C, K, b1, b2, b3, b4, a1, a2, a3, a4, y, g, SIGN: tl.constexpr, NK: tl.constexpr,
+                BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """b_j ← g·b_j + (a_j + SIGN·X[:, key block j]ᵀ y) for the first NK key blocks of a state (the rest stay), X a
+    chunk's (C × K) matrix: the forward's S ← γS + K̃ᵀU and the backward's G ← γG + (dS − WᵀŪ)."""
+    b1 = b1 * g + (a1 + SIGN * _dot(_ld(_tile_t(x, base, C, K, 0, BC, BK)), y, PREC))
+    if NK > 1:
+        b2 = b2 * g + (a2 + SIGN * _dot(_ld(_tile_t(x, base, C, K, 1, BC, BK)), y, PREC))
+    if NK > 2:
+        b3 = b3 * g + (a3 + SIGN * _dot(_ld(_tile_t(x, base, C, K, 2, BC, BK)), y, PREC))
+    if NK > 3:
+        b4 = b4 * g + (a4 + SIGN * _dot(_ld(_tile_t(x, base, C, K, 3, BC, BK)), y, PREC))
+    return b1, b2, b3, b4
+
+
+@triton.jit
 def _fwd_kernel(up, w, ko, gt, s0, u, sall, st, NT, C, K, V,
                 BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NK: tl.constexpr, HAS_G: tl.constexpr,
                 PREC: tl.constexpr):
@@ -148,19 +163,9 @@ def _fwd_kernel(up, w, ko, gt, s0, u, sall, st, NT, C, K, V,
         b_u = _ld(_tile(up, i_c * C * V, C, V, i_v, BC, BV)) \
             - _times4(w, i_c * C * K, C, K, b_s1, b_s2, b_s3, b_s4, NK, BC, BK, PREC)
         _st(_tile(u, i_c * C * V, C, V, i_v, BC, BV), b_u)
-        if HAS_G:
-            b_g = tl.load(gt + i_c)
-            b_s1 *= b_g
-            b_s2 *= b_g
-            b_s3 *= b_g
-            b_s4 *= b_g
-        b_s1 += _dot(_ld(_tile_t(ko, i_c * C * K, C, K, 0, BC, BK)), b_u, PREC)
-        if NK > 1:
-            b_s2 += _dot(_ld(_tile_t(ko, i_c * C * K, C, K, 1, BC, BK)), b_u, PREC)
-        if NK > 2:
-            b_s3 += _dot(_ld(_tile_t(ko, i_c * C * K, C, K, 2, BC, BK)), b_u, PREC)
-        if NK > 3:
-            b_s4 += _dot(_ld(_tile_t(ko, i_c * C * K, C, K, 3, BC, BK)), b_u, PREC)
+        b_g = tl.load(gt + i_c) if HAS_G else 1.0
+        b_s1, b_s2, b_s3, b_s4 = _decay_add4(ko, i_c * C * K, C, K, b_s1, b_s2, b_s3, b_s4, 0.0, 0.0, 0.0, 0.0, b_u,
+                                             b_g, 1.0, NK, BC, BK, PREC)
     _store4(st, i_bh * K * V, K, V, i_v, b_s1, b_s2, b_s3, b_s4, NK, BK, BV)
 
 
@@ -179,19 +184,9 @@ def _bwd_kernel(w, ko, gt, du, dsall, dst, dup, gall, ds0, NT, C, K, V,
             + _times4(ko, i_c * C * K, C, K, b_g1, b_g2, b_g3, b_g4, NK, BC, BK, PREC)
         _st(_tile(dup, i_c * C * V, C, V, i_v, BC, BV), b_du)
         b_d1, b_d2, b_d3, b_d4 = _load4(dsall, i_c * K * V, K, V, i_v, NK, BK, BV)
-        if HAS_G:
-            b_g = tl.load(gt + i_c)
-            b_g1 *= b_g
-            b_g2 *= b_g
-            b_g3 *= b_g
-            b_g4 *= b_g
-        b_g1 += b_d1 - _dot(_ld(_tile_t(w, i_c * C * K, C, K, 0, BC, BK)), b_du, PREC)
-        if NK > 1:
-            b_g2 += b_d2 - _dot(_ld(_tile_t(w, i_c * C * K, C, K, 1, BC, BK)), b_du, PREC)
-        if NK > 2:
-            b_g3 += b_d3 - _dot(_ld(_tile_t(w, i_c * C * K, C, K, 2, BC, BK)), b_du, PREC)
-        if NK > 3:
-            b_g4 += b_d4 - _dot(_ld(_tile_t(w, i_c * C * K, C, K, 3, BC, BK)), b_du, PREC)
+        b_g = tl.load(gt + i_c) if HAS_G else 1.0
+        b_g1, b_g2, b_g3, b_g4 = _decay_add4(w, i_c * C * K, C, K, b_g1, b_g2, b_g3, b_g4, b_d1, b_d2, b_d3, b_d4,
+                                             b_du, b_g, -1.0, NK, BC, BK, PREC)
     _store4(ds0, i_bh * K * V, K, V, i_v, b_g1, b_g2, b_g3, b_g4, NK, BK, BV)
 
 
