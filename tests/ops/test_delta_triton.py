@@ -160,7 +160,7 @@ def test_choice_of_form(monkeypatch):
             _ops.delta_rule(*args, **kw)
         return forms.get("delta_rule")
 
-    wide = torch.nn.functional.normalize(torch.randn(B, 3, H, 129), dim=-1)
+    wide = torch.nn.functional.normalize(torch.randn(B, 3, H, 129), dim=-1).to(q.device)
     with backends.backends("pytorch"):
         assert form(q, k, v, beta) == {"triton": 1}
         assert form(q, k, v, beta, chunk_size=200) == {"triton": 1}  # the kernel path's chunk: 32 tokens

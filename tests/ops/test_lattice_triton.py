@@ -157,7 +157,7 @@ def test_op_passes_half_inputs_to_the_kernel_uncast():
     assert y.dtype == torch.bfloat16 and st["S"].dtype == torch.float32
     assert_rel_close(y.float(), yr, 2**-7, "y (one bfloat16 rounding)")
     assert torch.equal(st["S"], sr["S"])
-    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(y.device)
     ga = torch.autograd.grad((y.float() * w).sum() + st["S"].sum(), bf)
     gb = torch.autograd.grad((yr.to(torch.bfloat16).float() * w).sum() + sr["S"].sum(), f32)
     for a, b in zip(ga, gb):

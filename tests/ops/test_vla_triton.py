@@ -94,7 +94,8 @@ def test_paper_delta_rule_matches_naive():
     st = {"S": r(B, H, DV, D, scale=0.1), "z": torch.rand(B, H, D, generator=g).to(DEVICE).requires_grad_()}
     out = fr.fused_recurrent_vla_paper_delta_rule(q, k, v, beta, initial_state=st, chunk_size=3)
     ref = vla_paper_delta_rule_naive(q, k, v, beta, initial_state=st)
-    out[1]["pos"] = ref[1]["pos"] = torch.zeros(1)  # no pos in this state: _compare checks it, so give both one
+    # no pos in this state: _compare checks it, so give both one (on the inputs' device)
+    out[1]["pos"] = ref[1]["pos"] = torch.zeros(1, device=DEVICE)
     _compare(out, ref, [q, k, v, beta, st["S"], st["z"]])
 
 

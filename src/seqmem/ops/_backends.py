@@ -36,6 +36,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -279,6 +280,50 @@ def _fla_supports(*tensors: Any, float32_values: bool = False) -> bool:
             and q.shape[-1] <= MAX_HEAD_DIM and v.shape[-1] <= MAX_HEAD_DIM)
 
 
+def _cuda_capability(device: Any) -> tuple[int, int] | None:
+    """The compute capability of a CUDA ``device``, or None where this machine cannot say (no CUDA here)."""
+    try:
+        return tuple(torch.cuda.get_device_capability(device)) if torch.cuda.is_available() else None
+    except (RuntimeError, AssertionError, ValueError):
+        return None
+
+
+def _triton_version() -> tuple[int, ...] | None:
+    """triton's version as numbers (``(3, 6, 0)``), or None where it is not installed."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        text = version("triton")
+    except (ImportError, PackageNotFoundError):
+        return None
+    nums = []
+    for part in text.split("+")[0].split(".")[:3]:
+        digits = re.match(r"\d+", part)  # the leading digits: "0rc1" is 0
+        if digits is None:
+            break
+        nums.append(int(digits.group(0)))
+    return tuple(nums) or None
+
+
+def _fla_gated_backward_refused(device: Any) -> bool:
+    """Whether fla's gated delta-rule backward refuses this machine: on Hopper (compute capability 9.x) with
+    3.4.0 <= triton < 3.7.1 its ``chunk_bwd_dqkwg`` raises ("produces incorrect results for gated
+    chunk_bwd_dqkwg"; fla 0.6.0, measured on an H200 with triton 3.6.0), so a training call there crashed in its
+    backward.  Such calls run seqmem's own forms instead; the forward alone (no gradient) stays on fla."""
+    cap, tv = _cuda_capability(device), _triton_version()
+    return cap is not None and cap[0] == 9 and tv is not None and (3, 4, 0) <= tv < (3, 7, 1)
+
+
+def _fla_gated_supports(q: Any, k: Any, v: Any, beta: Any, g: Any, s0: Any) -> bool:
+    """As :func:`_fla_supports`, and not where a gradient is wanted on a machine whose fla gated backward refuses
+    (:func:`_fla_gated_backward_refused`).  A :class:`TensorSpec` (``which_form``) counts as wanting one."""
+    if not _fla_supports(q, k, v, beta, g, s0):
+        return False
+    wants_grad = torch.is_grad_enabled() and any(
+        getattr(t, "requires_grad", True) for t in (q, k, v, beta, g, s0) if t is not None)
+    return not (wants_grad and _fla_gated_backward_refused(q.device))
+
+
 def _fla_linear_supports(q: Any, k: Any, v: Any, s0: Any) -> bool:
     """As :func:`_fla_supports`, bfloat16 only (fla keeps the undecayed per-chunk states in the input's dtype,
     which overflows float16 near 65k tokens; the PyTorch form sums in float32); also a float32 ``v`` with bfloat16
@@ -344,6 +389,6 @@ register_backend("linear_attention", "fla", _fla_linear, _installed("fla", "fla.
                  _fla_linear_supports)
 register_backend("delta_rule", "fla", _fla_delta_rule, _installed("fla", "fla.ops.delta_rule"), _fla_supports)
 register_backend("gated_delta_rule", "fla", _fla_gated_delta_rule, _installed("fla", "fla.ops.gated_delta_rule"),
-                 _fla_supports)
+                 _fla_gated_supports)
 register_backend("ssd", "mamba_ssm", _mamba_ssd, _installed("mamba_ssm", "mamba_ssm.ops.triton.ssd_combined"),
                  _mamba_supports)
