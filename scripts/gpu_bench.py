@@ -5,18 +5,19 @@
     python scripts/gpu_bench.py --write-md gpu.md --not-run      # the page before any run
 
 The first form runs ``seqmem bench speed`` (one layer, forward+backward, bfloat16, d_model 1024, 8 heads of 128,
-batch 2; the sizes of the GPU issue) mixer by mixer in a fixed order — attention, the baselines on PyTorch and on
-their GPU kernels (fla; mamba_ssm for mamba2) side by side, then the five mechanisms, then the rest — until the
-budget is spent (the baselines' PyTorch rows run seqmem's own Triton kernels where it has them — linear_attention's
-and mamba2's ``ssd`` on the chunked simple-GLA kernel, deltanet's and gated_deltanet's walk over chunks — as VORT's
-rows do for their retention: the ``form`` column says ``triton``; ``SEQMEM_TRITON=0`` would time the PyTorch
-forms).  Before a row is timed, one untimed, uncapped forward+backward at the shortest length pays its
-kernels' compilation and autotuning (fla's autotune keys leave out the length, so one call covers every length;
-its seconds: ``warmup_s``), so no capped measurement counts them.  A ``[fla]`` row whose kernels are not installed
-(``seqmem.backends.which_form`` says the PyTorch form would run) is recorded "not installed", not measured again.
-A mixer is started only while 3 x its rows x the cap (``--max-seconds``) seconds are left.  The JSON lists every
-mixer in ``not_reached`` from the start and drops each once it is done, and is rewritten (atomically) after every
-mixer: a run cut short keeps what it measured and says what it never ran.  Nothing is extrapolated.
+batch 2; the sizes of the GPU issue) row by row in a fixed order — attention, the baselines on seqmem's forms, the
+five mechanisms, the rest, and last the baselines on their GPU kernels (fla; mamba_ssm for mamba2), whose first
+call autotunes for minutes (the page shows them beside their own rows) — until the budget is spent.  The
+baselines' own rows run seqmem's Triton kernels where it has them — linear_attention's and mamba2's ``ssd`` on the
+chunked simple-GLA kernel, deltanet's and gated_deltanet's walk over chunks — as VORT's rows do for their
+retention: the ``form`` column says ``triton``; ``SEQMEM_TRITON=0`` would time the PyTorch forms.  Before a row is
+timed, one untimed, uncapped forward+backward at the shortest length pays its kernels' compilation and autotuning
+(fla's autotune keys leave out the length, so one call covers every length; its seconds: ``warmup_s``), so no
+capped measurement counts them.  A ``[fla]`` row whose kernels are not installed (``seqmem.backends.which_form``
+says the PyTorch form would run) is recorded "not installed", not measured again.  A row is started only while
+3 x the cap (``--max-seconds``) seconds are left, a kernel row only with ``KERNEL_WARMUP_S`` more.  The JSON lists
+every row in ``not_reached`` from the start and drops each once it is done, and is rewritten (atomically) after
+every row: a run cut short keeps what it measured and says what it never ran.  Nothing is extrapolated.
 
 The second form writes the Markdown page from that JSON (a truncated or missing one is reported, not fatal), the
 check's stage outcomes, versions and logs (failed tests named from pytest's lines); it imports neither torch nor
@@ -42,6 +43,7 @@ FIRST = ["attention", "linear_attention", "deltanet", "gated_deltanet", "mamba2"
 MECHANISMS = ["ska", "vort", "vla", "lattice", "lattice_minibatch", "elastic"]
 KERNEL_OP = {"linear_attention": "linear_attention", "deltanet": "delta_rule", "gated_deltanet": "gated_delta_rule",
              "mamba2": "ssd"}  # the op whose GPU kernel a baseline's [fla] row runs
+KERNEL_WARMUP_S = 150.0  # a [fla] row starts only with this much more left: its first call's autotuning (~2 min)
 TEST_STAGES = ("triton", "contract", "kernels")  # the stages whose pytest logs name failures
 NOT_RUN = ("Not run yet: no GPU was at hand when `scripts/gpu_check.sh` was written, so this page holds no "
            "numbers. Run `bash scripts/gpu_check.sh` on a CUDA machine (after `bash scripts/gpu_check.sh prepare` "
@@ -73,9 +75,14 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the bench
-def variants(name: str) -> list[tuple[str, str]]:
-    """``[(row suffix, --backend choice)]``: the baselines on PyTorch and on their kernels, the rest as is."""
-    return [("", "pytorch"), ("[fla]", "fla")] if name in KERNEL_OP else [("", "default")]
+def jobs(mixers: list[str]) -> list[tuple[str, str, str]]:
+    """The rows in the order they are timed, as ``(mixer, row suffix, --backend choice)``: every mixer on seqmem's
+    own forms (backends off, ``pytorch``: VORT too, whose retention would otherwise take fla's simple-GLA kernel
+    where fla is installed) in ``mixers``' order, then the baselines on their GPU kernels (``[fla]``) last — a
+    first call of fla's kernels autotunes for about two minutes (117-119 s per op on an H200, fla 0.6.0, triton
+    3.6), which must not keep the mechanisms' rows from being measured."""
+    own = [(m, "", "pytorch") for m in mixers]
+    return own + [(m, "[fla]", "fla") for m in mixers if m in KERNEL_OP]
 
 
 def kernel_missing(name: str, device: Any, head_dim: int) -> tuple[str, str] | None:
@@ -137,7 +144,8 @@ def run_bench(args: argparse.Namespace) -> int:
                                "settings": {"dtype": "bfloat16", "d_model": args.d_model, "heads": args.heads,
                                             "batch": 2, "lengths": lengths, "max_seconds": args.max_seconds,
                                             "repeats": args.repeats, "warmup": 1, "budget_s": args.budget},
-                               "records": [], "warmup_s": {}, "skipped": {}, "not_reached": list(mixers)}
+                               "records": [], "warmup_s": {}, "skipped": {},
+                               "not_reached": [name + suffix for name, suffix, _ in jobs(mixers)]}
     out = Path(args.json)
 
     def save() -> None:
@@ -149,46 +157,45 @@ def run_bench(args: argparse.Namespace) -> int:
     save()
     name = None
     try:
-        for name in mixers:
-            rows, absent = [], []  # (row name, --backend choice) to time; records of the rows with no kernel
-            for suffix, backend in variants(name):
-                why = kernel_missing(name, device, args.d_model // args.heads) if suffix == "[fla]" else None
-                if why is None:
-                    rows.append((name + suffix, backend))
-                    continue
-                log(f"{name + suffix}: {why[0]} ({why[1]})")
-                absent += [{"mixer": name + suffix, "impl": "fast", "seq_len": n, "status": why[0], "note": why[1],
-                            "median_ms": None} for n in lengths]
-            need = 3 * len(rows) * args.max_seconds
+        for name, suffix, backend in jobs(mixers):
+            row = name + suffix
+            why = kernel_missing(name, device, args.d_model // args.heads) if suffix == "[fla]" else None
+            if why is not None:
+                log(f"{row}: {why[0]} ({why[1]})")
+                payload["records"] += [{"mixer": row, "impl": "fast", "seq_len": n, "status": why[0],
+                                        "note": why[1], "median_ms": None} for n in lengths]
+                payload["not_reached"].remove(row)
+                save()
+                continue
+            need = 3 * args.max_seconds + (KERNEL_WARMUP_S if suffix == "[fla]" else 0)
             left = t_end - time.monotonic()
             if left < need:
-                log(f"{name}: not started ({left:.0f} s left, {need:g} s needed: 3 x {len(rows)} row(s) x the cap)")
-                payload["skipped"][name] = f"{left:.0f} s of the budget left, {need:g} s needed"
+                what = f"3 x the cap{' + the kernels autotuning' if suffix else ''}"
+                log(f"{row}: not started ({left:.0f} s left, {need:g} s needed: {what})")
+                payload["skipped"][row] = f"{left:.0f} s of the budget left, {need:g} s needed"
                 continue
-            for row, backend in rows:
-                ns = argparse.Namespace(d_model=args.d_model, heads=args.heads, batch=2, seed=0, impl="fast",
-                                        repeats=args.repeats, warmup=1, ref_repeats=None, ref_warmup=None,
-                                        max_seconds=args.max_seconds, no_flops=True, no_floor=True,
-                                        gemm_sizes_parsed=[4096] if device.type == "cuda" else [64],
-                                        backend=backend, mixer_option_parsed={})
-                try:
-                    payload["warmup_s"][row] = round(warm_up(name, backend, ns, device, dtype, lengths[0]), 3)
-                    log(f"{row}: untimed warm-up at T={lengths[0]}: {payload['warmup_s'][row]:.1f} s")
-                    res = run_speed(ns, device, dtype, [name], lengths, lengths, machine, log)
-                    for r in res["records"]:
-                        r["mixer"] = row  # run_speed labels by the mixer; the row says which backends
-                    payload["records"] += res["records"]
-                    payload.setdefault("gemm_peak", res["peak"])
-                except Exception as e:  # noqa: BLE001 — one row's failure is recorded, the table goes on
-                    note = f"{type(e).__name__}: {e}"[:300]
-                    if row not in payload["warmup_s"]:
-                        note = "warm-up failed: " + note
-                    log(f"{row}: error ({note})")
-                    payload["records"].append({"mixer": row, "status": "error", "note": note})
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-            payload["records"] += absent
-            payload["not_reached"].remove(name)
+            ns = argparse.Namespace(d_model=args.d_model, heads=args.heads, batch=2, seed=0, impl="fast",
+                                    repeats=args.repeats, warmup=1, ref_repeats=None, ref_warmup=None,
+                                    max_seconds=args.max_seconds, no_flops=True, no_floor=True,
+                                    gemm_sizes_parsed=[4096] if device.type == "cuda" else [64],
+                                    backend=backend, mixer_option_parsed={})
+            try:
+                payload["warmup_s"][row] = round(warm_up(name, backend, ns, device, dtype, lengths[0]), 3)
+                log(f"{row}: untimed warm-up at T={lengths[0]}: {payload['warmup_s'][row]:.1f} s")
+                res = run_speed(ns, device, dtype, [name], lengths, lengths, machine, log)
+                for r in res["records"]:
+                    r["mixer"] = row  # run_speed labels by the mixer; the row says which backends
+                payload["records"] += res["records"]
+                payload.setdefault("gemm_peak", res["peak"])
+            except Exception as e:  # noqa: BLE001 — one row's failure is recorded, the table goes on
+                note = f"{type(e).__name__}: {e}"[:300]
+                if row not in payload["warmup_s"]:
+                    note = "warm-up failed: " + note
+                log(f"{row}: error ({note})")
+                payload["records"].append({"mixer": row, "status": "error", "note": note})
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            payload["not_reached"].remove(row)
             save()
     except KeyboardInterrupt:  # the stage's time box ran out (SIGINT): keep what was measured
         payload["interrupted"] = name
@@ -198,8 +205,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return 130
     payload["end"] = run_end()
     save()
-    done = len(mixers) - len(payload["not_reached"])
-    print(f"bench: {done} of {len(mixers)} mixers done"
+    total = len(jobs(mixers))
+    print(f"bench: {total - len(payload['not_reached'])} of {total} rows done"
           + (f"; not reached: {', '.join(payload['not_reached'])}" if payload["not_reached"] else ""), flush=True)
     return 0
 
@@ -219,7 +226,9 @@ def table(payload: dict[str, Any]) -> str:
     recs = [r for r in payload.get("records", []) if r.get("impl", "fast") == "fast" and r.get("mixer")]
     lengths = payload.get("settings", {}).get("lengths") or sorted({r["seq_len"] for r in recs if r.get("seq_len")})
     attn = {r["seq_len"]: r["median_ms"] for r in recs if r["mixer"] == "attention" and r.get("status") == "ok"}
-    names = list(dict.fromkeys(r["mixer"] for r in recs))
+    seen = list(dict.fromkeys(r["mixer"] for r in recs))
+    bases = list(dict.fromkeys(n.split("[")[0] for n in seen))  # a [fla] row (timed last) beside its own
+    names = [n for b in bases for n in seen if n.split("[")[0] == b]
     head = (["layer"] + [f"{fmt_len(n)} ms" for n in lengths]
             + ["attention's time / layer's at " + " · ".join(fmt_len(n) for n in lengths), "form"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -266,9 +275,8 @@ def failures(text: str) -> list[str]:
     return list(found.values())
 
 
-def commit_text(commit_file: Path | None) -> str:
-    """The checked-out commit (and whether the tree differs from it), from git; where git has no repository here
-    (the tree travelled without ``.git``), from ``commit_file``, which ``gpu_check.sh prepare`` wrote."""
+def _git_commit() -> str | None:
+    """The checked-out commit (and whether the tree differs from it), or None where git has no repository here."""
     try:
         p = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10,
                            cwd=ROOT)
@@ -278,11 +286,25 @@ def commit_text(commit_file: Path | None) -> str:
             return p.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
+    return None
+
+
+def commit_text(commit_file: Path | None, use_git: bool = True) -> str:
+    """The commit of the tree that ran: from ``commit_file``, which ``gpu_check.sh prepare`` wrote just before the
+    tree travelled (the device machine may hold a ``.git`` of another commit, or none), with git's reading beside
+    it where that differs; from git where there is no such file; ``use_git=False``: the file alone (a page
+    rewritten later, elsewhere, where git reads a later commit)."""
+    git = _git_commit() if use_git else None
     if commit_file is not None and Path(commit_file).is_file():
         info = dict(ln.split("\t", 1) for ln in Path(commit_file).read_text().splitlines() if "\t" in ln)
         c, d = info.get("commit", "unknown").strip(), info.get("dirty", "").strip()
         changes = "" if d in ("", "0") else f", then with {d} changed or untracked file(s)"
-        return f"{c[:12]} (no git here: from {Path(commit_file).name}, written by `gpu_check.sh prepare`{changes})"
+        where = "no git here" if git is None else f"git here reads {git}"
+        if git is not None and git.split(" ")[0] == c[:12]:
+            return git
+        return f"{c[:12]} ({where}: from {Path(commit_file).name}, written by `gpu_check.sh prepare`{changes})"
+    if git is not None:
+        return git
     return "unknown (no git here, and no .whl/COMMIT)"
 
 
@@ -297,6 +319,31 @@ def _read_json(path: str | None) -> tuple[dict[str, Any] | None, str | None]:
     return (data, None) if isinstance(data, dict) else (None, f"not a JSON object: {type(data).__name__}")
 
 
+def date_text(args: argparse.Namespace) -> str:
+    """The run's date: its records' start (``machine.date``) where they hold one, else now."""
+    payload, _ = _read_json(getattr(args, "json", None))
+    date = ((payload or {}).get("machine") or {}).get("date")
+    return str(date) if date else time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def also_section(path: str, index: int) -> str:
+    """A further bench call's table (``--also-json``): its rows, what it never reached, or why it is unreadable."""
+    payload, err = _read_json(path)
+    head = f"\n### Bench call {index} ([{Path(path).name}]({Path(path).name}))\n\n"
+    if payload is None:
+        return head + f"Its records could not be read ({err or 'missing'}).\n"
+    text = head
+    note = payload.get("note")
+    if note:
+        text += f"{note}\n\n"
+    text += table(payload) if payload.get("records") else "Nothing measured.\n"
+    if payload.get("skipped"):
+        text += "\nNot started: " + "; ".join(f"{k} ({v})" for k, v in payload["skipped"].items()) + ".\n"
+    if payload.get("not_reached"):
+        text += f"\nNot reached (never run, or cut before it finished): {', '.join(payload['not_reached'])}.\n"
+    return text
+
+
 def write_md(args: argparse.Namespace) -> int:
     path = Path(args.write_md)
     title = "# GPU check: correctness on CUDA and layer speed (`scripts/gpu_check.sh`)\n\n"
@@ -308,12 +355,12 @@ def write_md(args: argparse.Namespace) -> int:
     if args.versions and Path(args.versions).exists():
         info = dict(line.split("\t", 1) for line in Path(args.versions).read_text().splitlines()
                     if "\t" in line and not line.startswith("#"))
+    commit = commit_text(Path(args.commit_file) if args.commit_file else None, not getattr(args, "no_git", False))
     text = title
     text += (f"Card: {info.get('card', 'unknown')}; driver {info.get('driver', 'unknown')}; torch "
              f"{info.get('torch', 'unknown')}; triton {info.get('triton', '—')}; fla {info.get('fla', '—')[:120]}; "
              f"mamba_ssm {info.get('mamba_ssm', '—')[:120]}; numpy {info.get('numpy', '—')[:120]}; Python "
-             f"{info.get('python', '—')}. Date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; commit "
-             f"{commit_text(Path(args.commit_file) if args.commit_file else None)}.\n\n")
+             f"{info.get('python', '—')}. Date {date_text(args)}; commit {commit}.\n\n")
     if info.get("numpy", "").startswith("not"):
         text += ("**numpy is missing on this machine's Python**: seqmem imports it at module level, so every stage "
                  "that imports seqmem failed on that, not on CUDA. Bring numpy (a wheel for this Python) and run "
@@ -362,6 +409,8 @@ def write_md(args: argparse.Namespace) -> int:
             text += f"\nNot reached (never run, or cut before it finished): {', '.join(payload['not_reached'])}.\n"
         if payload.get("records"):
             text += "\nRecords: [gpu.json](gpu.json).\n"
+    for i, extra in enumerate(getattr(args, "also_json", None) or [], start=2):
+        text += also_section(extra, i)
     write_atomic(path, text)
     return 0
 
@@ -384,6 +433,10 @@ def main() -> int:
     p.add_argument("--commit-file", default=str(ROOT / ".whl" / "COMMIT"),
                    help="the commit where git has none (written by gpu_check.sh prepare)")
     p.add_argument("--not-run", action="store_true", help="with --write-md: the page before any run")
+    p.add_argument("--no-git", action="store_true",
+                   help="with --write-md: the commit from --commit-file alone (a page rewritten elsewhere, later)")
+    p.add_argument("--also-json", action="append", default=[],
+                   help="with --write-md: a further bench call's records, shown as its own table (repeatable)")
     args = p.parse_args()
     if args.write_md:
         return write_md(args)

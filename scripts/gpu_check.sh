@@ -30,11 +30,13 @@
 #             (xdist where it works): seqmem's own forms and Triton kernels; fla is off here, as its float32 calls
 #             compute in TF32 (about 1e-3 relative) and the contract allows 2e-4 — the kernels stage checks fla
 #   kernels   fla's and mamba_ssm's kernels against seqmem's references on CUDA: tests/ops/test_backends.py and
-#             tests/ops/test_vort_gla.py (op and layer level; cold autotuning makes this the slowest to start)
+#             tests/ops/test_vort_gla.py (op and layer level, xdist where it works; a first call of each fla kernel
+#             autotunes for about two minutes on an H200, so a short box cuts this stage)
 #   bench     seqmem bench speed at the sizes of the GPU issue (bfloat16, d_model 1024, 8 heads of 128, batch 2,
-#             4k / 16k / 64k, forward+backward) for every mixer, the baselines on PyTorch and on fla / mamba_ssm
-#             side by side, each row after one untimed call that pays compilation and autotuning; mixer by mixer
-#             while the budget lasts (scripts/gpu_bench.py)
+#             4k / 16k / 64k, forward+backward) for every mixer on seqmem's own forms first (attention, the
+#             baselines, the five mechanisms, the rest), then the baselines on fla / mamba_ssm (shown beside their
+#             own rows), each row after one untimed call that pays compilation and autotuning; row by row while
+#             the budget lasts, a kernel row only with ~2 minutes more for its autotuning (scripts/gpu_bench.py)
 #   table     docs/results/bench/gpu.md: card, driver, torch, date, commit, each stage's outcome, the failed tests
 #             by name, and the table — written on every way out (an EXIT/TERM/INT trap), also when a stage was cut
 #
@@ -273,7 +275,9 @@ EOF
 fi
 
 # ---------------------------------------------------------------------------------------------------- tests
-pytest=("$py" -m pytest -v --tb=short -p no:cacheprovider)  # -v: each test's outcome on its own line, as it ends
+# -v: each test's outcome on its own line, as it ends (the project's addopts carry -q, which would cancel it: they
+# are replaced here, keeping their marker filter)
+pytest=("$py" -m pytest -v --tb=short -p no:cacheprovider -o "addopts=" -m "not slow")
 # the mechanisms' kernels first (Lattice, VLA, VORT), then the baselines' (SSD, linear attention, delta rules): a
 # box cut short cuts the last; every test_*triton*.py file is listed (a new one is appended, not dropped)
 triton_tests=(tests/ops/test_lattice_triton.py tests/ops/test_vla_triton.py tests/ops/test_vort_triton.py
@@ -284,8 +288,10 @@ done
 stage triton "$(fit "$(scaled 80)")" "${pytest[@]}" -rfEs "${triton_tests[@]}"
 stage contract "$(fit "$(scaled 100)")" env SEQMEM_TEST_DEVICE=cuda SEQMEM_BACKENDS=pytorch \
     "${pytest[@]}" -rfE tests/test_device.py tests/test_contract.py "${xdist[@]}"
+# xdist here too: a first call of each fla kernel autotunes for about two minutes (seen on an H200), most of it
+# compilation on the CPU, which the workers share out
 stage kernels "$(fit "$(scaled 110)")" env SEQMEM_TEST_DEVICE=cuda \
-    "${pytest[@]}" -rfEs tests/ops/test_backends.py tests/ops/test_vort_gla.py
+    "${pytest[@]}" -rfEs tests/ops/test_backends.py tests/ops/test_vort_gla.py "${xdist[@]}"
 
 # ---------------------------------------------------------------------------------------------------- bench
 box=$(($(left) - table_s - kill_after))

@@ -121,7 +121,7 @@ def test_check_end_to_end_with_a_stand_in_python(tmp_path):
     assert list(st) == ["setup", "triton", "contract", "kernels", "bench"]
     assert st["triton"][0] == "124" and st["triton"][2].startswith("cut at the 10 s time box")
     assert st["contract"] == ["1", st["contract"][1], "1 failed, 1 passed in 0.5s"]
-    assert st["bench"][0] == "0" and st["bench"][2] == "bench: 2 of 2 mixers done"
+    assert st["bench"][0] == "0" and st["bench"][2] == "bench: 3 of 3 rows done"
     page = (out / "gpu.md").read_text()
     assert page == (tmp_path / "res" / "gpu.md").read_text()
     assert "Failed tests (3):" in page and "* `triton: FAILED tests/test_contract.py::test_y[deltanet]`" in page
@@ -202,8 +202,9 @@ def test_bench_warms_up_lists_the_unreached_and_keeps_to_its_budget(tmp_path, mo
     # 130 s: attention (3 x 1 row x 10 s = 30 s needed) takes 100, deltanet (its [fla] row not run on the CPU)
     # starts with 30 left, ska finds 29 < 30 and is not started
     assert gb.run_bench(_bench_args(js, "ska,deltanet,attention", 130)) == 0
-    assert calls == [("warm", "attention", 16), ("run", "attention", ["attention", "deltanet", "ska"]),
-                     ("warm", "deltanet", 16), ("run", "deltanet", ["deltanet", "ska"])]
+    left = ["attention", "deltanet", "ska", "deltanet[fla]"]
+    assert calls == [("warm", "attention", 16), ("run", "attention", left),
+                     ("warm", "deltanet", 16), ("run", "deltanet", left[1:])]
     data = json.loads(js.read_text())
     assert data["not_reached"] == ["ska"] and "ska" in data["skipped"] and "interrupted" not in data
     assert [r["mixer"] for r in data["records"]] == ["attention"] * 2 + ["deltanet"] * 2 + ["deltanet[fla]"] * 2
@@ -213,6 +214,46 @@ def test_bench_warms_up_lists_the_unreached_and_keeps_to_its_budget(tmp_path, mo
     data = json.loads(js.read_text())
     assert data["interrupted"] == "vort" and data["not_reached"] == ["vort", "elastic"]
     assert [c[1] for c in calls] == ["attention", "attention", "vort", "vort"]
+
+
+def test_kernel_rows_come_last_and_need_their_autotuning_time(tmp_path, monkeypatch):
+    """The baselines' [fla] rows are timed after every row on seqmem's own forms (their first call autotunes for
+    about two minutes, which must not keep the mechanisms unmeasured), start only with KERNEL_WARMUP_S more than a
+    plain row needs, and stand beside their own rows on the page."""
+    import seqmem.bench.speed as speed
+
+    gb, js, now, calls = _load_bench(), tmp_path / "gpu.json", [0.0], []
+    monkeypatch.setattr(gb, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(gb, "warm_up", lambda name, backend, ns, dev, dt, n: calls.append((name, backend)) or 1.0)
+    monkeypatch.setattr(gb, "kernel_missing", lambda name, device, head_dim: None)  # as where fla is installed
+
+    def fake_run_speed(ns, device, dtype, mixers, lengths, ref_lengths, machine, log):
+        now[0] += 1
+        return {"peak": {}, "records": [{"mixer": mixers[0], "impl": "fast", "seq_len": n, "status": "ok",
+                                         "median_ms": 1.0, "form": ns.backend} for n in lengths]}
+
+    monkeypatch.setattr(speed, "run_speed", fake_run_speed)
+    assert gb.run_bench(_bench_args(js, "linear_attention,vort,deltanet,attention", 1000)) == 0
+    assert calls == [("attention", "pytorch"), ("linear_attention", "pytorch"), ("deltanet", "pytorch"),
+                     ("vort", "pytorch"), ("linear_attention", "fla"), ("deltanet", "fla")]
+    md = tmp_path / "gpu.md"
+    args = Namespace(write_md=str(md), json=str(js), not_run=False, versions=None, stages=None, logs=None,
+                     commit_file=None)
+    monkeypatch.setattr(gb, "time", time)  # the page's date
+    assert gb.write_md(args) == 0
+    table = md.read_text().split("| layer |", 1)[1]
+    rows = [ln.split(" | ")[0][2:] for ln in table.splitlines() if ln.startswith("| ")]
+    assert rows == ["attention", "linear_attention", "linear_attention[fla]", "deltanet", "deltanet[fla]", "vort"]
+    # 4 own rows take 4 s; with 30 + KERNEL_WARMUP_S - 1 left, the first kernel row is not started
+    calls.clear()
+    now[0] = 0.0
+    monkeypatch.setattr(gb, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    budget = 4 + 30 + gb.KERNEL_WARMUP_S - 1
+    assert gb.run_bench(_bench_args(js, "linear_attention,vort,deltanet,attention", budget)) == 0
+    data = json.loads(js.read_text())
+    assert [c[1] for c in calls] == ["pytorch"] * 4
+    assert data["not_reached"] == ["linear_attention[fla]", "deltanet[fla]"]
+    assert set(data["skipped"]) == {"linear_attention[fla]", "deltanet[fla]"}
 
 
 def test_failures_are_named_wherever_pytest_puts_them():
@@ -262,6 +303,37 @@ def test_page_from_a_truncated_json_without_git_and_without_numpy(tmp_path, monk
     page = md.read_text()
     assert "Not reached (never run, or cut before it finished): attention, vort." in page
     assert "while running attention" in page and "commit unknown (no git here, and no .whl/COMMIT)" in page
+
+
+def test_page_commit_from_prepare_and_a_further_bench_call(tmp_path, monkeypatch):
+    """The commit that travelled (.whl/COMMIT, written by prepare) wins over a git that reads another commit (the
+    device machine held a .git of an older one), which is named beside it; ``--also-json`` adds a further bench
+    call's table; the date is the records' own."""
+    gb = _load_bench()
+    js, js2, md, commit = tmp_path / "gpu.json", tmp_path / "gpu_call2.json", tmp_path / "gpu.md", tmp_path / "C"
+    rec = {"mixer": "attention", "impl": "fast", "seq_len": 4096, "status": "ok", "median_ms": 3.0, "form": "x"}
+    js.write_text(json.dumps({"records": [rec], "machine": {"date": "2026-11-29T18:58:00Z"}, "not_reached": []}))
+    js2.write_text(json.dumps({"records": [dict(rec, mixer="deltanet", median_ms=10.0)], "note": "Right after.",
+                               "not_reached": ["vort"], "skipped": {"vla": "5 s of the budget left"}}))
+    commit.write_text("commit\tfeedfacefeedfacefeed\ndirty\t0\n")
+    monkeypatch.setattr(gb, "_git_commit", lambda: "0123456789ab (with uncommitted changes)")
+    args = Namespace(write_md=str(md), json=str(js), not_run=False, versions=None, stages=None, logs=None,
+                     commit_file=str(commit), also_json=[str(js2)])
+    assert gb.write_md(args) == 0
+    page = md.read_text()
+    assert ("commit feedfacefeed (git here reads 0123456789ab (with uncommitted changes): from C, written by "
+            "`gpu_check.sh prepare`)") in page
+    assert "Date 2026-11-29T18:58:00Z" in page
+    second = page.split("### Bench call 2 ([gpu_call2.json](gpu_call2.json))", 1)[1]
+    assert "Right after." in second and "| deltanet | 10.0 |" in second
+    assert "Not started: vla (5 s of the budget left)." in second and "Not reached (never" in second
+    args.no_git = True
+    assert gb.write_md(args) == 0
+    assert "commit feedfacefeed (no git here: from C, " in md.read_text()
+    monkeypatch.setattr(gb, "_git_commit", lambda: "feedfacefeed")
+    args.no_git = False
+    assert gb.write_md(args) == 0
+    assert "commit feedfacefeed." in md.read_text()
 
 
 def test_committed_page_is_the_not_run_page_or_a_gpu_run(tmp_path):
