@@ -23,7 +23,8 @@
 #             fla-core by pip only where no ./.whl was brought.  Versions into versions.txt: numpy (seqmem imports
 #             it at module level: the page says so where it is missing), fla with its import error in full, ...
 #   triton    seqmem's own Triton kernels compiled on CUDA against their references: tests/ops/test_*triton*.py,
-#             the mechanisms' (Lattice, VLA, VORT) before the baselines' (SSD, linear attention, delta rules)
+#             the mechanisms' (Lattice, VLA, VORT) listed before the baselines' (SSD, linear attention, delta
+#             rules), xdist where it works (compiling is most of the stage)
 #             (the interpreter tests' shapes, then the benchmark's sizes: head dims 128 and 96, T = 300, bfloat16;
 #             a second GPU where there is one) — first, as nothing else checks them on a GPU
 #   contract  SEQMEM_TEST_DEVICE=cuda SEQMEM_BACKENDS=pytorch pytest tests/test_device.py tests/test_contract.py
@@ -285,7 +286,9 @@ triton_tests=(tests/ops/test_lattice_triton.py tests/ops/test_vla_triton.py test
 for f in tests/ops/test_*triton*.py; do
     case " ${triton_tests[*]} " in *" $f "*) ;; *) triton_tests+=("$f") ;; esac
 done
-stage triton "$(fit "$(scaled 80)")" "${pytest[@]}" -rfEs "${triton_tests[@]}"
+# xdist where it works: most of this stage is compiling kernels on the CPU (84 of 89 tests in the 95 s box of the
+# first H200 run, serially), which the workers share out
+stage triton "$(fit "$(scaled 80)")" "${pytest[@]}" -rfEs "${triton_tests[@]}" "${xdist[@]}"
 stage contract "$(fit "$(scaled 100)")" env SEQMEM_TEST_DEVICE=cuda SEQMEM_BACKENDS=pytorch \
     "${pytest[@]}" -rfE tests/test_device.py tests/test_contract.py "${xdist[@]}"
 # xdist here too: a first call of each fla kernel autotunes for about two minutes (seen on an H200), most of it
