@@ -17,7 +17,10 @@ capped measurement counts them.  A ``[fla]`` row whose kernels are not installed
 says the PyTorch form would run) is recorded "not installed", not measured again.  A row is started only while
 3 x the cap (``--max-seconds``) seconds are left, a kernel row only with ``KERNEL_WARMUP_S`` more.  The JSON lists
 every row in ``not_reached`` from the start and drops each once it is done, and is rewritten (atomically) after
-every row: a run cut short keeps what it measured and says what it never ran.  Nothing is extrapolated.
+every row: a run cut short keeps what it measured and says what it never ran.  Nothing is extrapolated.  Each
+row measured at the middle length is then profiled there once (torch.profiler after a warm call: the CUDA
+kernels' own time, their launches and the largest kernels; ``--no-profile`` skips it) while ``PROFILE_S`` plus
+three of its calls are left: where a layer loses to its fla counterpart, the page says which kernels take the time.
 
 The second form writes the Markdown page from that JSON (a truncated or missing one is reported, not fatal), the
 check's stage outcomes, versions and logs (failed tests named from pytest's lines); it imports neither torch nor
@@ -43,6 +46,9 @@ FIRST = ["attention", "linear_attention", "deltanet", "gated_deltanet", "mamba2"
 MECHANISMS = ["ska", "vort", "vla", "lattice", "lattice_minibatch", "elastic"]
 KERNEL_OP = {"linear_attention": "linear_attention", "deltanet": "delta_rule", "gated_deltanet": "gated_delta_rule",
              "mamba2": "ssd"}  # the op whose GPU kernel a baseline's [fla] row runs
+PROFILE_TOP = 8  # kernels listed per profiled row
+PROFILE_S = 10.0  # a row is profiled (two more forward+backwards at the middle length) only with this much + 3 of
+# its measured calls left
 KERNEL_WARMUP_S = 150.0  # a [fla] row starts only with this much more left: its first call's autotuning (~2 min)
 TEST_STAGES = ("triton", "contract", "kernels")  # the stages whose pytest logs name failures
 NOT_RUN = ("Not run yet: no GPU was at hand when `scripts/gpu_check.sh` was written, so this page holds no "
@@ -102,30 +108,84 @@ def kernel_missing(name: str, device: Any, head_dim: int) -> tuple[str, str] | N
     return "no kernel", f"which_form: pytorch for {op} on {device}, bfloat16, head size {head_dim}"
 
 
+def _with_backend(backend: str) -> Any:
+    """A context that sets the backends as ``run_speed`` sets them for a row with this ``--backend`` choice."""
+    from contextlib import contextmanager
+
+    from seqmem.backends import use_backends
+    from seqmem.bench.speed import backend_variants
+
+    @contextmanager
+    def ctx() -> Any:
+        chosen = backend_variants(backend)[0][1]
+        prev = use_backends(None)
+        use_backends(prev if chosen is None else chosen)
+        try:
+            yield
+        finally:
+            use_backends(prev)
+
+    return ctx()
+
+
+def _step(name: str, ns: argparse.Namespace, device: Any, dtype: Any, n: int) -> Any:
+    """A built layer's forward+backward at length ``n`` as a function of no arguments."""
+    import torch
+
+    from seqmem.bench.speed import build
+
+    m = build(name, ns, "fast", device, dtype)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(ns.batch, n, ns.d_model, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+    g = torch.randn(ns.batch, n, ns.d_model, generator=gen).to(device=device, dtype=dtype)
+
+    def step() -> None:
+        y, _ = m(x)
+        y.backward(g)
+
+    return step
+
+
 def warm_up(name: str, backend: str, ns: argparse.Namespace, device: Any, dtype: Any, n: int) -> float:
     """One untimed, uncapped forward+backward of ``name`` with ``backend`` at length ``n``: the kernels'
     compilation and autotuning, paid before anything is timed.  Returns its seconds."""
-    import torch
-
-    from seqmem.backends import use_backends
     from seqmem.bench.common import synchronize
-    from seqmem.bench.speed import backend_variants, build
 
-    chosen = backend_variants(backend)[0][1]
-    prev = use_backends(None)
-    use_backends(prev if chosen is None else chosen)  # as run_speed sets it for the row
-    try:
+    with _with_backend(backend):
         t0 = time.perf_counter()
-        m = build(name, ns, "fast", device, dtype)
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(ns.batch, n, ns.d_model, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
-        g = torch.randn(ns.batch, n, ns.d_model, generator=gen).to(device=device, dtype=dtype)
-        y, _ = m(x)
-        y.backward(g)
+        _step(name, ns, device, dtype, n)()
         synchronize(device)
         return time.perf_counter() - t0
-    finally:
-        use_backends(prev)
+
+
+def profile(name: str, backend: str, ns: argparse.Namespace, device: Any, dtype: Any, n: int,
+            top: int = PROFILE_TOP) -> dict[str, Any]:
+    """Where one forward+backward of ``name`` at length ``n`` spends its time (after a warm call): torch.profiler's
+    kernels (CUDA; operators on a CPU trial) by their own time, the ``top`` largest and the total, in ms."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    from seqmem.bench.common import synchronize
+
+    cuda = getattr(device, "type", str(device)) == "cuda"
+    with _with_backend(backend):
+        step = _step(name, ns, device, dtype, n)
+        step()  # compiled and warm
+        synchronize(device)
+        act = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+        with torch.profiler.profile(activities=act) as prof:
+            step()
+            synchronize(device)
+    rows = []
+    for e in prof.key_averages():
+        us = (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)) if cuda \
+            else e.self_cpu_time_total
+        if us and us > 0:
+            rows.append({"kernel": str(e.key)[:120], "ms": round(us / 1000, 4), "calls": int(e.count)})
+    rows.sort(key=lambda r: -r["ms"])
+    return {"seq_len": n, "total_ms": round(sum(r["ms"] for r in rows), 3), "kernels": len(rows),
+            "launches": sum(r["calls"] for r in rows), "top": rows[:top],
+            "what": "CUDA kernels' own time" if cuda else "CPU operators' own time (a trial, no GPU number)"}
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -144,7 +204,7 @@ def run_bench(args: argparse.Namespace) -> int:
                                "settings": {"dtype": "bfloat16", "d_model": args.d_model, "heads": args.heads,
                                             "batch": 2, "lengths": lengths, "max_seconds": args.max_seconds,
                                             "repeats": args.repeats, "warmup": 1, "budget_s": args.budget},
-                               "records": [], "warmup_s": {}, "skipped": {},
+                               "records": [], "warmup_s": {}, "skipped": {}, "profiles": {},
                                "not_reached": [name + suffix for name, suffix, _ in jobs(mixers)]}
     out = Path(args.json)
 
@@ -187,6 +247,14 @@ def run_bench(args: argparse.Namespace) -> int:
                     r["mixer"] = row  # run_speed labels by the mixer; the row says which backends
                 payload["records"] += res["records"]
                 payload.setdefault("gemm_peak", res["peak"])
+                prof_n = lengths[len(lengths) // 2]  # the middle length (16k at 4k, 16k, 64k)
+                at = [r for r in res["records"] if r.get("seq_len") == prof_n and r.get("status") == "ok"]
+                cost = PROFILE_S + 3 * (at[0].get("median_ms") or 0) / 1000 if at else None  # 2 calls + tracing
+                if args.profile and cost is not None and t_end - time.monotonic() >= cost:
+                    try:
+                        payload["profiles"][row] = profile(name, backend, ns, device, dtype, prof_n)
+                    except Exception as e:  # noqa: BLE001 — a profile is extra: its failure is noted only
+                        payload["profiles"][row] = {"error": f"{type(e).__name__}: {e}"[:200]}
             except Exception as e:  # noqa: BLE001 — one row's failure is recorded, the table goes on
                 note = f"{type(e).__name__}: {e}"[:300]
                 if row not in payload["warmup_s"]:
@@ -250,6 +318,25 @@ def table(payload: dict[str, Any]) -> str:
         form = "; ".join(sorted(forms)) or "–"
         lines.append(f"| {name} | " + " | ".join(c.replace("|", "/") for c in cells)
                      + f" | {' · '.join(ratios)} | {form} |")
+    return "\n".join(lines) + "\n"
+
+
+def profiles_section(payload: dict[str, Any], top: int = 4) -> str:
+    """The rows' profiles (``profile``): each row's kernel time, launches and largest kernels; '' where none."""
+    profs = payload.get("profiles") or {}
+    if not profs:
+        return ""
+    what = next((p.get("what") for p in profs.values() if p.get("what")), "kernels' own time")
+    lines = [f"\nWhere the time goes: torch.profiler over one forward+backward after a warm call ({what}, ms; "
+             "launches: kernel calls; the largest kernels with their calls):\n",
+             "| layer | T | kernels' time | launches | largest |", "|---|---:|---:|---:|---|"]
+    for row, pr in profs.items():
+        if "error" in pr:
+            lines.append(f"| {row} | – | – | – | profile failed: {pr['error'][:100].replace('|', '/')} |")
+            continue
+        big = "; ".join(f"`{k['kernel'][:60].replace('|', '/').replace('`', '')}` {_fmt(k['ms'])} ×{k['calls']}"
+                        for k in pr.get("top", [])[:top])
+        lines.append(f"| {row} | {fmt_len(pr['seq_len'])} | {_fmt(pr['total_ms'])} | {pr['launches']:,} | {big} |")
     return "\n".join(lines) + "\n"
 
 
@@ -336,7 +423,7 @@ def also_section(path: str, index: int) -> str:
     note = payload.get("note")
     if note:
         text += f"{note}\n\n"
-    text += table(payload) if payload.get("records") else "Nothing measured.\n"
+    text += (table(payload) + profiles_section(payload)) if payload.get("records") else "Nothing measured.\n"
     if payload.get("skipped"):
         text += "\nNot started: " + "; ".join(f"{k} ({v})" for k, v in payload["skipped"].items()) + ".\n"
     if payload.get("not_reached"):
@@ -402,6 +489,7 @@ def write_md(args: argparse.Namespace) -> int:
                  "PyTorch forms. form: the forms the layer's ops ran. Ratio > 1: the layer is faster than "
                  "attention (SDPA).\n\n")
         text += table(payload)
+        text += profiles_section(payload)
     if payload is not None:
         if payload.get("interrupted"):
             text += f"\nCut by the stage's time box while running {payload['interrupted']}.\n"
@@ -423,6 +511,8 @@ def main() -> int:
     p.add_argument("--mixers", default=None, help="comma-separated (default: every registered mixer)")
     p.add_argument("--max-seconds", type=float, default=8.0, help="cap per measurement")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-profile", dest="profile", action="store_false",
+                   help="skip the profile of each row at the middle length (torch.profiler's top kernels)")
     p.add_argument("--device", default="cuda", help="cuda (the check); cpu only to try the script itself")
     p.add_argument("--d-model", type=int, default=1024)
     p.add_argument("--heads", type=int, default=8)

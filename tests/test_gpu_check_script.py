@@ -167,19 +167,26 @@ def test_bench_loop_and_page_on_the_cpu(tmp_path):
     assert all(r["status"] == "ok" and r["form"] for r in data["records"][:2]) and data["not_reached"] == []
     assert data["records"][2]["status"] in ("not installed", "no kernel")  # which_form: pytorch on the CPU
     assert set(data["warmup_s"]) == {"attention", "deltanet"}
+    # each measured row profiled once at the middle length: its operators' own time, the largest first
+    assert set(data["profiles"]) == {"attention", "deltanet"}
+    prof = data["profiles"]["deltanet"]
+    assert prof["seq_len"] == 16 and prof["launches"] >= len(prof["top"]) > 0 and prof["total_ms"] > 0
+    assert [k["ms"] for k in prof["top"]] == sorted((k["ms"] for k in prof["top"]), reverse=True)
+    assert "a trial, no GPU number" in prof["what"]
     stages = tmp_path / "stages.tsv"
     stages.write_text("contract\t0\t12\t5 passed in 1.0s\n")
     assert _bench("--write-md", str(md), "--json", str(js), "--stages", str(stages)).returncode == 0
     text = md.read_text()
     assert "| contract | 0 | 12 | 5 passed in 1.0s |" in text and "| deltanet[fla] |" in text
     assert "a trial of the script, no GPU number" in text
+    assert "Where the time goes: torch.profiler" in text and re.search(r"\| deltanet \| 16 \| [0-9.]+ \| ", text)
     p = _bench("--budget", "0", "--json", str(js), "--device", "cpu", "--mixers", "attention")
     assert p.returncode == 0 and json.loads(js.read_text())["not_reached"] == ["attention"]
 
 
 def _bench_args(js: Path, mixers: str, budget: float) -> Namespace:
     return Namespace(budget=budget, json=str(js), lengths="16,32", mixers=mixers, max_seconds=10.0, repeats=1,
-                     device="cpu", d_model=16, heads=2)
+                     device="cpu", d_model=16, heads=2, profile=False)
 
 
 def test_bench_warms_up_lists_the_unreached_and_keeps_to_its_budget(tmp_path, monkeypatch):
