@@ -103,6 +103,11 @@ def kernel_missing(name: str, device: Any, head_dim: int) -> tuple[str, str] | N
         if which_form(op, device, torch.bfloat16, head_dim=head_dim) != "pytorch":
             return None
     missing = [b.split(" ")[0] for b in list_backends().get(op, []) if b.endswith("(missing)")]
+    from seqmem.ops import _backends as _be
+
+    if op == "gated_delta_rule" and not missing and _be._fla_gated_backward_refused(torch.device(device)):
+        return "refused", ("fla's gated backward raises on Hopper with 3.4 <= triton < 3.7.1: training calls run "
+                           "seqmem's walk, which the plain row times")
     if missing:
         return "not installed", f"{', '.join(missing)} does not import here: the row would rerun PyTorch"
     return "no kernel", f"which_form: pytorch for {op} on {device}, bfloat16, head size {head_dim}"
@@ -160,32 +165,18 @@ def warm_up(name: str, backend: str, ns: argparse.Namespace, device: Any, dtype:
 
 def profile(name: str, backend: str, ns: argparse.Namespace, device: Any, dtype: Any, n: int,
             top: int = PROFILE_TOP) -> dict[str, Any]:
-    """Where one forward+backward of ``name`` at length ``n`` spends its time (after a warm call): torch.profiler's
-    kernels (CUDA; operators on a CPU trial) by their own time, the ``top`` largest and the total, in ms."""
-    import torch
-    from torch.profiler import ProfilerActivity
+    """Where one forward+backward of ``name`` at length ``n`` spends its time, after a warm call
+    (``seqmem.bench.profile.profile_mixer``: GPU kernels by their own device time on CUDA, operators on a CPU
+    trial): the ``top`` largest, the total and the calls, in ms."""
+    from seqmem.bench.profile import profile_mixer
 
-    from seqmem.bench.common import synchronize
-
-    cuda = getattr(device, "type", str(device)) == "cuda"
     with _with_backend(backend):
-        step = _step(name, ns, device, dtype, n)
-        step()  # compiled and warm
-        synchronize(device)
-        act = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
-        with torch.profiler.profile(activities=act) as prof:
-            step()
-            synchronize(device)
-    rows = []
-    for e in prof.key_averages():
-        us = (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)) if cuda \
-            else e.self_cpu_time_total
-        if us and us > 0:
-            rows.append({"kernel": str(e.key)[:120], "ms": round(us / 1000, 4), "calls": int(e.count)})
-    rows.sort(key=lambda r: -r["ms"])
-    return {"seq_len": n, "total_ms": round(sum(r["ms"] for r in rows), 3), "kernels": len(rows),
-            "launches": sum(r["calls"] for r in rows), "top": rows[:top],
-            "what": "CUDA kernels' own time" if cuda else "CPU operators' own time (a trial, no GPU number)"}
+        r = profile_mixer(ns, device, dtype, name, n, "fast", top)
+    cuda = getattr(device, "type", str(device)) == "cuda"
+    return {"seq_len": n, "total_ms": round(r["total_self_ms"], 3), "launches": r["op_calls"],
+            "top": [{"kernel": str(t["op"])[:120], "ms": round(t["self_ms"], 4), "calls": t["calls"]}
+                    for t in r["top"]],
+            "what": r["timed"] + ("" if cuda else " (a trial, no GPU number)")}
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -215,7 +206,7 @@ def run_bench(args: argparse.Namespace) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     save()
-    name = None
+    row = None
     try:
         for name, suffix, backend in jobs(mixers):
             row = name + suffix
@@ -266,9 +257,9 @@ def run_bench(args: argparse.Namespace) -> int:
             payload["not_reached"].remove(row)
             save()
     except KeyboardInterrupt:  # the stage's time box ran out (SIGINT): keep what was measured
-        payload["interrupted"] = name
+        payload["interrupted"] = row
         payload["end"] = run_end()
-        print(f"bench: interrupted during {name}; not reached: {', '.join(payload['not_reached'])}", flush=True)
+        print(f"bench: interrupted during {row}; not reached: {', '.join(payload['not_reached'])}", flush=True)
         save()
         return 130
     payload["end"] = run_end()
@@ -387,7 +378,8 @@ def commit_text(commit_file: Path | None, use_git: bool = True) -> str:
         c, d = info.get("commit", "unknown").strip(), info.get("dirty", "").strip()
         changes = "" if d in ("", "0") else f", then with {d} changed or untracked file(s)"
         where = "no git here" if git is None else f"git here reads {git}"
-        if git is not None and git.split(" ")[0] == c[:12]:
+        head = git.split(" ")[0] if git is not None else None
+        if head and (c.startswith(head) or head.startswith(c)):
             return git
         return f"{c[:12]} ({where}: from {Path(commit_file).name}, written by `gpu_check.sh prepare`{changes})"
     if git is not None:
@@ -424,6 +416,8 @@ def also_section(path: str, index: int) -> str:
     if note:
         text += f"{note}\n\n"
     text += (table(payload) + profiles_section(payload)) if payload.get("records") else "Nothing measured.\n"
+    if payload.get("interrupted"):
+        text += f"\nCut while running {payload['interrupted']}.\n"
     if payload.get("skipped"):
         text += "\nNot started: " + "; ".join(f"{k} ({v})" for k, v in payload["skipped"].items()) + ".\n"
     if payload.get("not_reached"):
@@ -466,9 +460,17 @@ def write_md(args: argparse.Namespace) -> int:
             log = Path(args.logs) / f"{stage}.log"
             if log.exists():
                 fails += [f"{stage}: {f}" for f in failures(log.read_text(errors="replace"))]
+        # a test whose xdist worker died ("worker 'gw3' crashed while running ...") was most likely stopped by its
+        # stage's time box (SIGINT reaches the workers too): listed apart, not as a failure of the code
+        crashed = [f for f in fails if "crashed" in f]
+        fails = [f for f in fails if "crashed" not in f]
         if fails:
             text += (f"\nFailed tests ({len(fails)}" + ("; the first 40" if len(fails) > 40 else "") + "):\n\n"
                      + "".join(f"* `{f[:200].replace('`', chr(39))}`\n" for f in fails[:40]))
+        if crashed:
+            text += (f"\nStopped with their worker ({len(crashed)}; a stage cut at its box stops its xdist workers "
+                     "too — rerun these before reading them as failures):\n\n"
+                     + "".join(f"* `{f[:200].replace('`', chr(39))}`\n" for f in crashed[:20]))
     text += "\n## Layer speed: one layer forward+backward\n\n"
     if json_error:
         text += (f"The bench's records could not be read ({json_error[:200]}): the stage was probably cut while "

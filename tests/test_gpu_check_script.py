@@ -303,6 +303,14 @@ def test_page_from_a_truncated_json_without_git_and_without_numpy(tmp_path, monk
     assert "commit 0123456789ab (no git here: from COMMIT, written by `gpu_check.sh prepare`, then with 3 " in page
     assert "**numpy is missing on this machine's Python**" in page and "fla did not import: `ImportError: no " in page
     assert "* `triton: FAILED tests/ops/test_lattice_triton.py::test_k`" in page
+    # a test whose xdist worker the time box stopped is listed apart, not as a failure
+    (logs / "contract.log").write_text("[gw3] node down: Not properly terminated\n"
+                                       "FAILED tests/test_contract.py::test_x[vla] - worker 'gw3' crashed while "
+                                       "running 'tests/test_contract.py::test_x[vla]'\n")
+    assert gb.write_md(args) == 0
+    page = md.read_text()
+    assert "Failed tests (1):" in page and "Stopped with their worker (1;" in page
+    assert page.index("test_x[vla]") > page.index("Stopped with their worker")
     # a bench cut before its first mixer finished: nothing measured, every mixer listed as not reached
     js.write_text(json.dumps({"records": [], "not_reached": ["attention", "vort"], "interrupted": "attention"}))
     args.commit_file = str(tmp_path / "none")

@@ -318,8 +318,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
             for n in lengths:
                 r = profile_mixer(args, device, dtype, name, n, impl, args.top)
                 results.append(r)
-                text += (f"### {name} impl={impl} T={n}: {r['total_self_ms']:.1f} ms self time in "
-                         f"{r['op_calls']:,} op calls\n\n")
+                text += (f"### {name} impl={impl} T={n}: {r['total_self_ms']:.1f} ms in {r['op_calls']:,} calls "
+                         f"({r['timed']})\n\n")
                 text += md_table(r["top"], ["op", "calls", "self_ms", "self_%"]) + "\n"
     payload = {"bench": "profile", "command": _command(args), "machine": machine, "end": run_end(), "results": results}
     return _emit(args, text, payload)

@@ -1,4 +1,8 @@
-"""``seqmem bench profile``: where one mixer's forward+backward time goes (torch.profiler, top ops by self time)."""
+"""``seqmem bench profile``: where one mixer's forward+backward time goes (torch.profiler, top entries by own time).
+
+On the CPU the entries are operators and their self time; on CUDA they are the GPU kernels and their own device
+time (an operator's CPU self time there is launch overhead, not the work).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,22 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from seqmem.bench.common import synchronize
 from seqmem.bench.speed import _step_fn, build
+
+
+def _own_us(e: Any, cuda: bool) -> float:
+    """An averaged event's own time in microseconds: device time on CUDA (the name changed across torch
+    versions), CPU self time otherwise."""
+    if cuda:
+        return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0)
+    return float(e.self_cpu_time_total)
 
 
 def profile_mixer(args: Any, device: torch.device, dtype: torch.dtype, name: str, seq_len: int,
                   impl: str = "fast", top: int = 15) -> dict[str, Any]:
-    """Profile one forward+backward call after ``args.warmup`` unprofiled ones; return the top ops by self time and
-    the op-call count."""
+    """Profile one forward+backward call after ``args.warmup`` unprofiled ones; return the top entries by own time
+    (operators on the CPU, GPU kernels on CUDA: ``timed`` says which) and their call count."""
     m = build(name, args, impl, device, dtype)
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
     x = torch.randn(args.batch, seq_len, args.d_model, generator=gen).to(device=device, dtype=dtype)
@@ -22,14 +35,17 @@ def profile_mixer(args: Any, device: torch.device, dtype: torch.dtype, name: str
     step = _step_fn(m, x, g)
     for _ in range(getattr(args, "warmup", 1)):
         step()
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=acts) as prof:
+    cuda = device.type == "cuda"
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
         step()
-    events = prof.key_averages()
-    total_self = sum(e.self_cpu_time_total for e in events)
+        synchronize(device)
+    events = [e for e in prof.key_averages() if _own_us(e, cuda) > 0]
+    total = sum(_own_us(e, cuda) for e in events)
     rows = []
-    for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]:
-        rows.append({"op": e.key, "calls": e.count, "self_ms": e.self_cpu_time_total / 1e3,
-                     "self_%": 100 * e.self_cpu_time_total / max(total_self, 1)})
-    return {"mixer": name, "impl": impl, "seq_len": seq_len, "total_self_ms": total_self / 1e3,
-            "op_calls": sum(e.count for e in events), "top": rows}
+    for e in sorted(events, key=lambda e: _own_us(e, cuda), reverse=True)[:top]:
+        rows.append({"op": e.key, "calls": e.count, "self_ms": _own_us(e, cuda) / 1e3,
+                     "self_%": 100 * _own_us(e, cuda) / max(total, 1)})
+    return {"mixer": name, "impl": impl, "seq_len": seq_len, "total_self_ms": total / 1e3,
+            "op_calls": sum(e.count for e in events), "top": rows,
+            "timed": "GPU kernels, own device time" if cuda else "CPU operators, self time"}

@@ -33,6 +33,7 @@ which is not a backend: it follows the Triton switch (``SEQMEM_TRITON=0``, :func
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import os
@@ -280,38 +281,63 @@ def _fla_supports(*tensors: Any, float32_values: bool = False) -> bool:
             and q.shape[-1] <= MAX_HEAD_DIM and v.shape[-1] <= MAX_HEAD_DIM)
 
 
-def _cuda_capability(device: Any) -> tuple[int, int] | None:
-    """The compute capability of a CUDA ``device``, or None where this machine cannot say (no CUDA here)."""
+def _is_hopper(device: Any) -> bool:
+    """Whether fla counts this machine as Hopper, or ``device`` is one: fla decides once, at import, from device
+    0's name ("NVIDIA H...") and the current device's compute capability (9.x); ``device`` (a CUDA tensor's) is
+    checked too.  False where this machine has no CUDA (``which_form`` for a device not here)."""
+    if not torch.cuda.is_available():
+        return False
     try:
-        return tuple(torch.cuda.get_device_capability(device)) if torch.cuda.is_available() else None
+        idx = {torch.cuda.current_device()}
+        if getattr(device, "index", None) is not None:
+            idx.add(device.index)
+        return "NVIDIA H" in torch.cuda.get_device_name(0) or any(
+            torch.cuda.get_device_capability(i)[0] == 9 for i in idx)
     except (RuntimeError, AssertionError, ValueError):
+        return False
+
+
+def parse_version(text: str) -> tuple[int, int, int, int] | None:
+    """``"3.6.0"`` → ``(3, 6, 0, 1)``: major, minor, patch (missing parts 0) and 1 for a final release, 0 for a
+    pre-release or development one (``3.7.1rc1`` sorts below ``3.7.1``, as ``packaging`` orders them); a local
+    tag (``+git…``) is ignored.  None where the text does not start with a number."""
+    m = re.match(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?(.*)$", text.strip().split("+")[0])
+    if m is None:
         return None
+    major, minor, patch = (int(x) if x else 0 for x in m.groups()[:3])
+    pre = re.match(r"[.\-_]?(a|b|c|rc|alpha|beta|pre|preview|dev)\d*", m.group(4) or "", re.IGNORECASE)
+    return major, minor, patch, 0 if pre else 1
 
 
-def _triton_version() -> tuple[int, ...] | None:
-    """triton's version as numbers (``(3, 6, 0)``), or None where it is not installed."""
+@functools.lru_cache(maxsize=1)
+def _triton_version() -> tuple[int, int, int, int] | None:
+    """The version of the ``triton`` that imports here (fla reads ``triton.__version__``; a torch nightly ships it
+    as ``pytorch-triton``), parsed by :func:`parse_version`; None where none imports.  Read once."""
     try:
-        from importlib.metadata import PackageNotFoundError, version
+        import triton
 
-        text = version("triton")
-    except (ImportError, PackageNotFoundError):
+        return parse_version(str(triton.__version__))
+    except Exception:  # noqa: BLE001 — not installed, or broken: fla's kernels would not import either
         return None
-    nums = []
-    for part in text.split("+")[0].split(".")[:3]:
-        digits = re.match(r"\d+", part)  # the leading digits: "0rc1" is 0
-        if digits is None:
-            break
-        nums.append(int(digits.group(0)))
-    return tuple(nums) or None
 
 
 def _fla_gated_backward_refused(device: Any) -> bool:
-    """Whether fla's gated delta-rule backward refuses this machine: on Hopper (compute capability 9.x) with
-    3.4.0 <= triton < 3.7.1 its ``chunk_bwd_dqkwg`` raises ("produces incorrect results for gated
-    chunk_bwd_dqkwg"; fla 0.6.0, measured on an H200 with triton 3.6.0), so a training call there crashed in its
-    backward.  Such calls run seqmem's own forms instead; the forward alone (no gradient) stays on fla."""
-    cap, tv = _cuda_capability(device), _triton_version()
-    return cap is not None and cap[0] == 9 and tv is not None and (3, 4, 0) <= tv < (3, 7, 1)
+    """Whether fla's gated backward refuses this machine: on Hopper with 3.4.0 <= triton < 3.7.1 its
+    ``chunk_bwd_dqkwg`` raises ("produces incorrect results for gated chunk_bwd_dqkwg"; fla 0.6.0, seen on an H200
+    with triton 3.6.0) — the gated delta rule's backward and simple GLA's (VORT's retention on fla) — so a
+    training call there crashed in its backward.  Such calls run seqmem's own forms instead; a call without
+    gradients stays on fla."""
+    tv = _triton_version()
+    return tv is not None and (3, 4, 0, 1) <= tv < (3, 7, 1, 1) and _is_hopper(device)
+
+
+def wants_grad(*tensors: Any) -> bool:
+    """Whether a call with these tensors records a backward: grad mode on and one of them requiring a gradient.
+    A :class:`TensorSpec` (``which_form``, which answers for training) always counts as wanting one."""
+    ts = [t for t in tensors if t is not None]
+    if any(isinstance(t, TensorSpec) for t in ts):
+        return True
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in ts)
 
 
 def _fla_gated_supports(q: Any, k: Any, v: Any, beta: Any, g: Any, s0: Any) -> bool:
@@ -319,9 +345,7 @@ def _fla_gated_supports(q: Any, k: Any, v: Any, beta: Any, g: Any, s0: Any) -> b
     (:func:`_fla_gated_backward_refused`).  A :class:`TensorSpec` (``which_form``) counts as wanting one."""
     if not _fla_supports(q, k, v, beta, g, s0):
         return False
-    wants_grad = torch.is_grad_enabled() and any(
-        getattr(t, "requires_grad", True) for t in (q, k, v, beta, g, s0) if t is not None)
-    return not (wants_grad and _fla_gated_backward_refused(q.device))
+    return not (wants_grad(q, k, v, beta, g, s0) and _fla_gated_backward_refused(q.device))
 
 
 def _fla_linear_supports(q: Any, k: Any, v: Any, s0: Any) -> bool:

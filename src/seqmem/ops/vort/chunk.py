@@ -317,12 +317,16 @@ def _gla_form(q, k, v, coef, coef_now, initial_state, k_log_scale) -> str | None
     """Which chunked simple-GLA kernel ``mode="chunk"`` runs with the channels as heads (``gla.py``), or None (the
     PyTorch forms).  Only CUDA tensors with Triton kernels on (:func:`seqmem.ops._triton.use_triton`) and no
     float64 take one: ``"fla"``, flash-linear-attention's ``chunk_simple_gla``, where the ``fla`` backend is enabled
-    (:func:`seqmem.backends.use_backends` / ``SEQMEM_BACKENDS``) and installed; else ``"triton"``, seqmem's own
+    (:func:`seqmem.backends.use_backends` / ``SEQMEM_BACKENDS``) and installed, unless the call wants gradients on
+    a machine whose fla gated backward raises (Hopper with 3.4 <= triton < 3.7.1:
+    ``seqmem.ops._backends._fla_gated_backward_refused``); else ``"triton"``, seqmem's own
     (``chunk_simple_gla.py``)."""
-    if not _triton.use_float_kernel(q, k, v, coef, coef_now, k_log_scale, *(initial_state or {}).values()):
+    tensors = (q, k, v, coef, coef_now, k_log_scale, *(initial_state or {}).values())
+    if not _triton.use_float_kernel(*tensors):
         return None
     if "fla" in _backends.enabled_backends() and _FLA_GLA.is_available():
-        return "fla"
+        if not (_backends.wants_grad(*tensors) and _backends._fla_gated_backward_refused(q.device)):
+            return "fla"
     return "triton"
 
 
