@@ -21,6 +21,10 @@ every row: a run cut short keeps what it measured and says what it never ran.  N
 row measured at the middle length is then profiled there once (torch.profiler after a warm call: the CUDA
 kernels' own time, their launches and the largest kernels; ``--no-profile`` skips it) while ``PROFILE_S`` plus
 three of its calls are left: where a layer loses to its fla counterpart, the page says which kernels take the time.
+After the rows on seqmem's own forms and before the kernels' rows, a decode pass (``--no-decode`` skips it) times
+one token per step at contexts of 1k and 4k for attention, the baselines and the mechanisms (``DECODE_MIXERS``;
+batch 1, each layer started only with ``DECODE_S`` left): whether a step stays flat in context and how it compares
+with attention's.
 
 The second form writes the Markdown page from that JSON (a truncated or missing one is reported, not fatal), the
 check's stage outcomes, versions and logs (failed tests named from pytest's lines); it imports neither torch nor
@@ -49,6 +53,10 @@ KERNEL_OP = {"linear_attention": "linear_attention", "deltanet": "delta_rule", "
 PROFILE_TOP = 8  # kernels listed per profiled row
 PROFILE_S = 10.0  # a row is profiled (two more forward+backwards at the middle length) only with this much + 3 of
 # its measured calls left
+DECODE_MIXERS = ["attention", "deltanet", "gated_deltanet", "mamba2", "ska", "vort", "vla", "lattice",
+                 "lattice_minibatch", "elastic"]  # the decode pass's layers, in this order
+DECODE_CONTEXTS = [1024, 4096]  # its contexts: a step at 4k against attention's, and whether it stays flat
+DECODE_S = 15.0  # a layer's decode is started only with this much left (streaming 4k tokens, 2 x 13 steps)
 KERNEL_WARMUP_S = 150.0  # a [fla] row starts only with this much more left: its first call's autotuning (~2 min)
 TEST_STAGES = ("triton", "contract", "kernels")  # the stages whose pytest logs name failures
 NOT_RUN = ("Not run yet: no GPU was at hand when `scripts/gpu_check.sh` was written, so this page holds no "
@@ -179,6 +187,47 @@ def profile(name: str, backend: str, ns: argparse.Namespace, device: Any, dtype:
             "what": r["timed"] + ("" if cuda else " (a trial, no GPU number)")}
 
 
+def decode_one(name: str, args: argparse.Namespace, device: Any, dtype: Any, machine: dict[str, Any],
+               log: Any) -> list[dict[str, Any]]:
+    """``seqmem bench decode`` for one layer: the context streamed in pieces of 1,024 tokens, then one token per
+    step (the layer's single-token path, on seqmem's own forms) at each of :data:`DECODE_CONTEXTS`, batch 1."""
+    from seqmem.bench.decode import run_decode
+
+    ns = argparse.Namespace(d_model=args.d_model, heads=args.heads, batch=1, seed=0, impl="fast", repeats=10,
+                            warmup=3, max_seconds=min(5.0, args.max_seconds), piece=1024, mixer_option_parsed={})
+    with _with_backend("pytorch"):
+        return run_decode(ns, device, dtype, [name], list(DECODE_CONTEXTS), machine, log)["records"]
+
+
+def decode_section(payload: dict[str, Any]) -> str:
+    """The decode pass's table (ms per token at each context, the state, attention's step / the layer's); ''
+    where it did not run."""
+    recs = payload.get("decode") or []
+    if not recs:
+        return ""
+    attn = {r["seq_len"]: r["median_ms"] for r in recs if r["mixer"] == "attention" and r.get("status") == "ok"}
+    ns = sorted({r["seq_len"] for r in recs})
+    head = (["layer"] + [f"{fmt_len(n)} ms/token" for n in ns] + ["state at the last (KiB)"]
+            + ["attention's step / layer's at " + " · ".join(fmt_len(n) for n in ns), "step path"])
+    lines = ["\nDecode, one token per step after streaming the context (batch 1, the layer's own single-token path "
+             "on seqmem's forms, median of 10 after 3 warm-up steps, each measurement capped at 5 s):\n",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in dict.fromkeys(r["mixer"] for r in recs):
+        by_n = {r["seq_len"]: r for r in recs if r["mixer"] == name}
+        cells, ratios = [], []
+        for n in ns:
+            r = by_n.get(n) or {}
+            ok = r.get("status") == "ok" and r.get("median_ms") is not None
+            cells.append(_fmt(r["median_ms"]) if ok else str(r.get("status", "–")))
+            ratios.append(f"{attn[n] / r['median_ms']:.2f}" if ok and n in attn else "–")
+        last = by_n.get(ns[-1]) or {}
+        sb = last.get("state_bytes")
+        path = next((r.get("step_path") for r in by_n.values() if r.get("step_path")), "–")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {'–' if sb is None else f'{sb / 1024:,.0f}'} | "
+                     + " · ".join(ratios) + f" | {path} |")
+    return "\n".join(lines) + "\n"
+
+
 def run_bench(args: argparse.Namespace) -> int:
     import torch
 
@@ -195,7 +244,7 @@ def run_bench(args: argparse.Namespace) -> int:
                                "settings": {"dtype": "bfloat16", "d_model": args.d_model, "heads": args.heads,
                                             "batch": 2, "lengths": lengths, "max_seconds": args.max_seconds,
                                             "repeats": args.repeats, "warmup": 1, "budget_s": args.budget},
-                               "records": [], "warmup_s": {}, "skipped": {}, "profiles": {},
+                               "records": [], "warmup_s": {}, "skipped": {}, "profiles": {}, "decode": [],
                                "not_reached": [name + suffix for name, suffix, _ in jobs(mixers)]}
     out = Path(args.json)
 
@@ -207,8 +256,28 @@ def run_bench(args: argparse.Namespace) -> int:
 
     save()
     row = None
+    decoded = not getattr(args, "decode", True)
+
+    def decode_pass() -> None:  # after the rows on seqmem's own forms, before the kernels' rows
+        nonlocal row
+        for dname in [m for m in DECODE_MIXERS if m in mixers]:
+            left = t_end - time.monotonic()
+            if left < DECODE_S:
+                payload["skipped"][f"decode {dname}"] = f"{left:.0f} s of the budget left, {DECODE_S:g} s needed"
+                continue
+            row = f"decode {dname}"
+            try:
+                payload["decode"] += decode_one(dname, args, device, dtype, machine, log)
+            except Exception as e:  # noqa: BLE001 — recorded, the pass goes on
+                payload["decode"].append({"mixer": dname, "seq_len": DECODE_CONTEXTS[0], "status": "error",
+                                          "note": f"{type(e).__name__}: {e}"[:300]})
+            save()
+
     try:
         for name, suffix, backend in jobs(mixers):
+            if suffix and not decoded:
+                decoded = True
+                decode_pass()
             row = name + suffix
             why = kernel_missing(name, device, args.d_model // args.heads) if suffix == "[fla]" else None
             if why is not None:
@@ -256,6 +325,9 @@ def run_bench(args: argparse.Namespace) -> int:
                 torch.cuda.empty_cache()
             payload["not_reached"].remove(row)
             save()
+        if not decoded:
+            decoded = True
+            decode_pass()
     except KeyboardInterrupt:  # the stage's time box ran out (SIGINT): keep what was measured
         payload["interrupted"] = row
         payload["end"] = run_end()
@@ -415,7 +487,8 @@ def also_section(path: str, index: int) -> str:
     note = payload.get("note")
     if note:
         text += f"{note}\n\n"
-    text += (table(payload) + profiles_section(payload)) if payload.get("records") else "Nothing measured.\n"
+    text += ((table(payload) + profiles_section(payload) + decode_section(payload)) if payload.get("records")
+             else "Nothing measured.\n")
     if payload.get("interrupted"):
         text += f"\nCut while running {payload['interrupted']}.\n"
     if payload.get("skipped"):
@@ -492,6 +565,7 @@ def write_md(args: argparse.Namespace) -> int:
                  "attention (SDPA).\n\n")
         text += table(payload)
         text += profiles_section(payload)
+        text += decode_section(payload)
     if payload is not None:
         if payload.get("interrupted"):
             text += f"\nCut by the stage's time box while running {payload['interrupted']}.\n"
@@ -513,6 +587,8 @@ def main() -> int:
     p.add_argument("--mixers", default=None, help="comma-separated (default: every registered mixer)")
     p.add_argument("--max-seconds", type=float, default=8.0, help="cap per measurement")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-decode", dest="decode", action="store_false",
+                   help="skip the decode pass (one token per step at 1k and 4k, after the rows on seqmem's forms)")
     p.add_argument("--no-profile", dest="profile", action="store_false",
                    help="skip the profile of each row at the middle length (torch.profiler's top kernels)")
     p.add_argument("--device", default="cuda", help="cuda (the check); cpu only to try the script itself")

@@ -173,12 +173,19 @@ def test_bench_loop_and_page_on_the_cpu(tmp_path):
     assert prof["seq_len"] == 16 and prof["launches"] >= len(prof["top"]) > 0 and prof["total_ms"] > 0
     assert [k["ms"] for k in prof["top"]] == sorted((k["ms"] for k in prof["top"]), reverse=True)
     assert "a trial, no GPU number" in prof["what"]
+    # the decode pass: attention and deltanet at 1k and 4k, one token per step, the state flat for deltanet
+    dec = {(r["mixer"], r["seq_len"]): r for r in data["decode"]}
+    assert set(dec) == {(m, n) for m in ("attention", "deltanet") for n in (1024, 4096)}
+    assert all(r["status"] == "ok" and r["median_ms"] > 0 for r in dec.values())
+    assert dec[("deltanet", 1024)]["state_bytes"] == dec[("deltanet", 4096)]["state_bytes"]
+    assert dec[("attention", 4096)]["state_bytes"] > dec[("attention", 1024)]["state_bytes"]
     stages = tmp_path / "stages.tsv"
     stages.write_text("contract\t0\t12\t5 passed in 1.0s\n")
     assert _bench("--write-md", str(md), "--json", str(js), "--stages", str(stages)).returncode == 0
     text = md.read_text()
     assert "| contract | 0 | 12 | 5 passed in 1.0s |" in text and "| deltanet[fla] |" in text
     assert "a trial of the script, no GPU number" in text
+    assert "Decode, one token per step" in text and re.search(r"\| deltanet \| [0-9.]+ \| [0-9.]+ \| ", text)
     assert "Where the time goes: torch.profiler" in text and re.search(r"\| deltanet \| 16 \| [0-9.]+ \| ", text)
     p = _bench("--budget", "0", "--json", str(js), "--device", "cpu", "--mixers", "attention")
     assert p.returncode == 0 and json.loads(js.read_text())["not_reached"] == ["attention"]
@@ -186,7 +193,7 @@ def test_bench_loop_and_page_on_the_cpu(tmp_path):
 
 def _bench_args(js: Path, mixers: str, budget: float) -> Namespace:
     return Namespace(budget=budget, json=str(js), lengths="16,32", mixers=mixers, max_seconds=10.0, repeats=1,
-                     device="cpu", d_model=16, heads=2, profile=False)
+                     device="cpu", d_model=16, heads=2, profile=False, decode=False)
 
 
 def test_bench_warms_up_lists_the_unreached_and_keeps_to_its_budget(tmp_path, monkeypatch):
