@@ -21,7 +21,8 @@ every row: a run cut short keeps what it measured and says what it never ran.  N
 row measured at the middle length is then profiled there once (torch.profiler after a warm call: the CUDA
 kernels' own time, their launches and the largest kernels; ``--no-profile`` skips it) while ``PROFILE_S`` plus
 three of its calls are left: where a layer loses to its fla counterpart, the page says which kernels take the time.
-After the rows on seqmem's own forms and before the kernels' rows, a decode pass (``--no-decode`` skips it) times
+After the rows of attention, the baselines and the mechanisms on seqmem's own forms (before the other mixers' rows
+and the kernels'), a decode pass (``--no-decode`` skips it) times
 one token per step at contexts of 1k and 4k for attention, the baselines and the mechanisms (``DECODE_MIXERS``;
 batch 1, each layer started only with ``DECODE_S`` left): whether a step stays flat in context and how it compares
 with attention's.
@@ -275,7 +276,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     try:
         for name, suffix, backend in jobs(mixers):
-            if suffix and not decoded:
+            if not decoded and (suffix or name not in FIRST + MECHANISMS):  # after the mechanisms' rows
                 decoded = True
                 decode_pass()
             row = name + suffix

@@ -270,6 +270,45 @@ def test_kernel_rows_come_last_and_need_their_autotuning_time(tmp_path, monkeypa
     assert set(data["skipped"]) == {"linear_attention[fla]", "deltanet[fla]"}
 
 
+def test_decode_pass_comes_after_the_mechanisms_rows(tmp_path, monkeypatch):
+    """The decode pass runs once, after the rows of attention, the baselines and the mechanisms and before the
+    other mixers' rows and the kernels' rows, for the layers of DECODE_MIXERS it was given, each only with
+    DECODE_S left."""
+    import seqmem.bench.speed as speed
+
+    gb, js, now, calls = _load_bench(), tmp_path / "gpu.json", [0.0], []
+    monkeypatch.setattr(gb, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(gb, "warm_up", lambda name, backend, ns, dev, dt, n: 1.0)
+    monkeypatch.setattr(gb, "kernel_missing", lambda name, device, head_dim: None)
+
+    def fake_run_speed(ns, device, dtype, mixers, lengths, ref_lengths, machine, log):
+        calls.append(("row", mixers[0], ns.backend))
+        now[0] += 1
+        return {"peak": {}, "records": []}
+
+    def fake_decode(name, args, device, dtype, machine, log):
+        calls.append(("decode", name))
+        now[0] += 5
+        return [{"mixer": name, "seq_len": 1024, "status": "ok", "median_ms": 1.0, "state_bytes": 8}]
+
+    monkeypatch.setattr(speed, "run_speed", fake_run_speed)
+    monkeypatch.setattr(gb, "decode_one", fake_decode)
+    args = _bench_args(js, "swa,deltanet,vort,attention", 1000)
+    args.decode = True
+    assert gb.run_bench(args) == 0
+    assert calls == [("row", "attention", "pytorch"), ("row", "deltanet", "pytorch"), ("row", "vort", "pytorch"),
+                     ("decode", "attention"), ("decode", "deltanet"), ("decode", "vort"),
+                     ("row", "swa", "pytorch"), ("row", "deltanet", "fla")]
+    assert [r["mixer"] for r in json.loads(js.read_text())["decode"]] == ["attention", "deltanet", "vort"]
+    # with too little time left, a layer's decode is skipped and said so
+    calls.clear()
+    now[0] = 0.0
+    args.budget = gb.DECODE_S + 4  # too little for any row (3 x the cap): one decode, then none
+    assert gb.run_bench(args) == 0
+    assert [c for c in calls if c[0] == "decode"] == [("decode", "attention")]
+    assert set(json.loads(js.read_text())["skipped"]) >= {"decode deltanet", "decode vort"}
+
+
 def test_failures_are_named_wherever_pytest_puts_them():
     gb = _load_bench()
     log = "\n".join([
