@@ -36,7 +36,8 @@
 #   bench     seqmem bench speed at the sizes of the GPU issue (bfloat16, d_model 1024, 8 heads of 128, batch 2,
 #             4k / 16k / 64k, forward+backward) for every mixer on seqmem's own forms first (attention, the
 #             baselines, the five mechanisms, the rest), then the baselines on fla / mamba_ssm (shown beside their
-#             own rows), each row after one untimed call that pays compilation and autotuning; row by row while
+#             own rows), each row after one untimed call that pays compilation and autotuning and profiled once at
+#             16k; a decode pass (one token per step at 1k and 4k) after the mechanisms' rows; row by row while
 #             the budget lasts, a kernel row only with ~2 minutes more for its autotuning (scripts/gpu_bench.py)
 #   table     docs/results/bench/gpu.md: card, driver, torch, date, commit, each stage's outcome, the failed tests
 #             by name, and the table — written on every way out (an EXIT/TERM/INT trap), also when a stage was cut
