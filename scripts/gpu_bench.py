@@ -17,20 +17,22 @@ capped measurement counts them.  A ``[fla]`` row whose kernels are not installed
 says the PyTorch form would run) is recorded "not installed", not measured again.  A row is started only while
 3 x the cap (``--max-seconds``) seconds are left, a kernel row only with ``KERNEL_WARMUP_S`` more.  The JSON lists
 every row in ``not_reached`` from the start and drops each once it is done, and is rewritten (atomically) after
-every row: a run cut short keeps what it measured and says what it never ran.  Nothing is extrapolated.  Each
-row measured at the middle length is then profiled there once (torch.profiler after a warm call: the CUDA
-kernels' own time, their launches and the largest kernels; ``--no-profile`` skips it) while ``PROFILE_S`` plus
-three of its calls are left: where a layer loses to its fla counterpart, the page says which kernels take the time.
-After the rows of attention, the baselines and the mechanisms on seqmem's own forms (before the other mixers' rows
-and the kernels'), a decode pass (``--no-decode`` skips it) times
-one token per step at contexts of 1k and 4k for attention, the baselines and the mechanisms (``DECODE_MIXERS``;
-batch 1, each layer started only with ``DECODE_S`` left): whether a step stays flat in context and how it compares
-with attention's.
+every row: a run cut short keeps what it measured and says what it never ran.  Nothing is extrapolated.
+
+After the rows of attention, the baselines and the mechanisms on seqmem's own forms — before the other mixers' rows
+and the kernels' — two passes run, each layer only while its time is left (``--no-decode`` / ``--no-profile`` skip
+them): a decode pass, one token per step at contexts of 1k and 4k (batch 1; ``DECODE_MIXERS``, ``DECODE_S``):
+whether a step stays flat in context and how it compares with attention's; then a profile of each of those rows at
+the middle length (torch.profiler after a warm call: the GPU kernels' own time, their calls and the largest;
+``PROFILE_S`` plus three of its calls), marked where the kernels sum to far less than the row's timed call or the
+trace holds none: where a layer loses to its fla counterpart, the page says which kernels take the time.  The rows
+timed after the profiles are said to be (``TEARDOWN_CUPTI=1`` is set, so that kineto releases the profiler).
 
 The second form writes the Markdown page from that JSON (a truncated or missing one is reported, not fatal), the
 check's stage outcomes, versions and logs (failed tests named from pytest's lines); it imports neither torch nor
-seqmem, so the page is written even where they cannot be imported.  The commit comes from git, or where the tree
-travelled without ``.git`` from ``.whl/COMMIT`` (written by ``gpu_check.sh prepare``).
+seqmem, so the page is written even where they cannot be imported.  The commit comes from ``.whl/COMMIT``
+(written by ``gpu_check.sh prepare`` just before the tree travels; git's reading beside it where that differs), or
+from git where there is no such file.
 """
 
 from __future__ import annotations
@@ -54,10 +56,11 @@ KERNEL_OP = {"linear_attention": "linear_attention", "deltanet": "delta_rule", "
 PROFILE_TOP = 8  # kernels listed per profiled row
 PROFILE_S = 10.0  # a row is profiled (two more forward+backwards at the middle length) only with this much + 3 of
 # its measured calls left
-DECODE_MIXERS = ["attention", "deltanet", "gated_deltanet", "mamba2", "ska", "vort", "vla", "lattice",
-                 "lattice_minibatch", "elastic"]  # the decode pass's layers, in this order
+DECODE_MIXERS = ["attention", "linear_attention", "deltanet", "gated_deltanet", "mamba2", "ska", "vort", "vla",
+                 "lattice", "lattice_minibatch", "elastic"]  # the decode pass's layers, in this order
 DECODE_CONTEXTS = [1024, 4096]  # its contexts: a step at 4k against attention's, and whether it stays flat
-DECODE_S = 15.0  # a layer's decode is started only with this much left (streaming 4k tokens, 2 x 13 steps)
+DECODE_S = 23.0  # a layer's decode starts only with this much left: at each of 2 contexts streaming and stepping,
+# each capped at 5 s, and the build
 KERNEL_WARMUP_S = 150.0  # a [fla] row starts only with this much more left: its first call's autotuning (~2 min)
 TEST_STAGES = ("triton", "contract", "kernels")  # the stages whose pytest logs name failures
 NOT_RUN = ("Not run yet: no GPU was at hand when `scripts/gpu_check.sh` was written, so this page holds no "
@@ -201,35 +204,48 @@ def decode_one(name: str, args: argparse.Namespace, device: Any, dtype: Any, mac
 
 
 def decode_section(payload: dict[str, Any]) -> str:
-    """The decode pass's table (ms per token at each context, the state, attention's step / the layer's); ''
-    where it did not run."""
-    recs = payload.get("decode") or []
-    if not recs:
+    """The decode pass's table (ms per token at each context, the state, attention's step / the layer's) and the
+    layers it did not start; '' where it neither ran nor skipped a layer."""
+    recs = [r for r in payload.get("decode") or [] if r.get("seq_len") and r.get("mixer")]
+    skipped = {k[len("decode "):]: v for k, v in (payload.get("skipped") or {}).items() if k.startswith("decode ")}
+    if not recs and not skipped:
         return ""
-    attn = {r["seq_len"]: r["median_ms"] for r in recs if r["mixer"] == "attention" and r.get("status") == "ok"}
+
+    def ok(r: dict[str, Any]) -> bool:
+        return r.get("status") == "ok" and (r.get("median_ms") or 0) > 0
+
+    attn = {r["seq_len"]: r["median_ms"] for r in recs if r["mixer"] == "attention" and ok(r)}
     ns = sorted({r["seq_len"] for r in recs})
-    head = (["layer"] + [f"{fmt_len(n)} ms/token" for n in ns] + ["state at the last (KiB)"]
-            + ["attention's step / layer's at " + " · ".join(fmt_len(n) for n in ns), "step path"])
     lines = ["\nDecode, one token per step after streaming the context (batch 1, the layer's own single-token path "
-             "on seqmem's forms, median of 10 after 3 warm-up steps, each measurement capped at 5 s):\n",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             "on seqmem's forms, the median of up to 10 steps after 3 warm-up steps, each measurement capped):\n"]
+    if recs:
+        head = (["layer"] + [f"{fmt_len(n)} ms/token" for n in ns] + ["state at the last (KiB)"]
+                + ["attention's step / layer's at " + " · ".join(fmt_len(n) for n in ns), "step path"])
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in dict.fromkeys(r["mixer"] for r in recs):
         by_n = {r["seq_len"]: r for r in recs if r["mixer"] == name}
         cells, ratios = [], []
         for n in ns:
             r = by_n.get(n) or {}
-            ok = r.get("status") == "ok" and r.get("median_ms") is not None
-            cells.append(_fmt(r["median_ms"]) if ok else str(r.get("status", "–")))
-            ratios.append(f"{attn[n] / r['median_ms']:.2f}" if ok and n in attn else "–")
+            cells.append(_fmt(r["median_ms"]) if ok(r) else str(r.get("status", "–")))
+            ratios.append(f"{attn[n] / r['median_ms']:.2f}" if ok(r) and n in attn else "–")
         last = by_n.get(ns[-1]) or {}
         sb = last.get("state_bytes")
+        notes = [r.get("note") for r in by_n.values() if r.get("status") not in ("ok", None) and r.get("note")]
         path = next((r.get("step_path") for r in by_n.values() if r.get("step_path")), "–")
+        path += f" ({str(notes[0])[:80]})" if notes else ""
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {'–' if sb is None else f'{sb / 1024:,.0f}'} | "
-                     + " · ".join(ratios) + f" | {path} |")
-    return "\n".join(lines) + "\n"
+                     + " · ".join(ratios) + f" | {path.replace('|', '/')} |")
+    text = "\n".join(lines) + "\n"
+    if skipped:
+        text += "\nDecode not started: " + "; ".join(f"{k} ({v})" for k, v in skipped.items()) + ".\n"
+    return text
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    # kineto tears CUPTI down after each trace only with this set (else, in some versions, later kernels run slower
+    # after a profile): the rows timed after the profile pass (the other mixers', the kernels') keep their speed
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")
     import torch
 
     from seqmem import list_mixers
@@ -248,6 +264,8 @@ def run_bench(args: argparse.Namespace) -> int:
                                "records": [], "warmup_s": {}, "skipped": {}, "profiles": {}, "decode": [],
                                "not_reached": [name + suffix for name, suffix, _ in jobs(mixers)]}
     out = Path(args.json)
+    prof_n = lengths[len(lengths) // 2]  # the profiles' length: the middle one (16k at 4k, 16k, 64k)
+    timed: list[tuple[str, str, str, float]] = []  # (row, mixer, backend, median ms at prof_n) to profile
 
     def save() -> None:
         write_atomic(out, json.dumps(payload, indent=1, default=str) + "\n")
@@ -255,11 +273,17 @@ def run_bench(args: argparse.Namespace) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    def namespace(backend: str) -> argparse.Namespace:
+        return argparse.Namespace(d_model=args.d_model, heads=args.heads, batch=2, seed=0, impl="fast",
+                                  repeats=args.repeats, warmup=1, ref_repeats=None, ref_warmup=None,
+                                  max_seconds=args.max_seconds, no_flops=True, no_floor=True,
+                                  gemm_sizes_parsed=[4096] if device.type == "cuda" else [64],
+                                  backend=backend, mixer_option_parsed={})
+
     save()
     row = None
-    decoded = not getattr(args, "decode", True)
 
-    def decode_pass() -> None:  # after the rows on seqmem's own forms, before the kernels' rows
+    def decode_pass() -> None:
         nonlocal row
         for dname in [m for m in DECODE_MIXERS if m in mixers]:
             left = t_end - time.monotonic()
@@ -274,33 +298,53 @@ def run_bench(args: argparse.Namespace) -> int:
                                           "note": f"{type(e).__name__}: {e}"[:300]})
             save()
 
+    def profile_pass() -> None:
+        nonlocal row
+        for prow, name, backend, median_ms in timed:
+            cost = PROFILE_S + 3 * median_ms / 1000  # two calls and the tracing
+            left = t_end - time.monotonic()
+            if left < cost:
+                payload["skipped"][f"profile {prow}"] = f"{left:.0f} s of the budget left, {cost:.0f} s needed"
+                continue
+            row = f"profile {prow}"
+            try:
+                pr = profile(name, backend, namespace(backend), device, dtype, prof_n)
+                if pr["launches"] == 0:
+                    pr = {"error": "no kernel events in the trace (the profiler could not attach?)"}
+                elif pr["total_ms"] < 0.3 * median_ms:
+                    pr["note"] = (f"the kernels sum to {pr['total_ms']:.3g} ms, {100 * pr['total_ms'] / median_ms:.0f}"
+                                  " % of the row's timed call: the trace may have missed kernels")
+            except Exception as e:  # noqa: BLE001 — a profile is extra: its failure is noted only
+                pr = {"error": f"{type(e).__name__}: {e}"[:200]}
+            payload["profiles"][prow] = pr
+            save()
+
+    passes = [] if not getattr(args, "decode", True) else [decode_pass]
+    passes += [] if not getattr(args, "profile", True) else [profile_pass]
     try:
         for name, suffix, backend in jobs(mixers):
-            if not decoded and (suffix or name not in FIRST + MECHANISMS):  # after the mechanisms' rows
-                decoded = True
-                decode_pass()
+            if passes and (suffix or name not in FIRST + MECHANISMS):  # after the mechanisms' rows
+                for run_pass in passes:
+                    run_pass()
+                passes = []
             row = name + suffix
-            why = kernel_missing(name, device, args.d_model // args.heads) if suffix == "[fla]" else None
-            if why is not None:
-                log(f"{row}: {why[0]} ({why[1]})")
-                payload["records"] += [{"mixer": row, "impl": "fast", "seq_len": n, "status": why[0],
-                                        "note": why[1], "median_ms": None} for n in lengths]
-                payload["not_reached"].remove(row)
-                save()
-                continue
-            need = 3 * args.max_seconds + (KERNEL_WARMUP_S if suffix == "[fla]" else 0)
-            left = t_end - time.monotonic()
-            if left < need:
-                what = f"3 x the cap{' + the kernels autotuning' if suffix else ''}"
-                log(f"{row}: not started ({left:.0f} s left, {need:g} s needed: {what})")
-                payload["skipped"][row] = f"{left:.0f} s of the budget left, {need:g} s needed"
-                continue
-            ns = argparse.Namespace(d_model=args.d_model, heads=args.heads, batch=2, seed=0, impl="fast",
-                                    repeats=args.repeats, warmup=1, ref_repeats=None, ref_warmup=None,
-                                    max_seconds=args.max_seconds, no_flops=True, no_floor=True,
-                                    gemm_sizes_parsed=[4096] if device.type == "cuda" else [64],
-                                    backend=backend, mixer_option_parsed={})
+            ns = namespace(backend)
             try:
+                why = kernel_missing(name, device, args.d_model // args.heads) if suffix == "[fla]" else None
+                if why is not None:
+                    log(f"{row}: {why[0]} ({why[1]})")
+                    payload["records"] += [{"mixer": row, "impl": "fast", "seq_len": n, "status": why[0],
+                                            "note": why[1], "median_ms": None} for n in lengths]
+                    payload["not_reached"].remove(row)
+                    save()
+                    continue
+                need = 3 * args.max_seconds + (KERNEL_WARMUP_S if suffix == "[fla]" else 0)
+                left = t_end - time.monotonic()
+                if left < need:
+                    what = f"3 x the cap{' + the kernels autotuning' if suffix else ''}"
+                    log(f"{row}: not started ({left:.0f} s left, {need:g} s needed: {what})")
+                    payload["skipped"][row] = f"{left:.0f} s of the budget left, {need:g} s needed"
+                    continue
                 payload["warmup_s"][row] = round(warm_up(name, backend, ns, device, dtype, lengths[0]), 3)
                 log(f"{row}: untimed warm-up at T={lengths[0]}: {payload['warmup_s'][row]:.1f} s")
                 res = run_speed(ns, device, dtype, [name], lengths, lengths, machine, log)
@@ -308,14 +352,10 @@ def run_bench(args: argparse.Namespace) -> int:
                     r["mixer"] = row  # run_speed labels by the mixer; the row says which backends
                 payload["records"] += res["records"]
                 payload.setdefault("gemm_peak", res["peak"])
-                prof_n = lengths[len(lengths) // 2]  # the middle length (16k at 4k, 16k, 64k)
-                at = [r for r in res["records"] if r.get("seq_len") == prof_n and r.get("status") == "ok"]
-                cost = PROFILE_S + 3 * (at[0].get("median_ms") or 0) / 1000 if at else None  # 2 calls + tracing
-                if args.profile and cost is not None and t_end - time.monotonic() >= cost:
-                    try:
-                        payload["profiles"][row] = profile(name, backend, ns, device, dtype, prof_n)
-                    except Exception as e:  # noqa: BLE001 — a profile is extra: its failure is noted only
-                        payload["profiles"][row] = {"error": f"{type(e).__name__}: {e}"[:200]}
+                at = [r for r in res["records"] if r.get("seq_len") == prof_n and r.get("status") == "ok"
+                      and (r.get("median_ms") or 0) > 0]
+                if at:
+                    timed.append((row, name, backend, float(at[0]["median_ms"])))
             except Exception as e:  # noqa: BLE001 — one row's failure is recorded, the table goes on
                 note = f"{type(e).__name__}: {e}"[:300]
                 if row not in payload["warmup_s"]:
@@ -326,9 +366,8 @@ def run_bench(args: argparse.Namespace) -> int:
                 torch.cuda.empty_cache()
             payload["not_reached"].remove(row)
             save()
-        if not decoded:
-            decoded = True
-            decode_pass()
+        for run_pass in passes:
+            run_pass()
     except KeyboardInterrupt:  # the stage's time box ran out (SIGINT): keep what was measured
         payload["interrupted"] = row
         payload["end"] = run_end()
@@ -392,7 +431,7 @@ def profiles_section(payload: dict[str, Any], top: int = 4) -> str:
         return ""
     what = next((p.get("what") for p in profs.values() if p.get("what")), "kernels' own time")
     lines = [f"\nWhere the time goes: torch.profiler over one forward+backward after a warm call ({what}, ms; "
-             "launches: kernel calls; the largest kernels with their calls):\n",
+             "launches: the entries' calls — kernels, copies, fills; the largest with their calls):\n",
              "| layer | T | kernels' time | launches | largest |", "|---|---:|---:|---:|---|"]
     for row, pr in profs.items():
         if "error" in pr:
@@ -400,8 +439,10 @@ def profiles_section(payload: dict[str, Any], top: int = 4) -> str:
             continue
         big = "; ".join(f"`{k['kernel'][:60].replace('|', '/').replace('`', '')}` {_fmt(k['ms'])} ×{k['calls']}"
                         for k in pr.get("top", [])[:top])
+        big += f" ({pr['note']})" if pr.get("note") else ""
         lines.append(f"| {row} | {fmt_len(pr['seq_len'])} | {_fmt(pr['total_ms'])} | {pr['launches']:,} | {big} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + ("\n\nThe profiles ran after the rows of attention, the baselines and the mechanisms; "
+                                "the other rows were timed after them.\n")
 
 
 _NODE = re.compile(r"\S+\.py(?:::\S+)?")
@@ -488,8 +529,8 @@ def also_section(path: str, index: int) -> str:
     note = payload.get("note")
     if note:
         text += f"{note}\n\n"
-    text += ((table(payload) + profiles_section(payload) + decode_section(payload)) if payload.get("records")
-             else "Nothing measured.\n")
+    text += ((table(payload) + profiles_section(payload)) if payload.get("records") else "Nothing measured.\n")
+    text += decode_section(payload)
     if payload.get("interrupted"):
         text += f"\nCut while running {payload['interrupted']}.\n"
     if payload.get("skipped"):
@@ -551,6 +592,7 @@ def write_md(args: argparse.Namespace) -> int:
                  "writing them. Nothing below is from them.\n\n")
     if payload is None or not payload.get("records"):
         text += "Not measured in this run (the bench stage wrote no records; see its outcome above).\n"
+        text += decode_section(payload or {})
     else:
         s = payload.get("settings", {})
         where = payload.get("card") or "the CPU (a trial of the script, no GPU number)"

@@ -309,6 +309,104 @@ def test_decode_pass_comes_after_the_mechanisms_rows(tmp_path, monkeypatch):
     assert set(json.loads(js.read_text())["skipped"]) >= {"decode deltanet", "decode vort"}
 
 
+def test_profiles_after_the_decode_pass_and_a_cut_in_either(tmp_path, monkeypatch):
+    """The profile pass runs after the decode pass, both after the mechanisms' rows; a profile whose trace holds no
+    kernels is an error, one whose kernels sum to far less than the row's timed call is marked; a SIGINT in the
+    decode pass leaves a valid JSON naming it and a page with the decode rows measured so far."""
+    import seqmem.bench.speed as speed
+
+    gb, js, now, calls = _load_bench(), tmp_path / "gpu.json", [0.0], []
+    monkeypatch.setattr(gb, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(gb, "warm_up", lambda name, backend, ns, dev, dt, n: 1.0)
+
+    def fake_run_speed(ns, device, dtype, mixers, lengths, ref_lengths, machine, log):
+        calls.append(("row", mixers[0]))
+        now[0] += 1
+        return {"peak": {}, "records": [{"mixer": mixers[0], "impl": "fast", "seq_len": n, "status": "ok",
+                                         "median_ms": 10.0, "form": "x"} for n in lengths]}
+
+    def fake_profile(name, backend, ns, device, dtype, n):
+        calls.append(("profile", name))
+        launches = 0 if name == "vort" else 5
+        total = 1.0 if name == "deltanet" else 9.0
+        return {"seq_len": n, "total_ms": total, "launches": launches, "what": "x",
+                "top": [{"kernel": "k", "ms": total, "calls": launches}]}
+
+    def fake_decode(name, args, device, dtype, machine, log):
+        calls.append(("decode", name))
+        if name == "vort":
+            raise KeyboardInterrupt
+        return [{"mixer": name, "seq_len": 1024, "status": "ok", "median_ms": 1.0, "state_bytes": 8}]
+
+    monkeypatch.setattr(speed, "run_speed", fake_run_speed)
+    monkeypatch.setattr(gb, "profile", fake_profile)
+    monkeypatch.setattr(gb, "decode_one", fake_decode)
+    args = _bench_args(js, "swa,deltanet,attention,ska", 1000)
+    args.decode = args.profile = True
+    assert gb.run_bench(args) == 0
+    assert calls == [("row", "attention"), ("row", "deltanet"), ("row", "ska"),
+                     ("decode", "attention"), ("decode", "deltanet"), ("decode", "ska"),
+                     ("profile", "attention"), ("profile", "deltanet"), ("profile", "ska"), ("row", "swa")]
+    profs = json.loads(js.read_text())["profiles"]
+    assert "note" not in profs["attention"] and "trace may have missed kernels" in profs["deltanet"]["note"]
+    assert set(profs) == {"attention", "deltanet", "ska"}
+    # a cut inside the decode pass
+    calls.clear()
+    now[0] = 0.0
+    args.mixers = "vort,attention,swa"
+    assert gb.run_bench(args) == 130
+    data = json.loads(js.read_text())
+    assert data["interrupted"] == "decode vort" and data["not_reached"] == ["swa"]
+    assert [r["mixer"] for r in data["decode"]] == ["attention"]
+    md = tmp_path / "gpu.md"
+    monkeypatch.setattr(gb, "time", time)
+    args_md = Namespace(write_md=str(md), json=str(js), not_run=False, versions=None, stages=None, logs=None,
+                        commit_file=None)
+    assert gb.write_md(args_md) == 0
+    page = md.read_text()
+    assert "Cut by the stage's time box while running decode vort." in page and "| attention | 1.00 |" in page
+
+
+def test_profile_reads_device_entries_only_on_cuda():
+    """``_own_us``: on CUDA a device-side entry's own time; an operator, a runtime call or an annotation (CPU-side)
+    counts 0, so nothing is counted twice; on the CPU the operators' self time."""
+    from seqmem.bench.profile import _own_us
+
+    kernel = SimpleNamespace(device_type="DeviceType.CUDA", self_device_time_total=120.0, self_cpu_time_total=0.0)
+    op = SimpleNamespace(device_type="DeviceType.CPU", self_device_time_total=120.0, self_cpu_time_total=30.0)
+    span = SimpleNamespace(device_type="DeviceType.CUDA", is_user_annotation=True, self_device_time_total=500.0,
+                           self_cpu_time_total=0.0)
+    old = SimpleNamespace(device_type="DeviceType.CUDA", self_cuda_time_total=7.0, self_cpu_time_total=0.0)
+    assert [_own_us(e, True) for e in (kernel, op, span, old)] == [120.0, 0.0, 0.0, 7.0]
+    assert [_own_us(e, False) for e in (kernel, op)] == [0.0, 30.0]
+
+
+def test_decode_table_survives_odd_records_and_shows_without_speed_rows(tmp_path):
+    """The decode table: error / not-run / one-context records, a zero median and a record without a length do not
+    break the page; the layers not started are named; decode records alone (every speed row skipped) still show."""
+    gb = _load_bench()
+    payload = {"records": [], "skipped": {"decode vla": "3 s of the budget left, 23 s needed", "vort": "x"},
+               "decode": [
+                   {"mixer": "attention", "seq_len": 1024, "status": "ok", "median_ms": 2.0, "state_bytes": 2048},
+                   {"mixer": "attention", "seq_len": 4096, "status": "ok", "median_ms": 4.0, "state_bytes": 8192},
+                   {"mixer": "deltanet", "seq_len": 1024, "status": "ok", "median_ms": 0.0, "state_bytes": 64},
+                   {"mixer": "lattice", "seq_len": 1024, "status": "error", "note": "RuntimeError: boom"},
+                   {"mixer": "ska", "status": "ok", "median_ms": 1.0},
+                   {"mixer": "mamba2", "seq_len": 4096, "status": "not run", "note": "cap", "median_ms": None}]}
+    text = gb.decode_section(payload)
+    assert "| attention | 2.00 | 4.00 | 8 | 1.00 · 1.00 |" in text
+    assert "| deltanet | ok | – |" in text and "| lattice | error | – |" in text and "RuntimeError: boom" in text
+    assert "ska" not in text and "Decode not started: vla (3 s of the budget left, 23 s needed)." in text
+    assert gb.decode_section({"decode": [], "skipped": {}}) == ""
+    js, md = tmp_path / "gpu.json", tmp_path / "gpu.md"
+    js.write_text(json.dumps(payload))
+    args = Namespace(write_md=str(md), json=str(js), not_run=False, versions=None, stages=None, logs=None,
+                     commit_file=None, also_json=[str(js)])
+    assert gb.write_md(args) == 0
+    page = md.read_text()
+    assert "Not measured in this run" in page and page.count("| attention | 2.00 | 4.00 |") == 2  # main + call 2
+
+
 def test_failures_are_named_wherever_pytest_puts_them():
     gb = _load_bench()
     log = "\n".join([

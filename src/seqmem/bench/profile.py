@@ -16,9 +16,12 @@ from seqmem.bench.speed import _step_fn, build
 
 
 def _own_us(e: Any, cuda: bool) -> float:
-    """An averaged event's own time in microseconds: device time on CUDA (the name changed across torch
-    versions), CPU self time otherwise."""
+    """An averaged event's own time in microseconds: on CUDA a device-side entry's (kernels, copies, fills; the
+    attribute's name changed across torch versions) — a CPU-side one (an operator, a runtime call, an annotation)
+    counts 0, so nothing is counted twice; CPU self time otherwise."""
     if cuda:
+        if "CPU" in str(getattr(e, "device_type", "CPU")) or getattr(e, "is_user_annotation", False):
+            return 0.0
         return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0)
     return float(e.self_cpu_time_total)
 
