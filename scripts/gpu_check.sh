@@ -277,9 +277,9 @@ EOF
 fi
 
 # ---------------------------------------------------------------------------------------------------- tests
-# -v: each test's outcome on its own line, as it ends (the project's addopts carry -q, which would cancel it: they
-# are replaced here, keeping their marker filter)
-pytest=("$py" -m pytest -v --tb=short -p no:cacheprovider -o "addopts=" -m "not slow")
+# -vv: each test's outcome on its own line, as it ends (the project's addopts carry -q, which would cancel a single
+# -v; -vv nets -v and keeps the rest of addopts, its marker filter included)
+pytest=("$py" -m pytest -vv --tb=short -p no:cacheprovider)
 # the mechanisms' kernels first (Lattice, VLA, VORT), then the baselines' (SSD, linear attention, delta rules): a
 # box cut short cuts the last; every test_*triton*.py file is listed (a new one is appended, not dropped)
 triton_tests=(tests/ops/test_lattice_triton.py tests/ops/test_vla_triton.py tests/ops/test_vort_triton.py
@@ -293,7 +293,7 @@ stage triton "$(fit "$(scaled 80)")" "${pytest[@]}" -rfEs "${triton_tests[@]}" "
 stage contract "$(fit "$(scaled 100)")" env SEQMEM_TEST_DEVICE=cuda SEQMEM_BACKENDS=pytorch \
     "${pytest[@]}" -rfE tests/test_device.py tests/test_contract.py "${xdist[@]}"
 # xdist here too: a first call of each fla kernel autotunes for about two minutes (seen on an H200), most of it
-# compilation on the CPU, which the workers share out
+# compiling on the CPU; each worker pays its own kernels' autotuning, but the workers pay theirs side by side
 stage kernels "$(fit "$(scaled 110)")" env SEQMEM_TEST_DEVICE=cuda \
     "${pytest[@]}" -rfEs tests/ops/test_backends.py tests/ops/test_vort_gla.py "${xdist[@]}"
 
