@@ -127,50 +127,30 @@ def kernel_missing(name: str, device: Any, head_dim: int) -> tuple[str, str] | N
 
 def _with_backend(backend: str) -> Any:
     """A context that sets the backends as ``run_speed`` sets them for a row with this ``--backend`` choice."""
-    from contextlib import contextmanager
+    from contextlib import nullcontext
 
-    from seqmem.backends import use_backends
+    from seqmem.backends import backends
     from seqmem.bench.speed import backend_variants
 
-    @contextmanager
-    def ctx() -> Any:
-        chosen = backend_variants(backend)[0][1]
-        prev = use_backends(None)
-        use_backends(prev if chosen is None else chosen)
-        try:
-            yield
-        finally:
-            use_backends(prev)
-
-    return ctx()
-
-
-def _step(name: str, ns: argparse.Namespace, device: Any, dtype: Any, n: int) -> Any:
-    """A built layer's forward+backward at length ``n`` as a function of no arguments."""
-    import torch
-
-    from seqmem.bench.speed import build
-
-    m = build(name, ns, "fast", device, dtype)
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(ns.batch, n, ns.d_model, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
-    g = torch.randn(ns.batch, n, ns.d_model, generator=gen).to(device=device, dtype=dtype)
-
-    def step() -> None:
-        y, _ = m(x)
-        y.backward(g)
-
-    return step
+    chosen = backend_variants(backend)[0][1]
+    return nullcontext() if chosen is None else backends(chosen)
 
 
 def warm_up(name: str, backend: str, ns: argparse.Namespace, device: Any, dtype: Any, n: int) -> float:
     """One untimed, uncapped forward+backward of ``name`` with ``backend`` at length ``n``: the kernels'
     compilation and autotuning, paid before anything is timed.  Returns its seconds."""
+    import torch
+
     from seqmem.bench.common import synchronize
+    from seqmem.bench.speed import _step_fn, build
 
     with _with_backend(backend):
         t0 = time.perf_counter()
-        _step(name, ns, device, dtype, n)()
+        m = build(name, ns, "fast", device, dtype)
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(ns.batch, n, ns.d_model, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+        g = torch.randn(ns.batch, n, ns.d_model, generator=gen).to(device=device, dtype=dtype)
+        _step_fn(m, x, g)()
         synchronize(device)
         return time.perf_counter() - t0
 
@@ -280,15 +260,22 @@ def run_bench(args: argparse.Namespace) -> int:
                                   gemm_sizes_parsed=[4096] if device.type == "cuda" else [64],
                                   backend=backend, mixer_option_parsed={})
 
+    def room(key: str, need: float, what: str = "") -> bool:
+        """Whether ``need`` seconds of the budget are left; if not, ``key`` is recorded as skipped (and logged)."""
+        left = t_end - time.monotonic()
+        if left >= need:
+            return True
+        log(f"{key}: not started ({left:.0f} s left, {need:.0f} s needed{what})")
+        payload["skipped"][key] = f"{left:.0f} s of the budget left, {need:.0f} s needed"
+        return False
+
     save()
     row = None
 
     def decode_pass() -> None:
         nonlocal row
         for dname in [m for m in DECODE_MIXERS if m in mixers]:
-            left = t_end - time.monotonic()
-            if left < DECODE_S:
-                payload["skipped"][f"decode {dname}"] = f"{left:.0f} s of the budget left, {DECODE_S:g} s needed"
+            if not room(f"decode {dname}", DECODE_S):
                 continue
             row = f"decode {dname}"
             try:
@@ -301,10 +288,7 @@ def run_bench(args: argparse.Namespace) -> int:
     def profile_pass() -> None:
         nonlocal row
         for prow, name, backend, median_ms in timed:
-            cost = PROFILE_S + 3 * median_ms / 1000  # two calls and the tracing
-            left = t_end - time.monotonic()
-            if left < cost:
-                payload["skipped"][f"profile {prow}"] = f"{left:.0f} s of the budget left, {cost:.0f} s needed"
+            if not room(f"profile {prow}", PROFILE_S + 3 * median_ms / 1000):  # two calls and the tracing
                 continue
             row = f"profile {prow}"
             try:
@@ -339,11 +323,7 @@ def run_bench(args: argparse.Namespace) -> int:
                     save()
                     continue
                 need = 3 * args.max_seconds + (KERNEL_WARMUP_S if suffix == "[fla]" else 0)
-                left = t_end - time.monotonic()
-                if left < need:
-                    what = f"3 x the cap{' + the kernels autotuning' if suffix else ''}"
-                    log(f"{row}: not started ({left:.0f} s left, {need:g} s needed: {what})")
-                    payload["skipped"][row] = f"{left:.0f} s of the budget left, {need:g} s needed"
+                if not room(row, need, f": 3 x the cap{' + the kernels autotuning' if suffix else ''}"):
                     continue
                 payload["warmup_s"][row] = round(warm_up(name, backend, ns, device, dtype, lengths[0]), 3)
                 log(f"{row}: untimed warm-up at T={lengths[0]}: {payload['warmup_s'][row]:.1f} s")

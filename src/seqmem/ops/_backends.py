@@ -340,12 +340,17 @@ def wants_grad(*tensors: Any) -> bool:
     return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in ts)
 
 
+def fla_gated_refuses(*tensors: Any) -> bool:
+    """Whether a call of fla's gated kernels (the gated delta rule's, VORT's simple GLA) with these tensors must
+    not take them: it wants a gradient (:func:`wants_grad`) on a machine whose fla gated backward refuses
+    (:func:`_fla_gated_backward_refused`, for the first tensor's device)."""
+    ts = [t for t in tensors if t is not None]
+    return bool(ts) and wants_grad(*ts) and _fla_gated_backward_refused(ts[0].device)
+
+
 def _fla_gated_supports(q: Any, k: Any, v: Any, beta: Any, g: Any, s0: Any) -> bool:
-    """As :func:`_fla_supports`, and not where a gradient is wanted on a machine whose fla gated backward refuses
-    (:func:`_fla_gated_backward_refused`).  A :class:`TensorSpec` (``which_form``) counts as wanting one."""
-    if not _fla_supports(q, k, v, beta, g, s0):
-        return False
-    return not (wants_grad(q, k, v, beta, g, s0) and _fla_gated_backward_refused(q.device))
+    """As :func:`_fla_supports`, and not where :func:`fla_gated_refuses` the call."""
+    return _fla_supports(q, k, v, beta, g, s0) and not fla_gated_refuses(q, k, v, beta, g, s0)
 
 
 def _fla_linear_supports(q: Any, k: Any, v: Any, s0: Any) -> bool:

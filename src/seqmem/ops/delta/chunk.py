@@ -116,13 +116,8 @@ def _delta_core(q, k, v, beta, g, scale, initial_state, chunk_size, kernel=False
         q_in = qc
         k_out = kc
     M = eye + (kk * bc[..., None]).masked_fill(~strict, 0.0)  # unit lower triangular
-    if kernel:  # the Triton walk takes W and U' contiguous: two solves, each result saved once for the backward
-        W = torch.linalg.solve_triangular(M, k_rhs, upper=False, unitriangular=True)
-        Up = torch.linalg.solve_triangular(M, vc * bc[..., None], upper=False, unitriangular=True)
-    else:  # one solve with both right-hand sides side by side (column blocks are independent: the same results),
-        # one batched solve forward and one backward instead of two each; the loop below takes the views as they are
-        W, Up = torch.linalg.solve_triangular(M, torch.cat([k_rhs, vc * bc[..., None]], -1), upper=False,
-                                              unitriangular=True).split([dk, dv], -1)
+    W = torch.linalg.solve_triangular(M, k_rhs, upper=False, unitriangular=True)
+    Up = torch.linalg.solve_triangular(M, vc * bc[..., None], upper=False, unitriangular=True)
     qk = qk.masked_fill(~incl, 0.0)
     if kernel:
         o, S = delta_chunk_scan(Up, W, q_in, qk, k_out, g_tot if gh is not None else None, S)

@@ -319,14 +319,13 @@ def _gla_form(q, k, v, coef, coef_now, initial_state, k_log_scale) -> str | None
     float64 take one: ``"fla"``, flash-linear-attention's ``chunk_simple_gla``, where the ``fla`` backend is enabled
     (:func:`seqmem.backends.use_backends` / ``SEQMEM_BACKENDS``) and installed, unless the call wants gradients on
     a machine whose fla gated backward raises (Hopper with 3.4 <= triton < 3.7.1:
-    ``seqmem.ops._backends._fla_gated_backward_refused``); else ``"triton"``, seqmem's own
+    ``seqmem.ops._backends.fla_gated_refuses``); else ``"triton"``, seqmem's own
     (``chunk_simple_gla.py``)."""
     tensors = (q, k, v, coef, coef_now, k_log_scale, *(initial_state or {}).values())
     if not _triton.use_float_kernel(*tensors):
         return None
-    if "fla" in _backends.enabled_backends() and _FLA_GLA.is_available():
-        if not (_backends.wants_grad(*tensors) and _backends._fla_gated_backward_refused(q.device)):
-            return "fla"
+    if "fla" in _backends.enabled_backends() and _FLA_GLA.is_available() and not _backends.fla_gated_refuses(*tensors):
+        return "fla"
     return "triton"
 
 
