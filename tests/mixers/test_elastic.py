@@ -357,3 +357,34 @@ def test_compiled_forward_reads_prebuilt_block_matrices() -> None:
     assert frames[1:] == [0, 0], frames
     assert m._bank.keys() == bank.keys() and all(m._bank[k] is bank[k] for k in bank)  # read, not rebuilt
     torch.testing.assert_close(y, m(x)[0])
+
+
+@pytest.mark.parametrize(("name", "opts"), [
+    ("elastic", {"block_len": 8, "hippo_n": 6}), ("elastic_uni", {"block_len": 8, "hippo_n": 6}),
+    ("memorizing", {"block_len": 8, "n_queue": 12}), ("infini", {"block_len": 8}),
+    ("melodi", {"block_len": 8, "n_summary": 3}),
+])
+def test_fast_forward_and_backward_read_nothing_back_from_the_device(name, opts, monkeypatch):
+    """Which memory each block sees follows from its index, so the fast form groups blocks without copying a mask
+    to the host (on CUDA such a copy waits for every kernel queued before it): no ``tolist``, ``item`` or ``bool``
+    of a tensor in a training step over several blocks, a piece starting inside a block included.  The values
+    are the same as with the masks read back (the reference form and the op's own tests check that)."""
+    m = build_mixer(name, d_model=32, n_heads=2, **opts)
+    x = torch.randn(2, 40, 32, requires_grad=True)
+    _, st = m(x[:, :3])
+    read = []
+
+    def spy(method):
+        orig = getattr(torch.Tensor, method)
+
+        def f(self, *a, **k):
+            read.append(method)
+            return orig(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, method, f)
+
+    for method in ("tolist", "item", "__bool__"):
+        spy(method)
+    m(x)[0].sum().backward()
+    m(x[:, 3:], st)[0].sum().backward()
+    monkeypatch.undo()
+    assert read == [], f"{name}: read back {read}"

@@ -80,3 +80,24 @@ def test_bad_inputs_raise():
         trapezoidal_attention(q, k[..., :3], v)
     with pytest.raises(ValueError, match="bool"):
         trapezoidal_attention(q, k, v, km, vm, valid.double())
+
+
+def test_mem_kinds_from_the_host_give_the_same_answer():
+    """``mem_kinds`` (what each block sees of its memory, known to the caller) replaces the read-back of
+    ``mem_valid`` and gives the same output: blocks with none, all and a part of their memory visible."""
+    (q, k, v, km, vm), valid = _inputs(nb=4, lk=4, lq=4)
+    valid[:, 1] = True
+    valid[:, 2] = False
+    valid[:, 3] = torch.tensor([False, True, True])
+    full = valid.flatten(2).transpose(0, 1).reshape(4, -1)
+    kinds = [0 if not r.any() else 1 if r.all() else 2 for r in full]
+    assert kinds == [0, 1, 0, 2]
+    y = trapezoidal_attention(q, k, v, km, vm, valid)
+    assert torch.equal(trapezoidal_attention(q, k, v, km, vm, valid, mem_kinds=kinds), y)
+    assert torch.equal(trapezoidal_attention(q, k, v, km, vm, valid, mem_kinds=kinds, mode="recurrent"),
+                       trapezoidal_attention(q, k, v, km, vm, valid, mode="recurrent"))
+    for bad in ([0, 1, 0], [0, 1, 0, 3], [0, True, 0, 2]):
+        with pytest.raises(ValueError, match="mem_kinds"):
+            trapezoidal_attention(q, k, v, km, vm, valid, mem_kinds=bad)
+    with pytest.raises(ValueError, match="mem_kinds"):
+        trapezoidal_attention(q, k, v, mem_kinds=[0, 0, 0, 0])

@@ -54,6 +54,11 @@ def _rotate(x: Tensor, c2: Tensor, s2: Tensor) -> Tensor:
     return torch.addcmul(x * c2, torch.cat([x[..., h:], x[..., :h]], -1), s2)
 
 
+def _kind(visible: int, n_mem: int) -> int:
+    """:func:`trapezoidal_attention`'s ``mem_kinds`` entry of a block that reads ``visible`` of ``n_mem`` tokens."""
+    return 0 if visible == 0 else 1 if visible == n_mem else 2
+
+
 class _Rotate(torch.autograd.Function):
     """RoPE as one autograd node: ``y = x ∘ [cos, cos] + swap(x) ∘ [−sin, sin]``, ``swap`` exchanging the halves
     ``x[..., :d/2]`` and ``x[..., d/2:]`` (the pairs rotated); its gradient is the same rotation by the opposite
@@ -149,6 +154,12 @@ class BlockAttention(Mixer):
     def _mem_context(self, mem: State, blk: int) -> Ctx:
         """What block ``blk`` reads from the memory (tensors with batch first)."""
         return {}
+
+    def _mem_visible(self, blk: int, n_mem: int) -> int:
+        """How many of the ``n_mem`` memory tokens block ``blk`` reads (the newest ones; the same in every row).
+        Known on the host from the block's index, so the fast form groups blocks without reading a mask back from
+        the device.  Here: none in block 0 (the memory is empty), all of them after."""
+        return n_mem if blk > 0 else 0
 
     def _mem_update(self, mem: State, k_raw: Tensor, v: Tensor, blk: int, reference: bool) -> State:
         """Fold completed block ``blk`` (raw keys / values, (batch, L, heads, head_dim)) into the memory."""
@@ -247,7 +258,7 @@ class BlockAttention(Mixer):
             k_rot = torch.cat([krot_prefix, self._rope(Kp[:, 0, c:], kpos[c:])], 1)[:, None]
         else:
             k_rot = self._rope(Kp.reshape(b * nb, lk, h, dh), kpos).view(b, nb, lk, h, dh)
-        y = self._attend_fast(q_rot, Qp, k_rot, Vp, ctx, off)
+        y = self._attend_fast(q_rot, Qp, k_rot, Vp, ctx, off, b0)
         if nb == 1:
             return (y[:, 0, c:] if Qp.shape[2] > t else y[:, 0]), mem, k_rot[:, 0]
         y = y.reshape(b, nb * L, h, dh)
@@ -266,13 +277,19 @@ class BlockAttention(Mixer):
         return {key: torch.stack([cx[key] for cx in ctxs], 1) for key in ctxs[0]}, mem
 
     def _attend_fast(
-        self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, off: int = 0
+        self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, off: int = 0, b0: int = 0
     ) -> Tensor:
         """Joint softmax over [memory tokens; causal block keys] for all blocks; (b, nb, L, h, dh) tensors.
 
-        ``off``: in-block position of the first query (queries and keys of one block may differ in length).
+        ``off``: in-block position of the first query (queries and keys of one block may differ in length);
+        ``b0``: the index of the first block.
         """
-        return trapezoidal_attention(q_rot, k_rot, v, ctx.get("k"), ctx.get("v"), ctx.get("valid"), offset=off)
+        kinds = None
+        if "k" in ctx:  # what each block sees of its memory, from the block index (see _mem_visible)
+            M = ctx["k"].shape[2]
+            kinds = [_kind(self._mem_visible(b0 + j, M), M) for j in range(q_rot.shape[1])]
+        return trapezoidal_attention(q_rot, k_rot, v, ctx.get("k"), ctx.get("v"), ctx.get("valid"), offset=off,
+                                     mem_kinds=kinds)
 
     # -- reference: per token
     # -------------------------------------------------------------------------------------
@@ -434,7 +451,7 @@ class Elastic(BlockAttention):
         ctx = {
             "k": tok[..., : self.d_model].reshape(b, M, h, dh),
             "v": tok[..., self.d_model :].reshape(b, M, h, dh),
-            "valid": torch.full((b, M), blk > 0, dtype=torch.bool, device=C.device),
+            "valid": torch.full((b, M), self._mem_visible(blk, M) > 0, dtype=torch.bool, device=C.device),
         }
         self._ctx_cache = None if torch.is_grad_enabled() else (C, version, blk, self._fractions, ctx)
         return ctx

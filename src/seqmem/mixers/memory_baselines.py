@@ -100,9 +100,12 @@ class Memorizing(BlockAttention):
         z = like.new_zeros(b, self.n_queue, self.d_model)
         return {"mem_k": z, "mem_v": z.clone()}
 
+    def _mem_visible(self, blk: int, n_mem: int) -> int:
+        return min(n_mem, blk * self.block_len)  # the newest slots of the queue hold the tokens seen so far
+
     def _mem_context(self, mem: State, blk: int) -> Ctx:
         b = mem["mem_k"].shape[0]
-        filled = min(self.n_queue, blk * self.block_len)  # the newest `filled` slots hold real tokens
+        filled = self._mem_visible(blk, self.n_queue)  # the newest `filled` slots hold real tokens
         valid = torch.arange(self.n_queue, device=mem["mem_k"].device) >= self.n_queue - filled
         h, dh = self.n_heads, self.head_dim
         return {
@@ -118,7 +121,7 @@ class Memorizing(BlockAttention):
         return {"mem_k": mk, "mem_v": mv}
 
     def _attend_fast(
-        self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, off: int = 0
+        self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, off: int = 0, b0: int = 0
     ) -> Tensor:
         """Local attention for all blocks, then per run of blocks with the same number ``f`` of filled queue slots
         (the newest ``f``; the same in every sequence) one unmasked SDPA call of the queries against those slots,
@@ -138,8 +141,9 @@ class Memorizing(BlockAttention):
             a_mem = F.scaled_dot_product_attention(qm, km, vm).transpose(1, 2).reshape(b, n, lq, h, dh)
             return _gate(self.mem_gate, a_mem, a_j)
 
-        # filled slots per block: the same in every row
-        return by_runs(ctx["valid"][0].sum(-1).tolist(), (a_loc, q_raw, ctx["k"], ctx["v"]), run)
+        # filled slots per block: the same in every row, known from the block index (no read-back of the mask)
+        filled = [self._mem_visible(b0 + j, M) for j in range(nb)]
+        return by_runs(filled, (a_loc, q_raw, ctx["k"], ctx["v"]), run)
 
     def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
         a_loc = super()._attend_token(q_rot, q_raw, k_rot, v, {})
@@ -200,7 +204,8 @@ class Infini(BlockAttention):
     def _mem_context(self, mem: State, blk: int) -> Ctx:
         b = mem["mem_M"].shape[0]
         return {"M": mem["mem_M"], "z": mem["mem_z"],
-                "empty": torch.full((b,), blk == 0, dtype=torch.bool, device=mem["mem_M"].device)}  # fmt: skip
+                "empty": torch.full((b,), self._mem_visible(blk, 1) == 0, dtype=torch.bool,
+                                    device=mem["mem_M"].device)}  # fmt: skip
 
     def _read(self, sq: Tensor, M: Tensor, z: Tensor, eq: str, eqz: str) -> Tensor:
         """σ(q) M / (σ(q) z + eps) in M's dtype (float32 for half inputs; autocast off)."""
@@ -231,7 +236,7 @@ class Infini(BlockAttention):
             return self._norm(a).to(like.dtype)
 
     def _attend_fast(
-        self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, off: int = 0
+        self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, off: int = 0, b0: int = 0
     ) -> Tensor:
         """Blocks whose memory is still empty (block 0: M = 0, z = 0, so A_mem = 0 exactly) get
         ``(1 − σ(g_h)) A_local`` without the read."""
@@ -244,7 +249,8 @@ class Infini(BlockAttention):
             a_mem = self._mem_out(q_j, {"M": M_j, "z": z_j}, "bnlhk,bnhkv->bnlhv", "bnlhk,bnhk->bnlh", a_j)
             return _gate(self.mem_gate, a_mem, a_j)
 
-        return by_runs(ctx["empty"][0].tolist(), (a_loc, q_raw, ctx["M"], ctx["z"]), run)
+        empty = [self._mem_visible(b0 + j, 1) == 0 for j in range(q_raw.shape[1])]  # from the block index
+        return by_runs(empty, (a_loc, q_raw, ctx["M"], ctx["z"]), run)
 
     def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
         a_loc = super()._attend_token(q_rot, q_raw, k_rot, v, {})
@@ -309,7 +315,7 @@ class Melodi(BlockAttention):
         return {
             "k": km,
             "v": vm,
-            "valid": torch.full(m.shape[:2], blk > 0, dtype=torch.bool, device=m.device),
+            "valid": torch.full(m.shape[:2], self._mem_visible(blk, m.shape[1]) > 0, dtype=torch.bool, device=m.device),
         }
 
     def _mem_update(self, mem: State, k_raw: Tensor, v: Tensor, blk: int, reference: bool) -> State:

@@ -14,7 +14,7 @@ call with an explicit mask over ``[memory; block]``.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -62,6 +62,7 @@ def trapezoidal_attention(
     offset: int = 0,
     scale: float | None = None,
     mode: str = "chunk",
+    mem_kinds: Sequence[int] | None = None,
 ) -> Tensor:
     """Elastic Memory's trapezoidal attention (Eqs. 9–10): per block, one joint softmax over the block's memory
     tokens (every query sees every valid one, no positional encoding) and its own keys (causal).
@@ -76,11 +77,21 @@ def trapezoidal_attention(
         scale: score scale, default ``dim ** -0.5``.
         mode: ``"chunk"`` (batched SDPA calls, see the module docstring) or ``"recurrent"`` (one query at a time,
             the reference).
+        mem_kinds: per block, what ``mem_valid`` shows of its memory: 0 none of it, 1 all of it, 2 a part, when the
+            caller knows it on the host (the block mixers do: it follows from the block's index).  Else (None) it is
+            read from ``mem_valid``, a device-to-host copy that waits for the device on CUDA.  Not checked against
+            ``mem_valid`` (the check would be that copy): a kind that disagrees gives a wrong answer.
 
     Returns:
         ``(batch, blocks, lq, heads, dim)``.
     """
     _check(q, k, v, k_mem, v_mem, mem_valid, offset, mode)
+    if mem_kinds is not None:
+        mem_kinds = list(mem_kinds)
+        if k_mem is None or len(mem_kinds) != q.shape[1] or any(
+                isinstance(x, bool) or x not in (0, 1, 2) for x in mem_kinds):
+            raise ValueError(f"trapezoidal_attention: mem_kinds must give each of the {q.shape[1]} blocks 0, 1 or 2 "
+                             f"(and comes with a memory), got {mem_kinds!r}")
     if mode == "recurrent":
         return trapezoidal_attention_naive(q, k, v, k_mem, v_mem, mem_valid, offset, scale)
     if offset != 0 or q.shape[2] != k.shape[2] or (k_mem is not None and 4 * q.shape[2] < k_mem.shape[2]):
@@ -90,8 +101,10 @@ def trapezoidal_attention(
     nb = q.shape[1]
     if k_mem is None:
         return causal_blocks(q, k, v, scale)
-    full = mem_valid.flatten(2).transpose(0, 1).reshape(nb, -1)  # (blocks, batch · M)
-    kind = torch.where(full.all(1), 1, torch.where(full.any(1), 2, 0)).tolist()  # 0 none, 1 all, 2 partly visible
+    kind = mem_kinds
+    if kind is None:
+        full = mem_valid.flatten(2).transpose(0, 1).reshape(nb, -1)  # (blocks, batch · M)
+        kind = torch.where(full.all(1), 1, torch.where(full.any(1), 2, 0)).tolist()  # 0 none, 1 all, 2 a part
 
     def run(g: int, pieces: tuple[Tensor, ...]) -> Tensor:
         qj, kj, vj, kmj, vmj, validj = pieces
