@@ -20,13 +20,15 @@ every row in ``not_reached`` from the start and drops each once it is done, and 
 every row: a run cut short keeps what it measured and says what it never ran.  Nothing is extrapolated.
 
 After the rows of attention, the baselines and the mechanisms on seqmem's own forms — before the other mixers' rows
-and the kernels' — two passes run, each layer only while its time is left (``--no-decode`` / ``--no-profile`` skip
-them): a decode pass, one token per step at contexts of 1k and 4k (batch 1; ``DECODE_MIXERS``, ``DECODE_S``):
-whether a step stays flat in context and how it compares with attention's; then a profile of each of those rows at
-the middle length (torch.profiler after a warm call: the GPU kernels' own time, their calls and the largest;
-``PROFILE_S`` plus three of its calls), marked where the kernels sum to far less than the row's timed call or the
-trace holds none: where a layer loses to its fla counterpart, the page says which kernels take the time.  The rows
-timed after the profiles are said to be (``TEARDOWN_CUPTI=1`` is set, so that kineto releases the profiler).
+and the kernels' — three passes run, each layer only while its time is left (``--no-decode`` / ``--no-profile`` /
+``--no-syncs`` skip them): a decode pass, one token per step at contexts of 1k and 4k (batch 1; ``DECODE_MIXERS``,
+``DECODE_S``): whether a step stays flat in context and how it compares with attention's; then a profile of each of
+those rows at the middle length (torch.profiler after a warm call: the GPU kernels' own time, their calls and the
+largest; ``PROFILE_S`` plus three of its calls), marked where the kernels sum to far less than the row's timed call or
+the trace holds none: where a layer loses to its fla counterpart, the page says which kernels take the time; then a
+count of each of those layers' waits for the device in a forward+backward at the shortest length (``seqmem bench
+syncs``: ``torch.cuda.set_sync_debug_mode``, by source line; ``SYNCS_S``, ``--no-syncs``). The rows timed after the
+profiles are said to be (``TEARDOWN_CUPTI=1`` is set, so that kineto releases the profiler).
 
 The second form writes the Markdown page from that JSON (a truncated or missing one is reported, not fatal), the
 check's stage outcomes, versions and logs (failed tests named from pytest's lines); it imports neither torch nor
@@ -61,6 +63,9 @@ DECODE_MIXERS = ["attention", "linear_attention", "deltanet", "gated_deltanet", 
 DECODE_CONTEXTS = [1024, 4096]  # its contexts: a step at 4k against attention's, and whether it stays flat
 DECODE_S = 23.0  # a layer's decode starts only with this much left: at each of 2 contexts streaming and stepping,
 # each capped at 5 s, and the build
+SYNCS_S = 8.0  # a layer's host-read count (two forward+backwards at the shortest length, the build) starts only
+# with this much left
+SYNCS_TOP = 4  # source lines listed per layer
 KERNEL_WARMUP_S = 150.0  # a [fla] row starts only with this much more left: its first call's autotuning (~2 min)
 TEST_STAGES = ("triton", "contract", "kernels")  # the stages whose pytest logs name failures
 NOT_RUN = ("Not run yet: no GPU was at hand when `scripts/gpu_check.sh` was written, so this page holds no "
@@ -171,6 +176,34 @@ def profile(name: str, backend: str, ns: argparse.Namespace, device: Any, dtype:
             "what": r["timed"] + ("" if cuda else " (a trial, no GPU number)")}
 
 
+def syncs_one(name: str, ns: argparse.Namespace, device: Any, dtype: Any, n: int) -> dict[str, Any]:
+    """``seqmem bench syncs`` for one layer on seqmem's own forms: the synchronising calls of a forward+backward at
+    ``n`` tokens after a warm one, by source line (the first :data:`SYNCS_TOP`)."""
+    from seqmem.bench.syncs import host_reads
+
+    with _with_backend("pytorch"):
+        r = host_reads(argparse.Namespace(**{**vars(ns), "warmup": 1}), device, dtype, name, n)
+    return {"seq_len": n, "total": r["total"], "reads": r["reads"][:SYNCS_TOP], "how": r["how"]}
+
+
+def syncs_section(payload: dict[str, Any]) -> str:
+    """The syncs pass's table; '' where it did not run."""
+    syncs = payload.get("syncs") or {}
+    if not syncs:
+        return ""
+    how = next((r.get("how") for r in syncs.values() if r.get("how")), "synchronising calls")
+    lines = [f"\nWaits for the device in one forward+backward after a warm one ({how}; seqmem's own forms; each "
+             "stops the host until the queued kernels have run, so the launches after it no longer overlap them):\n",
+             "| layer | T | waits | where (count) |", "|---|---:|---:|---|"]
+    for name, r in syncs.items():
+        if "error" in r:
+            lines.append(f"| {name} | – | – | failed: {r['error'][:100].replace('|', '/')} |")
+            continue
+        where = "; ".join(f"`{w['where']}` ×{w['count']}" for w in r.get("reads", [])) or "none"
+        lines.append(f"| {name} | {fmt_len(r['seq_len'])} | {r['total']} | {where.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
 def decode_one(name: str, args: argparse.Namespace, device: Any, dtype: Any, machine: dict[str, Any],
                log: Any) -> list[dict[str, Any]]:
     """``seqmem bench decode`` for one layer: the context streamed in pieces of 1,024 tokens, then one token per
@@ -242,6 +275,7 @@ def run_bench(args: argparse.Namespace) -> int:
                                             "batch": 2, "lengths": lengths, "max_seconds": args.max_seconds,
                                             "repeats": args.repeats, "warmup": 1, "budget_s": args.budget},
                                "records": [], "warmup_s": {}, "skipped": {}, "profiles": {}, "decode": [],
+                               "syncs": {},
                                "not_reached": [name + suffix for name, suffix, _ in jobs(mixers)]}
     out = Path(args.json)
     prof_n = lengths[len(lengths) // 2]  # the profiles' length: the middle one (16k at 4k, 16k, 64k)
@@ -303,8 +337,21 @@ def run_bench(args: argparse.Namespace) -> int:
             payload["profiles"][prow] = pr
             save()
 
+    def syncs_pass() -> None:
+        nonlocal row
+        for sname in [name for name, suffix, _ in jobs(mixers) if not suffix and name in FIRST + MECHANISMS]:
+            if not room(f"syncs {sname}", SYNCS_S):
+                continue
+            row = f"syncs {sname}"
+            try:
+                payload["syncs"][sname] = syncs_one(sname, namespace("pytorch"), device, dtype, lengths[0])
+            except Exception as e:  # noqa: BLE001 — extra, like a profile: its failure is noted only
+                payload["syncs"][sname] = {"error": f"{type(e).__name__}: {e}"[:200]}
+            save()
+
     passes = [] if not getattr(args, "decode", True) else [decode_pass]
     passes += [] if not getattr(args, "profile", True) else [profile_pass]
+    passes += [] if not getattr(args, "syncs", True) else [syncs_pass]
     try:
         for name, suffix, backend in jobs(mixers):
             if passes and (suffix or name not in FIRST + MECHANISMS):  # after the mechanisms' rows
@@ -588,6 +635,7 @@ def write_md(args: argparse.Namespace) -> int:
                  "attention (SDPA).\n\n")
         text += table(payload)
         text += profiles_section(payload)
+        text += syncs_section(payload)
         text += decode_section(payload)
     if payload is not None:
         if payload.get("interrupted"):
@@ -614,6 +662,8 @@ def main() -> int:
                    help="skip the decode pass (one token per step at 1k and 4k, after the rows on seqmem's forms)")
     p.add_argument("--no-profile", dest="profile", action="store_false",
                    help="skip the profile of each row at the middle length (torch.profiler's top kernels)")
+    p.add_argument("--no-syncs", dest="syncs", action="store_false",
+                   help="skip the count of each layer's waits for the device (after the profiles)")
     p.add_argument("--device", default="cuda", help="cuda (the check); cpu only to try the script itself")
     p.add_argument("--d-model", type=int, default=1024)
     p.add_argument("--heads", type=int, default=8)

@@ -187,13 +187,16 @@ def test_bench_loop_and_page_on_the_cpu(tmp_path):
     assert "a trial of the script, no GPU number" in text
     assert "Decode, one token per step" in text and re.search(r"\| deltanet \| [0-9.]+ \| [0-9.]+ \| ", text)
     assert "Where the time goes: torch.profiler" in text and re.search(r"\| deltanet \| 16 \| [0-9.]+ \| ", text)
+    # the syncs pass: each measured layer's host reads (on the CPU: tensor value reads) in a forward+backward
+    assert set(data["syncs"]) == {"attention", "deltanet"} and data["syncs"]["attention"]["total"] >= 0
+    assert "Waits for the device in one forward+backward" in text
     p = _bench("--budget", "0", "--json", str(js), "--device", "cpu", "--mixers", "attention")
     assert p.returncode == 0 and json.loads(js.read_text())["not_reached"] == ["attention"]
 
 
 def _bench_args(js: Path, mixers: str, budget: float) -> Namespace:
     return Namespace(budget=budget, json=str(js), lengths="16,32", mixers=mixers, max_seconds=10.0, repeats=1,
-                     device="cpu", d_model=16, heads=2, profile=False, decode=False)
+                     device="cpu", d_model=16, heads=2, profile=False, decode=False, syncs=False)
 
 
 def test_bench_warms_up_lists_the_unreached_and_keeps_to_its_budget(tmp_path, monkeypatch):
@@ -341,12 +344,25 @@ def test_profiles_after_the_decode_pass_and_a_cut_in_either(tmp_path, monkeypatc
     monkeypatch.setattr(speed, "run_speed", fake_run_speed)
     monkeypatch.setattr(gb, "profile", fake_profile)
     monkeypatch.setattr(gb, "decode_one", fake_decode)
+
+    def fake_syncs(name, ns, device, dtype, n):
+        calls.append(("syncs", name))
+        if name == "deltanet":
+            raise RuntimeError("boom")
+        return {"seq_len": n, "total": 2, "reads": [{"where": "seqmem/x.py:1", "count": 2}], "how": "x"}
+
+    monkeypatch.setattr(gb, "syncs_one", fake_syncs)
     args = _bench_args(js, "swa,deltanet,attention,ska", 1000)
-    args.decode = args.profile = True
+    args.decode = args.profile = args.syncs = True
     assert gb.run_bench(args) == 0
     assert calls == [("row", "attention"), ("row", "deltanet"), ("row", "ska"),
                      ("decode", "attention"), ("decode", "deltanet"), ("decode", "ska"),
-                     ("profile", "attention"), ("profile", "deltanet"), ("profile", "ska"), ("row", "swa")]
+                     ("profile", "attention"), ("profile", "deltanet"), ("profile", "ska"),
+                     ("syncs", "attention"), ("syncs", "deltanet"), ("syncs", "ska"), ("row", "swa")]
+    syncs = json.loads(js.read_text())["syncs"]
+    assert syncs["attention"]["total"] == 2 and "boom" in syncs["deltanet"]["error"]
+    page = gb.syncs_section({"syncs": syncs})
+    assert "| attention | 16 | 2 | `seqmem/x.py:1` ×2 |" in page and "| deltanet | – | – | failed: RuntimeError" in page
     profs = json.loads(js.read_text())["profiles"]
     assert "note" not in profs["attention"] and "trace may have missed kernels" in profs["deltanet"]["note"]
     assert set(profs) == {"attention", "deltanet", "ska"}

@@ -138,6 +138,27 @@ def test_profile_takes_only_the_options_it_uses(tmp_path, capsys):
     assert "0 warm-up call(s), one profiled call" in capsys.readouterr().out
 
 
+def test_syncs_lists_the_reads_of_the_device_by_line(tmp_path, capsys):
+    """``bench syncs`` counts, after a warm call, where a forward+backward reads a tensor's value on the host (on
+    CUDA: every synchronising call): VLA's chunked form reads its refresh positions and Cholesky checks, the block
+    memory mixers read nothing (their block kinds come from the block index)."""
+    js = tmp_path / "s.json"
+    methods = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")
+    before = {n: getattr(torch.Tensor, n) for n in methods}
+    assert main(["bench", "syncs", "--mixers", "vla,elastic", "--lengths", "64", "--d-model", "32", "--heads", "2",
+                 "--json", str(js)]) == 0
+    res = {r["mixer"]: r for r in json.loads(js.read_text())["results"]}
+    assert res["elastic"]["total"] == 0 and res["elastic"]["reads"] == []
+    assert res["vla"]["total"] == sum(r["count"] for r in res["vla"]["reads"]) > 0
+    assert any("seqmem/ops/vla/chunk.py:" in r["where"] for r in res["vla"]["reads"])
+    out = capsys.readouterr().out
+    assert "| where | count |" in out and "1 warm-up call(s) not counted, one counted call" in out
+    assert all(getattr(torch.Tensor, n) is f for n, f in before.items())  # the spy is gone after the call
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "syncs", "--mixers", "vla", "--repeats", "3"])
+    assert e.value.code == 2
+
+
 def test_speed_no_floor_skips_the_projections(tmp_path):
     js = tmp_path / "s.json"
     assert main(["bench", "speed", *TINY, "--impl", "fast", "--no-flops", "--no-floor", "--gemm-sizes", "64",

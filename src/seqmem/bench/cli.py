@@ -1,4 +1,5 @@
-"""``seqmem bench speed|decode|profile|train|numerics`` argument parsing (added to the main CLI by :func:`add_parser`).
+"""``seqmem bench speed|decode|profile|syncs|train|numerics`` argument parsing (added to the main CLI by
+:func:`add_parser`).
 
 Every JSON payload and Markdown header says which code ran when and under what load: the ``machine`` record of
 :func:`seqmem.bench.common.run_machine` (date, commit, dirty tree, seqmem version, ``OMP_NUM_THREADS``, the 1-minute
@@ -76,8 +77,8 @@ def _mixer_option(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: Any) -> None:
-    """Add ``bench`` with sub-commands ``speed``, ``decode``, ``profile``, ``train`` and ``numerics`` to the CLI's
-    sub-parsers ``sub``."""
+    """Add ``bench`` with sub-commands ``speed``, ``decode``, ``profile``, ``syncs``, ``train`` and ``numerics`` to
+    the CLI's sub-parsers ``sub``."""
     p = sub.add_parser("bench", help="benchmarks: layer speed, decode cost, profiles, training-step cost and "
                                      "low-precision numerics of the mixers")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH", parser_class=type(p))
@@ -109,6 +110,10 @@ def add_parser(sub: Any) -> None:
     _common(pr, repeats=1, warmup=1, impl="fast", timed=False)
     pr.add_argument("--top", type=_pos_int, default=12, help="ops to list per mixer")
     pr.set_defaults(func=cmd_profile)
+    sy = bsub.add_parser("syncs", help="where one forward+backward of each mixer reads a value back from the device "
+                                       "(a wait for the GPU on CUDA), by source line")
+    _common(sy, repeats=1, warmup=1, impl="fast", timed=False)
+    sy.set_defaults(func=cmd_syncs)
 
     tr = bsub.add_parser("train", help="seconds and tokens/s of one training step (fwd+bwd+AdamW) of a small LM "
                                        "per mixer: experiment budgets")
@@ -322,6 +327,27 @@ def cmd_profile(args: argparse.Namespace) -> int:
                          f"({r['timed']})\n\n")
                 text += md_table(r["top"], ["op", "calls", "self_ms", "self_%"]) + "\n"
     payload = {"bench": "profile", "command": _command(args), "machine": machine, "end": run_end(), "results": results}
+    return _emit(args, text, payload)
+
+
+def cmd_syncs(args: argparse.Namespace) -> int:
+    from seqmem.bench.speed import impls_of
+    from seqmem.bench.syncs import host_reads
+
+    device, dtype, mixers, machine = _setup(args)
+    lengths = parse_lengths(args.lengths, [1024])
+    text = _header(args, machine, "seqmem bench syncs", settings=(
+        f"d_model={args.d_model}, heads={args.heads}, batch={args.batch}, dtype={args.dtype}, device={args.device}, "
+        f"{args.warmup} warm-up call(s) not counted, one counted call"))
+    results = []
+    for name in mixers:
+        for impl in impls_of(args.impl):
+            for n in lengths:
+                r = {**host_reads(args, device, dtype, name, n, impl), "impl": impl}
+                results.append(r)
+                text += f"### {name} impl={impl} T={n}: {r['total']} read(s) in one forward+backward ({r['how']})\n\n"
+                text += (md_table(r["reads"], ["where", "count"]) if r["reads"] else "none\n") + "\n"
+    payload = {"bench": "syncs", "command": _command(args), "machine": machine, "end": run_end(), "results": results}
     return _emit(args, text, payload)
 
 

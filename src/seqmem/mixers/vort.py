@@ -432,13 +432,16 @@ class VORT(Mixer):
     def _channels(self, alpha: Tensor, dtype) -> tuple[Tensor, Tensor, Tensor]:
         """Per-token channel weights (b, t, S'), rates (S',), lag-0 weight (b, t)."""
         if self.kernel == "soe":
-            if not bool(torch.isfinite(alpha).all()):  # alpha is computed from x: NaN/Inf there is bad input
-                raise ValueError(f"{type(self).__name__}: NaN/Inf in the input x (the memory order alpha computed "
-                                 "from it is not finite); clean the input, or turn on "
-                                 "seqmem.mixers.base.set_check_finite(True) to find it")
-            c, xi, c_now = soe_coefficients(
-                alpha, self.n_soe, self.horizon, self.soe_eps, construction=self.construction
-            )
+            try:  # soe_coefficients checks alpha with one read of the device; this one adds none
+                c, xi, c_now = soe_coefficients(
+                    alpha, self.n_soe, self.horizon, self.soe_eps, construction=self.construction
+                )
+            except ValueError as e:
+                if not bool(torch.isfinite(alpha).all()):  # alpha is computed from x: NaN/Inf there is bad input
+                    raise ValueError(f"{type(self).__name__}: NaN/Inf in the input x (the memory order alpha "
+                                     "computed from it is not finite); clean the input, or turn on "
+                                     "seqmem.mixers.base.set_check_finite(True) to find it") from e
+                raise
             return c, xi.to(dtype), c_now
         if self.kernel == "exp":
             ones = alpha.new_ones(alpha.shape + (1,))

@@ -58,6 +58,11 @@ def _as_tensor(x, dtype=torch.float64) -> Tensor:
 
 
 def _check_alpha(alpha: Tensor, upper: float | None = 1.0) -> None:
+    ok = torch.isfinite(alpha) & (alpha > 0)
+    if upper is not None:
+        ok &= alpha <= upper
+    if bool(ok.all()):  # one read of the device on the good path; the messages below only when it fails
+        return
     if not torch.isfinite(alpha).all():
         raise ValueError("alpha must be finite")
     if (alpha <= 0).any():
