@@ -311,7 +311,8 @@ def _ska_chunk_op(q, k, v, initial_state, chunk_size, eps, norm, mask, kw):
     q, k, v = q.to(cdt), k.to(cdt), v.to(cdt)
     st = initial_state if initial_state is not None else ska_init_state(B, H, r, P, cdt, k.device)
     st = {key: (val.to(cdt) if val.is_floating_point() else val) for key, val in st.items()}
-    pos0 = int(st["pos"][0]) if st["pos"].numel() else 0
+    # the stream's position (a read of the device): only a given state can be past 0
+    pos0 = int(st["pos"][0]) if initial_state is not None and st["pos"].numel() else 0
     if norm == "seqmax":
         # paper eq. (3): one max over the whole (first) input, frozen afterwards (§3.5); non-causal.
         m_fixed = k.norm(dim=-1).amax(dim=1) if pos0 == 0 else st["m"]
