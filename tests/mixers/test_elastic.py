@@ -367,7 +367,8 @@ def test_compiled_forward_reads_prebuilt_block_matrices() -> None:
 def test_fast_forward_and_backward_read_nothing_back_from_the_device(name, opts, monkeypatch):
     """Which memory each block sees follows from its index, so the fast form groups blocks without copying a mask
     to the host (on CUDA such a copy waits for every kernel queued before it): no ``tolist``, ``item`` or ``bool``
-    of a tensor in a training step over several blocks, a piece starting inside a block included.  The values
+    of a tensor in a training step over several blocks, a piece starting inside a block included, or in decoding one
+    token per call across a block's end (Memorizing's and Melodi's take the per-token form there).  The values
     are the same as with the masks read back (the reference form and the op's own tests check that)."""
     m = build_mixer(name, d_model=32, n_heads=2, **opts)
     x = torch.randn(2, 40, 32, requires_grad=True)
@@ -386,5 +387,9 @@ def test_fast_forward_and_backward_read_nothing_back_from_the_device(name, opts,
         spy(method)
     m(x)[0].sum().backward()
     m(x[:, 3:], st)[0].sum().backward()
+    with torch.no_grad():  # decoding: one token per call (the single-token path), across a block's end
+        s = st
+        for i in range(3, 11):
+            s = m(x[:, i : i + 1], s)[1]
     monkeypatch.undo()
     assert read == [], f"{name}: read back {read}"

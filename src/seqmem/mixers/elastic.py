@@ -310,14 +310,15 @@ class BlockAttention(Mixer):
             kb, vb = K[:, lo:hi], V[:, lo:hi]
             q_rot = self._rope(q[:, i : i + 1], torch.tensor([off], device=q.device))[:, 0]
             k_rot = self._rope(kb, torch.arange(off + 1, device=q.device))
-            outs.append(self._attend_token(q_rot, q[:, i], k_rot, vb, ctx))
+            outs.append(self._attend_token(q_rot, q[:, i], k_rot, vb, ctx, p // L))
             if off == L - 1:  # block complete: fold it into the memory, start a new block
                 mem = self._mem_update(mem, kb, vb, p // L, reference=True)
                 lo = hi
         return torch.stack(outs, 1), mem
 
-    def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
-        """One query (b, h, dh) against the visible block keys (b, n, h, dh) and the block's memory tokens."""
+    def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, blk: int) -> Tensor:
+        """One query (b, h, dh) against the visible block keys (b, n, h, dh) and the memory tokens of its block,
+        ``blk``."""
         return trapezoidal_attention_token(q_rot, k_rot, v, ctx.get("k"), ctx.get("v"), ctx.get("valid"),
                                            scale=self.head_dim**-0.5)  # fmt: skip
 

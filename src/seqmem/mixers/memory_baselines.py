@@ -145,10 +145,10 @@ class Memorizing(BlockAttention):
         filled = [self._mem_visible(b0 + j, M) for j in range(nb)]
         return by_runs(filled, (a_loc, q_raw, ctx["k"], ctx["v"]), run)
 
-    def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
-        a_loc = super()._attend_token(q_rot, q_raw, k_rot, v, {})
+    def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, blk: int) -> Tensor:
+        a_loc = super()._attend_token(q_rot, q_raw, k_rot, v, {}, blk)
         valid = ctx["valid"]  # (b, M)
-        if not bool(valid.any()):
+        if self._mem_visible(blk, self.n_queue) == 0:  # the queue is empty (from the block index: no device read)
             return a_loc
         scale = self.head_dim**-0.5
         s = torch.einsum("bhd,bmhd->bhm", q_raw, ctx["k"]) * scale
@@ -252,11 +252,11 @@ class Infini(BlockAttention):
         empty = [self._mem_visible(b0 + j, 1) == 0 for j in range(q_raw.shape[1])]  # from the block index
         return by_runs(empty, (a_loc, q_raw, ctx["M"], ctx["z"]), run)
 
-    def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx) -> Tensor:
-        a_loc = super()._attend_token(q_rot, q_raw, k_rot, v, {})
-        if bool(ctx["empty"].all()):  # as _attend_fast: M = 0, z = 0, so A_mem = 0 exactly and so are its
-            # gradients, but they pass through ÷ (σ(q)·z + eps) = ÷ eps: a backward run inside float16 autocast
-            # (its matmuls in float16) turned that into inf · 0 = NaN
+    def _attend_token(self, q_rot: Tensor, q_raw: Tensor, k_rot: Tensor, v: Tensor, ctx: Ctx, blk: int) -> Tensor:
+        a_loc = super()._attend_token(q_rot, q_raw, k_rot, v, {}, blk)
+        if self._mem_visible(blk, 1) == 0:  # block 0, known from its index (no device read); as _attend_fast:
+            # M = 0, z = 0, so A_mem = 0 exactly and so are its gradients, but they pass through ÷ (σ(q)·z + eps)
+            # = ÷ eps: a backward run inside float16 autocast (its matmuls in float16) turned that into inf · 0 = NaN
             return (1 - torch.sigmoid(self.mem_gate)[:, None]) * a_loc
         a_mem = self._mem_out(q_raw, ctx, "bhk,bhkv->bhv", "bhk,bhk->bh", a_loc)
         return _gate(self.mem_gate, a_mem, a_loc)
