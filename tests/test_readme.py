@@ -51,6 +51,23 @@ def test_first_screen_answers_what_works_and_runs_a_layer():
         assert f"docs/results/{paper}/" in answer, paper
 
 
+@pytest.mark.parametrize("paper", ["vla", "echo", "vort", "lattice", "elastic"])
+def test_the_answer_says_what_each_headline_says(paper):
+    """Each paper's line in "The answer" carries its headline's word under the verdict rule, and speaks of
+    something still pending only while a claim of that headline is (a finished settling run must not stay
+    "pending" there)."""
+    import json
+
+    text = README.read_text()
+    answer = text[text.find("## The answer"):text.find("## Quickstart")]
+    bullet = next(b for b in answer.split("\n* ") if f"docs/results/{paper}/" in b)
+    rule = json.loads((ROOT / "docs" / "results" / paper / "headline.json").read_text())["rule"]
+    word = rule["word"].replace(" at our scale", "")
+    assert word in bullet.replace("\n  ", " ").lower(), (paper, word)
+    if not any(c.get("pending") for c in rule["claims"]):
+        assert "pending" not in bullet.lower(), paper
+
+
 @pytest.mark.parametrize("i", range(len(_blocks("python"))))
 def test_python_blocks_run(i, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
