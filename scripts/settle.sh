@@ -3,7 +3,7 @@
 # one worker, each a resumable `seqmem sweep` (re-run to continue: finished runs are skipped, partial ones resume
 # from their checkpoints).  Every report is recorded in its paper's headline.json (`--headline`).
 #
-#   bash scripts/settle.sh [SPEC ...]        (default: all thirteen, in the order below)
+#   bash scripts/settle.sh [SPEC ...]        (default: all nineteen, in the order below)
 #
 # Environment: JOBS (workers, default 1), SEQMEM (default: .venv/bin/python -m seqmem).  Before committing runs
 # from a session that ends mid-run, stage the unfinished runs' checkpoints (scripts/stage_partial_runs.py) and
