@@ -26,9 +26,9 @@ and the kernels' — three passes run, each layer only while its time is left (`
 those rows at the middle length (torch.profiler after a warm call: the GPU kernels' own time, their calls and the
 largest; ``PROFILE_S`` plus three of its calls), marked where the kernels sum to far less than the row's timed call or
 the trace holds none: where a layer loses to its fla counterpart, the page says which kernels take the time; then a
-count of each of those layers' waits for the device in a forward+backward at the shortest length (``seqmem bench
-syncs``: ``torch.cuda.set_sync_debug_mode``, by source line; ``SYNCS_S``, ``--no-syncs``). The rows timed after the
-profiles are said to be (``TEARDOWN_CUPTI=1`` is set, so that kineto releases the profiler).
+count of each of those layers' waits for the device in a forward+backward and in a decode step at the shortest length
+(``seqmem bench syncs``: ``torch.cuda.set_sync_debug_mode``, by source line; ``SYNCS_S``, ``--no-syncs``). The rows
+timed after the profiles are said to be (``TEARDOWN_CUPTI=1`` is set, so that kineto releases the profiler).
 
 The second form writes the Markdown page from that JSON (a truncated or missing one is reported, not fatal), the
 check's stage outcomes, versions and logs (failed tests named from pytest's lines); it imports neither torch nor
@@ -63,8 +63,8 @@ DECODE_MIXERS = ["attention", "linear_attention", "deltanet", "gated_deltanet", 
 DECODE_CONTEXTS = [1024, 4096]  # its contexts: a step at 4k against attention's, and whether it stays flat
 DECODE_S = 23.0  # a layer's decode starts only with this much left: at each of 2 contexts streaming and stepping,
 # each capped at 5 s, and the build
-SYNCS_S = 8.0  # a layer's host-read count (two forward+backwards at the shortest length, the build) starts only
-# with this much left
+SYNCS_S = 10.0  # a layer's host-read count (two forward+backwards and a prefill and two decode steps at the
+# shortest length, the builds) starts only with this much left
 SYNCS_TOP = 4  # source lines listed per layer
 KERNEL_WARMUP_S = 150.0  # a [fla] row starts only with this much more left: its first call's autotuning (~2 min)
 TEST_STAGES = ("triton", "contract", "kernels")  # the stages whose pytest logs name failures
@@ -181,9 +181,12 @@ def syncs_one(name: str, ns: argparse.Namespace, device: Any, dtype: Any, n: int
     ``n`` tokens after a warm one, by source line (the first :data:`SYNCS_TOP`)."""
     from seqmem.bench.syncs import host_reads
 
+    one = argparse.Namespace(**{**vars(ns), "warmup": 1, "batch": 1})
     with _with_backend("pytorch"):
-        r = host_reads(argparse.Namespace(**{**vars(ns), "warmup": 1}), device, dtype, name, n)
-    return {"seq_len": n, "total": r["total"], "reads": r["reads"][:SYNCS_TOP], "how": r["how"]}
+        r = host_reads(one, device, dtype, name, n)
+        d = host_reads(one, device, dtype, name, n, decode=True)
+    return {"seq_len": n, "total": r["total"], "reads": r["reads"][:SYNCS_TOP], "how": r["how"],
+            "decode_total": d["total"], "decode_reads": d["reads"][:SYNCS_TOP]}
 
 
 def syncs_section(payload: dict[str, Any]) -> str:
@@ -192,15 +195,21 @@ def syncs_section(payload: dict[str, Any]) -> str:
     if not syncs:
         return ""
     how = next((r.get("how") for r in syncs.values() if r.get("how")), "synchronising calls")
-    lines = [f"\nWaits for the device in one forward+backward after a warm one ({how}; seqmem's own forms; each "
-             "stops the host until the queued kernels have run, so the launches after it no longer overlap them):\n",
-             "| layer | T | waits | where (count) |", "|---|---:|---:|---|"]
+    lines = [f"\nWaits for the device in one forward+backward after a warm one, and in one decode step after T "
+             f"tokens ({how}; seqmem's own forms, batch 1; each stops the host until the queued kernels have run, so "
+             "the launches after it no longer overlap them):\n",
+             "| layer | T | waits (train) | where (count) | waits (decode step) | where (count) |",
+             "|---|---:|---:|---|---:|---|"]
+
+    def where(reads: list[dict[str, Any]]) -> str:
+        return ("; ".join(f"`{w['where']}` ×{w['count']}" for w in reads) or "none").replace("|", "/")
+
     for name, r in syncs.items():
         if "error" in r:
-            lines.append(f"| {name} | – | – | failed: {r['error'][:100].replace('|', '/')} |")
+            lines.append(f"| {name} | – | – | failed: {r['error'][:100].replace('|', '/')} | – | – |")
             continue
-        where = "; ".join(f"`{w['where']}` ×{w['count']}" for w in r.get("reads", [])) or "none"
-        lines.append(f"| {name} | {fmt_len(r['seq_len'])} | {r['total']} | {where.replace('|', '/')} |")
+        lines.append(f"| {name} | {fmt_len(r['seq_len'])} | {r['total']} | {where(r.get('reads', []))} | "
+                     f"{r.get('decode_total', '–')} | {where(r.get('decode_reads', []))} |")
     return "\n".join(lines) + "\n"
 
 

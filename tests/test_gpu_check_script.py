@@ -189,6 +189,7 @@ def test_bench_loop_and_page_on_the_cpu(tmp_path):
     assert "Where the time goes: torch.profiler" in text and re.search(r"\| deltanet \| 16 \| [0-9.]+ \| ", text)
     # the syncs pass: each measured layer's host reads (on the CPU: tensor value reads) in a forward+backward
     assert set(data["syncs"]) == {"attention", "deltanet"} and data["syncs"]["attention"]["total"] >= 0
+    assert data["syncs"]["attention"]["decode_total"] >= 1  # a decode step reads the stream position
     assert "Waits for the device in one forward+backward" in text
     p = _bench("--budget", "0", "--json", str(js), "--device", "cpu", "--mixers", "attention")
     assert p.returncode == 0 and json.loads(js.read_text())["not_reached"] == ["attention"]
@@ -349,7 +350,8 @@ def test_profiles_after_the_decode_pass_and_a_cut_in_either(tmp_path, monkeypatc
         calls.append(("syncs", name))
         if name == "deltanet":
             raise RuntimeError("boom")
-        return {"seq_len": n, "total": 2, "reads": [{"where": "seqmem/x.py:1", "count": 2}], "how": "x"}
+        return {"seq_len": n, "total": 2, "reads": [{"where": "seqmem/x.py:1", "count": 2}], "how": "x",
+                "decode_total": 1, "decode_reads": [{"where": "seqmem/y.py:3", "count": 1}]}
 
     monkeypatch.setattr(gb, "syncs_one", fake_syncs)
     args = _bench_args(js, "swa,deltanet,attention,ska", 1000)
@@ -362,7 +364,8 @@ def test_profiles_after_the_decode_pass_and_a_cut_in_either(tmp_path, monkeypatc
     syncs = json.loads(js.read_text())["syncs"]
     assert syncs["attention"]["total"] == 2 and "boom" in syncs["deltanet"]["error"]
     page = gb.syncs_section({"syncs": syncs})
-    assert "| attention | 16 | 2 | `seqmem/x.py:1` ×2 |" in page and "| deltanet | – | – | failed: RuntimeError" in page
+    assert "| attention | 16 | 2 | `seqmem/x.py:1` ×2 | 1 | `seqmem/y.py:3` ×1 |" in page
+    assert "| deltanet | – | – | failed: RuntimeError" in page
     profs = json.loads(js.read_text())["profiles"]
     assert "note" not in profs["attention"] and "trace may have missed kernels" in profs["deltanet"]["note"]
     assert set(profs) == {"attention", "deltanet", "ska"}

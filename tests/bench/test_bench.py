@@ -157,6 +157,37 @@ def test_syncs_lists_the_reads_of_the_device_by_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench", "syncs", "--mixers", "vla", "--repeats", "3"])
     assert e.value.code == 2
+    # a decode step: attention reads its stream position, lattice_minibatch the position in its chunk, once each
+    assert main(["bench", "syncs", "--decode", "--mixers", "attention,lattice_minibatch,vort_fixed_alpha",
+                 "--lengths", "16", "--d-model", "32", "--heads", "2", "--json", str(js)]) == 0
+    res = {r["mixer"]: r for r in json.loads(js.read_text())["results"]}
+    assert all(r["decode"] for r in res.values())
+    att = res["attention"]["reads"]
+    assert len(att) == 1 and att[0]["count"] == 1 and att[0]["where"].startswith("__int__ seqmem/mixers/attention.py:")
+    assert sum("minibatch.py" in r["where"] for r in res["lattice_minibatch"]["reads"]) == 1
+    assert not any("torch.tensor" in r["where"] for r in res["vort_fixed_alpha"]["reads"])  # cached per device
+    assert "one decode step after 16 tokens" in capsys.readouterr().out
+
+
+def test_syncs_spy_counts_value_reads_and_host_built_device_tensors():
+    """The CPU spy counts what would wait for a GPU: value reads, and tensors built from host values with a device
+    (a blocking copy on CUDA); not tensors built without one, nor from a tensor."""
+    from collections import Counter
+
+    from seqmem.bench.syncs import _spy
+
+    found: Counter = Counter()
+    t = torch.ones(3)
+    with _spy(found):
+        torch.tensor([1.0, 2.0], device=t.device)
+        torch.as_tensor(2.0, device="cpu")
+        torch.tensor([1.0])
+        torch.as_tensor(t, device=t.device)
+        t.tolist()
+        bool(t.sum() > 0)
+    kinds = sorted(k.split(" ")[0] for k in found.elements())
+    assert kinds == ["__bool__", "tolist", "torch.as_tensor(…,", "torch.tensor(…,"], found
+    assert all("test_bench.py:" in k for k in found)
 
 
 def test_speed_no_floor_skips_the_projections(tmp_path):

@@ -113,6 +113,9 @@ def add_parser(sub: Any) -> None:
     sy = bsub.add_parser("syncs", help="where one forward+backward of each mixer reads a value back from the device "
                                        "(a wait for the GPU on CUDA), by source line")
     _common(sy, repeats=1, warmup=1, impl="fast", timed=False)
+    sy.add_argument("--decode", action="store_true",
+                    help="count one decode step (a token with the state after --lengths tokens, no gradients) "
+                         "instead of a training step")
     sy.set_defaults(func=cmd_syncs)
 
     tr = bsub.add_parser("train", help="seconds and tokens/s of one training step (fwd+bwd+AdamW) of a small LM "
@@ -338,14 +341,15 @@ def cmd_syncs(args: argparse.Namespace) -> int:
     lengths = parse_lengths(args.lengths, [1024])
     text = _header(args, machine, "seqmem bench syncs", settings=(
         f"d_model={args.d_model}, heads={args.heads}, batch={args.batch}, dtype={args.dtype}, device={args.device}, "
-        f"{args.warmup} warm-up call(s) not counted, one counted call"))
+        f"{args.warmup} warm-up call(s) not counted, one counted call" + (", decode steps" if args.decode else "")))
     results = []
     for name in mixers:
         for impl in impls_of(args.impl):
             for n in lengths:
-                r = {**host_reads(args, device, dtype, name, n, impl), "impl": impl}
+                r = {**host_reads(args, device, dtype, name, n, impl, decode=args.decode), "impl": impl}
                 results.append(r)
-                text += f"### {name} impl={impl} T={n}: {r['total']} read(s) in one forward+backward ({r['how']})\n\n"
+                what = f"one decode step after {n} tokens" if args.decode else "one forward+backward"
+                text += f"### {name} impl={impl} T={n}: {r['total']} read(s) in {what} ({r['how']})\n\n"
                 text += (md_table(r["reads"], ["where", "count"]) if r["reads"] else "none\n") + "\n"
     payload = {"bench": "syncs", "command": _command(args), "machine": machine, "end": run_end(), "results": results}
     return _emit(args, text, payload)

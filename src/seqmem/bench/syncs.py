@@ -8,7 +8,11 @@ kernel's time.  :func:`host_reads` lists them by source line, after one warm ste
 * on CUDA, every synchronising call torch reports (``torch.cuda.set_sync_debug_mode("warn")``: the tensor reads
   above and the operators that synchronise inside, such as ``nonzero``), at the Python line that made it;
 * elsewhere, the reads of a tensor's value through ``tolist``, ``item``, ``__bool__``, ``__int__``, ``__float__``
-  and ``__index__`` (what would synchronise on CUDA; operators that synchronise inside are not seen).
+  and ``__index__``, and the tensors built from host values with a ``device`` (``torch.tensor`` /
+  ``torch.as_tensor``, a blocking copy on CUDA): what would synchronise on CUDA (operators that synchronise inside
+  are not seen).
+
+``decode=True`` counts one decode step (a token with the state, no gradients) instead of a training step.
 
 The CPU and the CUDA path of a layer may differ (Triton kernels on CUDA), so a CPU listing says what the CPU path
 reads, not what the GPU path does.
@@ -29,6 +33,7 @@ from seqmem.bench.common import synchronize
 from seqmem.bench.speed import _step_fn, build
 
 _READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")
+_MAKERS = ("tensor", "as_tensor")
 
 
 def _where(filename: str, lineno: int) -> str:
@@ -43,37 +48,67 @@ def _where(filename: str, lineno: int) -> str:
 
 @contextmanager
 def _spy(found: Counter) -> Iterator[None]:
-    """Count the tensor value reads made while inside, by the line that made them."""
+    """Count, by the line that made them, the tensor value reads made while inside, and the tensors built from
+    host values with a ``device`` (``torch.tensor`` / ``torch.as_tensor``: a blocking copy on CUDA)."""
     saved = {name: getattr(torch.Tensor, name) for name in _READS}
+    made = {name: getattr(torch, name) for name in _MAKERS}
+
+    def note(name: str) -> None:
+        frame = traceback.extract_stack(limit=3)[0]
+        found[f"{name} {_where(frame.filename, frame.lineno or 0)}"] += 1
 
     def wrap(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
         def read(self: torch.Tensor, *a: Any, **k: Any) -> Any:
-            frame = traceback.extract_stack(limit=2)[0]
-            found[f"{name} {_where(frame.filename, frame.lineno or 0)}"] += 1
+            note(name)
             return orig(self, *a, **k)
         return read
 
+    def wrap_maker(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def make(data: Any, *a: Any, **k: Any) -> Any:
+            if k.get("device") is not None and not isinstance(data, torch.Tensor):
+                note(f"torch.{name}(…, device=)")
+            return orig(data, *a, **k)
+        return make
+
     for name, orig in saved.items():
         setattr(torch.Tensor, name, wrap(name, orig))
+    for name, orig in made.items():
+        setattr(torch, name, wrap_maker(name, orig))
     try:
         yield
     finally:
         for name, orig in saved.items():
             setattr(torch.Tensor, name, orig)
+        for name, orig in made.items():
+            setattr(torch, name, orig)
 
 
 def host_reads(args: Any, device: torch.device, dtype: torch.dtype, name: str, seq_len: int,
-               impl: str = "fast") -> dict[str, Any]:
-    """The host reads of one forward+backward of mixer ``name`` at ``seq_len`` tokens, after ``args.warmup``
-    (default 1) warm steps, whose reads are not counted (caches, compilation):
-    ``{"mixer", "seq_len", "total", "reads": [{"where", "count"}, ...] (most first), "how"}``."""
+               impl: str = "fast", decode: bool = False) -> dict[str, Any]:
+    """The host reads of one forward+backward of mixer ``name`` at ``seq_len`` tokens (``decode``: of one decode
+    step, a token with the state after ``seq_len`` tokens, without gradients), after ``args.warmup`` (default 1)
+    warm calls, whose reads are not counted (caches, compilation):
+    ``{"mixer", "seq_len", "decode", "total", "reads": [{"where", "count"}, ...] (most first), "how"}``."""
     m = build(name, args, impl, device, dtype)
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
-    x = torch.randn(args.batch, seq_len, args.d_model, generator=gen).to(device=device, dtype=dtype)
-    x.requires_grad_(True)
-    g = torch.randn(args.batch, seq_len, args.d_model, generator=gen).to(device=device, dtype=dtype)
-    step = _step_fn(m, x, g)
-    for _ in range(getattr(args, "warmup", 1)):
+    warm = getattr(args, "warmup", 1)
+    if decode:
+        x = torch.randn(args.batch, seq_len + warm + 1, args.d_model, generator=gen).to(device=device, dtype=dtype)
+        with torch.no_grad():
+            state = m(x[:, :seq_len])[1]
+        pos = [seq_len]
+
+        def step() -> None:
+            nonlocal state
+            with torch.no_grad():
+                state = m(x[:, pos[0] : pos[0] + 1], state)[1]
+            pos[0] += 1
+    else:
+        x = torch.randn(args.batch, seq_len, args.d_model, generator=gen).to(device=device, dtype=dtype)
+        x.requires_grad_(True)
+        g = torch.randn(args.batch, seq_len, args.d_model, generator=gen).to(device=device, dtype=dtype)
+        step = _step_fn(m, x, g)
+    for _ in range(warm):
         step()
     synchronize(device)
     found: Counter = Counter()
@@ -91,9 +126,11 @@ def host_reads(args: Any, device: torch.device, dtype: torch.dtype, name: str, s
             if "synchroniz" in str(w.message):
                 found[_where(w.filename, w.lineno)] += 1
     else:
-        how = "tensor value reads (tolist, item, bool, int, float, index)"
+        how = ("tensor value reads (tolist, item, bool, int, float, index) and tensors built from host values with "
+               "a device (torch.tensor / as_tensor)")
         with _spy(found):
             step()
     synchronize(device)
     reads = [{"where": k, "count": c} for k, c in found.most_common()]
-    return {"mixer": name, "seq_len": seq_len, "total": sum(found.values()), "reads": reads, "how": how}
+    return {"mixer": name, "seq_len": seq_len, "decode": decode, "total": sum(found.values()), "reads": reads,
+            "how": how}

@@ -308,7 +308,7 @@ class BlockAttention(Mixer):
                 ctx = self._mem_context(mem, p // L)
             hi = c + i + 1
             kb, vb = K[:, lo:hi], V[:, lo:hi]
-            q_rot = self._rope(q[:, i : i + 1], torch.tensor([off], device=q.device))[:, 0]
+            q_rot = self._rope(q[:, i : i + 1], torch.arange(off, off + 1, device=q.device))[:, 0]
             k_rot = self._rope(kb, torch.arange(off + 1, device=q.device))
             outs.append(self._attend_token(q_rot, q[:, i], k_rot, vb, ctx, p // L))
             if off == L - 1:  # block complete: fold it into the memory, start a new block

@@ -333,11 +333,14 @@ class LatticeMinibatchMixer(LatticeMixer):
 
     def _forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
         B, T, _ = x.shape
-        if state is None:
+        fresh = state is None
+        if fresh:
             state = self.initial_state(B, x.dtype, x.device)
         q, k, v, gamma, _, cq, ck = self._features(x, state)
+        # from the start the op needs no position (pos None is 0, known on the host: no read of the device)
+        op_state = {"S": state["S"], "A": state["A"], "pos": None if fresh else state["pos"]}
         y, st = lattice_minibatch(
-            q, k, v, gamma, {n: state[n] for n in ("S", "A", "pos")}, objective=self.objective,
+            q, k, v, gamma, op_state, objective=self.objective,
             chunk_size=self.chunk_size, mode=self._op_mode(),
         )  # fmt: skip
         y = y.reshape(B, T, -1) * F.gelu(self.gate_proj(x))

@@ -260,6 +260,8 @@ class VORT(Mixer):
         self._entity_override: Tensor | None = None
         #: the fixed-α SOE channel values per dtype (:meth:`_shared_channels`); float32 / float64 ahead of any trace
         self._soe_values: dict[torch.dtype, tuple[list[float], list[float], float]] = {}
+        #: ... and as tensors per (dtype, device), for eager calls
+        self._soe_tensors: dict[tuple[torch.dtype, torch.device], tuple[Tensor, Tensor, Tensor]] = {}
         if self.kernel == "soe" and self.alpha_mode == "fixed":
             for dt in (torch.float32, torch.float64):
                 self._soe_values[dt] = self._fixed_soe_values(dt)
@@ -419,8 +421,18 @@ class VORT(Mixer):
         if dtype not in self._soe_values:
             self._soe_values[dtype] = self._fixed_soe_values(dtype)
         c, xi, c_now = self._soe_values[dtype]
-        return (torch.tensor(c, dtype=dtype, device=device), torch.tensor(xi, dtype=dtype, device=device),
-                torch.tensor(c_now, dtype=dtype, device=device))
+        if torch.compiler.is_compiling():  # constants of the traced graph
+            return (torch.tensor(c, dtype=dtype, device=device), torch.tensor(xi, dtype=dtype, device=device),
+                    torch.tensor(c_now, dtype=dtype, device=device))
+        # eager: the tensors once per dtype and device (each torch.tensor(list, device=cuda) is a blocking copy, a
+        # wait for the GPU, per forward); the ops only read them
+        key = (dtype, torch.device(device))
+        if key not in self._soe_tensors:
+            with torch.no_grad():
+                self._soe_tensors[key] = (torch.tensor(c, dtype=dtype, device=device),
+                                          torch.tensor(xi, dtype=dtype, device=device),
+                                          torch.tensor(c_now, dtype=dtype, device=device))
+        return self._soe_tensors[key]
 
     @torch.compiler.disable
     def _fixed_soe_values(self, dtype: torch.dtype) -> tuple[list[float], list[float], float]:

@@ -141,6 +141,30 @@ def _soe_node_floats(
     return tuple(xi.tolist()), tuple(omega.tolist()), lam_min, lam_max
 
 
+_NODE_TENSORS: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+
+def _soe_node_tensors(n_terms: int, horizon: int, eps: float, dtype: torch.dtype,
+                      device: torch.device) -> tuple[Tensor, Tensor, float, float]:
+    """:func:`soe_nodes` as tensors of ``dtype`` on ``device``: ``(xi, omega, lam_min, lam_max)``.  Eager calls
+    build them once per argument set (each ``torch.tensor(values, device=cuda)`` is a blocking copy: a wait for
+    the GPU per forward otherwise); traced calls build them in the graph, as constants.  Read-only: the callers
+    copy before they hand ``xi`` out."""
+    xi_f, om_f, lam_min, lam_max = _soe_node_floats(n_terms, horizon, eps)
+    if torch.compiler.is_compiling():
+        return (torch.tensor(xi_f, dtype=dtype, device=device), torch.tensor(om_f, dtype=dtype, device=device),
+                lam_min, lam_max)
+    key = (n_terms, horizon, eps, dtype, torch.device(device))
+    if key not in _NODE_TENSORS:
+        if len(_NODE_TENSORS) >= 256:  # a bound (a model uses a handful of keys)
+            _NODE_TENSORS.clear()
+        with torch.no_grad():
+            _NODE_TENSORS[key] = (torch.tensor(xi_f, dtype=dtype, device=device),
+                                  torch.tensor(om_f, dtype=dtype, device=device))
+    xi, om = _NODE_TENSORS[key]
+    return xi, om, lam_min, lam_max
+
+
 def _check_soe_args(n_terms, horizon, eps) -> None:
     check_int("n_terms", n_terms)
     check_int("horizon", horizon, 2)
@@ -190,9 +214,7 @@ def soe_coefficients(
         c = torch.tensor(np.array(cs), dtype=dt, device=dev).reshape(shape)
         return c, xi, torch.zeros(a.shape, dtype=dt, device=dev)
 
-    xi_f, om_f, lam_min, lam_max = _soe_node_floats(n_terms, horizon, float(eps))
-    xi = torch.tensor(xi_f, dtype=dt, device=dev)
-    om = torch.tensor(om_f, dtype=dt, device=dev)
+    xi, om, lam_min, lam_max = _soe_node_tensors(n_terms, horizon, float(eps), dt, dev)
     a_ = a[..., None]
     log_rho = -a_ * xi - a_ * torch.log(-torch.expm1(-xi)) - torch.lgamma(a_) - torch.lgamma(2 - a_)
     rho = torch.exp(log_rho) * (1 - a_)
@@ -202,7 +224,7 @@ def soe_coefficients(
         c = om * xi * rho  # corrected ρ, Jacobian ξ_s
     zero = torch.zeros(a.shape, dtype=dt, device=dev)
     if construction != "corrected":
-        return c, xi, zero
+        return c, xi.clone(), zero  # a copy: xi is the cached nodes
     c_lo = torch.exp((1 - a) * math.log(lam_min) - torch.lgamma(a) - torch.lgamma(2 - a))
     c_hi = torch.exp(-a * lam_max - torch.lgamma(1 + a) - torch.lgamma(2 - a)) * (1 - a)
     c = torch.cat([c, c_lo[..., None]], -1)

@@ -90,10 +90,10 @@ def _state_parts(q, k, v, state, chunk_size) -> tuple[Tensor | None, Tensor | No
         raise ValueError(f"lattice_minibatch: all tensors must be on one device, got {{'k': {k.device!r}, "
                          f"\"initial_state['pos']\": {pos.device!r}}}")
     check_int("chunk_size", chunk_size, prefix="lattice_minibatch: ")
-    off = pos % chunk_size
-    if B and not bool((off == off[0]).all()):
+    offs = (pos % chunk_size).tolist()  # one read of the device
+    if any(o != offs[0] for o in offs):
         raise ValueError("lattice_minibatch: all sequences of a batch must be at the same position in their chunk")
-    return state["S"], state["A"], int(off[0]) if B else 0
+    return state["S"], state["A"], offs[0] if offs else 0
 
 
 def lattice_chunked(

@@ -276,11 +276,13 @@ def spectral_koopman_attention(
               initial_state if isinstance(initial_state, dict) else None)
     if mask is not None:
         mask = check_action_mask(mask, tuple(k.shape[:2]), k.device, "spectral_koopman_attention")
+    pos0 = 0  # the stream's position: a given state's, read from the device once
     if initial_state is not None:
         _check_state(initial_state, *k.shape, v.shape[-1])
-        p = initial_state["pos"]
-        if p.numel() and bool((p != p.reshape(-1)[0]).any()):
+        ps = initial_state["pos"].reshape(-1).tolist()
+        if any(p != ps[0] for p in ps):
             raise ValueError("spectral_koopman_attention: all sequences in a batch must be at the same position")
+        pos0 = ps[0] if ps else 0
     # computed in the promoted dtype of q, k and v, at least float32 (o in v's dtype)
     out_dtype = v.dtype
     cdt = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.promote_types(v.dtype, torch.float32))
@@ -296,14 +298,16 @@ def spectral_koopman_attention(
     # tokens) the ridge solve amplified that rounding: outputs 1e4 times too large, with no error raised
     with full_precision(k.device):
         if mode == "recurrent":
-            o, st = ska_naive(q, k, v, initial_state, chunk_size=chunk_size, eps=eps, norm=norm, mask=mask, **kw)
+            o, st = ska_naive(q, k, v, initial_state, chunk_size=chunk_size, eps=eps, norm=norm, mask=mask,
+                              _pos0=pos0, **kw)
         else:
-            o, st = _ska_chunk_op(q, k, v, initial_state, chunk_size, eps, norm, mask, kw)
+            o, st = _ska_chunk_op(q, k, v, initial_state, chunk_size, eps, norm, mask, kw, pos0)
     return o.to(out_dtype), st
 
 
-def _ska_chunk_op(q, k, v, initial_state, chunk_size, eps, norm, mask, kw):
-    """``mode="chunk"`` of :func:`spectral_koopman_attention` on checked inputs (autocast off)."""
+def _ska_chunk_op(q, k, v, initial_state, chunk_size, eps, norm, mask, kw, pos0):
+    """``mode="chunk"`` of :func:`spectral_koopman_attention` on checked inputs (autocast off); ``pos0`` the given
+    state's position (0 without one)."""
     B, T, H, r = k.shape
     P = v.shape[-1]
     out_dtype = v.dtype
@@ -311,8 +315,6 @@ def _ska_chunk_op(q, k, v, initial_state, chunk_size, eps, norm, mask, kw):
     q, k, v = q.to(cdt), k.to(cdt), v.to(cdt)
     st = initial_state if initial_state is not None else ska_init_state(B, H, r, P, cdt, k.device)
     st = {key: (val.to(cdt) if val.is_floating_point() else val) for key, val in st.items()}
-    # the stream's position (a read of the device): only a given state can be past 0
-    pos0 = int(st["pos"][0]) if initial_state is not None and st["pos"].numel() else 0
     if norm == "seqmax":
         # paper eq. (3): one max over the whole (first) input, frozen afterwards (§3.5); non-causal.
         m_fixed = k.norm(dim=-1).amax(dim=1) if pos0 == 0 else st["m"]

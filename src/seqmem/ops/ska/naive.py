@@ -68,11 +68,12 @@ def ska_readout_appf(
 def ska_naive(
     q: Tensor, k: Tensor, v: Tensor, initial_state: dict | None = None, *, chunk_size: int = 64, eps: float = 1e-3,
     norm: str = "prefix_max", power: int = 2, gamma: Tensor | float = 1.0, eta: Tensor | float = 1.0,
-    spec_iters: int = 6, operator_form: str = "whitened", mask: Tensor | None = None,
+    spec_iters: int = 6, operator_form: str = "whitened", mask: Tensor | None = None, _pos0: int | None = None,
 ) -> tuple[Tensor, dict]:
     """Chunk-causal SKA token by token: read the statistics committed by earlier chunks, then add the token to the
     pending sums and commit them at the end of its chunk.  ``mask`` (B, T) in {0, 1}: the action mask of eq. (53),
-    a token adds to the sums only when its ``m_t = 1`` (and to ``M`` only when ``m_{t-1} = 1`` too).  Returns
+    a token adds to the sums only when its ``m_t = 1`` (and to ``M`` only when ``m_{t-1} = 1`` too).  ``_pos0``:
+    the state's position where the caller has read it already (else it is read here).  Returns
     ``(o (B, T, H, P), state)``."""
     B, T, H, r = k.shape
     P = v.shape[-1]
@@ -87,7 +88,10 @@ def ska_naive(
     G, M, Cv = read("G", B, H, r, r), read("M", B, H, r, r), read("Cv", B, H, P, r)
     G_pend, M_pend, Cv_pend = read("G_pend", B, H, r, r), read("M_pend", B, H, r, r), read("Cv_pend", B, H, P, r)
     z_prev, m, m_pend = read("z_prev", B, H, r), read("m", B, H), read("m_pend", B, H)  # z_prev: mask_{t-1}·z_{t-1}
-    pos = int(st["pos"].reshape(-1)[0]) if "pos" in st and st["pos"].numel() else 0
+    if _pos0 is not None:  # the caller read it (spectral_koopman_attention reads the device once)
+        pos = _pos0
+    else:
+        pos = int(st["pos"].reshape(-1)[0]) if "pos" in st and st["pos"].numel() else 0
     if norm == "seqmax":  # one max over the whole first input, frozen afterwards (non-causal)   (eq. 3, §3.5)
         m = k.norm(dim=-1).amax(dim=1) if pos == 0 else m
     outs = []
