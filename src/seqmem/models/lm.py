@@ -185,7 +185,7 @@ def check_ids(input_ids: Tensor, vocab_size: int) -> None:
         # The range is data-dependent: reading it would break the compiled graph and sync with the device every
         # call. A compiled training step checks its batch on the host before the call (seqmem.train.loop.train).
         return
-    lo, hi = int(input_ids.min()), int(input_ids.max())
+    lo, hi = torch.stack(torch.aminmax(input_ids)).tolist()  # one read of the device
     if lo < 0 or hi >= vocab_size:
         raise ValueError(f"token ids must lie in [0, {vocab_size}), got range [{lo}, {hi}]")
 
