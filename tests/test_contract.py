@@ -245,6 +245,24 @@ def test_deepcopy_after_a_training_step(name, cfg):
 
 
 @pytest.mark.parametrize("name,cfg", CASES)
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_trains_after_a_call_in_inference_mode(name, cfg, impl):
+    """A layer evaluated under ``torch.inference_mode`` first (a checkpoint evaluated, then fine-tuned) trains
+    after it: what a layer caches across calls (matrices, nodes, channel weights) must not be inference tensors,
+    which a later backward cannot save.  The process-wide SOE node cache is emptied first, so that this call
+    builds it."""
+    from seqmem.ops import fractional
+
+    fractional._NODE_TENSORS.clear()
+    m = make(name, cfg, impl)
+    x = inputs(m, t=9)
+    with torch.inference_mode():
+        m(x)
+    y, _ = m(x.clone().requires_grad_(True))
+    y.square().sum().backward()
+
+
+@pytest.mark.parametrize("name,cfg", CASES)
 def test_numpy_scalars_are_options_like_python_numbers(name, cfg):
     """Options read from a NumPy array or config (``np.int64(16)``, ``np.float64(1e-3)``) build the layer Python
     numbers build: ``build_mixer("deltanet", np.int64(16))`` was refused ("d_model must be a positive integer, got

@@ -393,3 +393,35 @@ def test_fast_forward_and_backward_read_nothing_back_from_the_device(name, opts,
             s = m(x[:, i : i + 1], s)[1]
     monkeypatch.undo()
     assert read == [], f"{name}: read back {read}"
+
+
+@pytest.mark.parametrize(("name", "opts"), [
+    ("elastic", {"block_len": 8, "hippo_n": 6}), ("melodi", {"block_len": 8, "n_summary": 3}),
+    ("memorizing", {"block_len": 8, "n_queue": 12}), ("infini", {"block_len": 8}),
+])
+def test_block_kinds_from_the_index_are_what_the_masks_show(name, opts, monkeypatch):
+    """The kinds a block mixer hands to trapezoidal_attention (from ``_mem_visible`` and the block index) are the
+    ones its memory mask shows, over pieces that start at a block's start, inside one, and a decode step: a kind
+    that disagreed would be a wrong answer that no read of the device catches any more."""
+    import seqmem.mixers.elastic as mod
+    from seqmem.ops.elastic.chunk import block_kinds
+
+    seen = []
+    real = mod.trapezoidal_attention
+
+    def checked(q, k, v, k_mem=None, v_mem=None, mem_valid=None, **kw):
+        if kw.get("mem_kinds") is not None:
+            seen.append(kw["mem_kinds"])
+            assert kw["mem_kinds"] == block_kinds(mem_valid), name
+        return real(q, k, v, k_mem, v_mem, mem_valid, **kw)
+
+    monkeypatch.setattr(mod, "trapezoidal_attention", checked)
+    m = build_mixer(name, d_model=32, n_heads=2, **opts)
+    x = torch.randn(2, 44, 32)
+    _, st = m(x[:, :3])
+    _, st = m(x[:, 3:30], st)
+    _, st = m(x[:, 30:31], st)
+    m(x[:, 31:], st)
+    m(x)
+    if name in ("elastic", "melodi"):  # the ones whose memory goes through the op (Memorizing's, Infini's do not)
+        assert seen and any(0 in s for s in seen) and any(1 in s for s in seen)

@@ -101,3 +101,4 @@ def test_mem_kinds_from_the_host_give_the_same_answer():
             trapezoidal_attention(q, k, v, km, vm, valid, mem_kinds=bad)
     with pytest.raises(ValueError, match="mem_kinds"):
         trapezoidal_attention(q, k, v, mem_kinds=[0, 0, 0, 0])
+

@@ -400,9 +400,10 @@ class Elastic(BlockAttention):
     def _recon(self, like: Tensor) -> Tensor:
         key = (self.sampling, self.alpha, self.eps, like.dtype, like.device)
         if key not in self._R:
-            self._R = {
-                key: legs_reconstruction_matrix(self.hippo_n, self._fractions, like.dtype, like.device)
-            }
+            with torch.inference_mode(False), torch.no_grad():  # not an inference tensor: a later backward saves it
+                self._R = {
+                    key: legs_reconstruction_matrix(self.hippo_n, self._fractions, like.dtype, like.device)
+                }
         return self._R[key]
 
     def _block_mats(self, blk: int, like: Tensor) -> tuple[Tensor, Tensor]:
@@ -410,8 +411,9 @@ class Elastic(BlockAttention):
         if key not in self._bank:
             if len(self._bank) > 64:
                 self._bank.clear()
-            P, K = legs_block(self.hippo_n, self.block_len, blk, device=like.device)  # float64 closed forms
-            self._bank[key] = (P.to(like.dtype), K.to(like.dtype))
+            with torch.inference_mode(False), torch.no_grad():  # normal tensors, as in _recon
+                P, K = legs_block(self.hippo_n, self.block_len, blk, device=like.device)  # float64 closed forms
+                self._bank[key] = (P.to(like.dtype), K.to(like.dtype))
         return self._bank[key]
 
     def prepare_compile(self, seq_len: int) -> None:

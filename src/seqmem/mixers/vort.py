@@ -428,7 +428,7 @@ class VORT(Mixer):
         # wait for the GPU, per forward); the ops only read them
         key = (dtype, torch.device(device))
         if key not in self._soe_tensors:
-            with torch.no_grad():
+            with torch.inference_mode(False), torch.no_grad():  # not inference tensors: a later backward saves them
                 self._soe_tensors[key] = (torch.tensor(c, dtype=dtype, device=device),
                                           torch.tensor(xi, dtype=dtype, device=device),
                                           torch.tensor(c_now, dtype=dtype, device=device))

@@ -158,7 +158,8 @@ def _soe_node_tensors(n_terms: int, horizon: int, eps: float, dtype: torch.dtype
     if key not in _NODE_TENSORS:
         if len(_NODE_TENSORS) >= 256:  # a bound (a model uses a handful of keys)
             _NODE_TENSORS.clear()
-        with torch.no_grad():
+        with torch.inference_mode(False), torch.no_grad():  # normal tensors even when first built in inference
+            # mode (an inference tensor cannot be saved for a later backward)
             _NODE_TENSORS[key] = (torch.tensor(xi_f, dtype=dtype, device=device),
                                   torch.tensor(om_f, dtype=dtype, device=device))
     xi, om = _NODE_TENSORS[key]

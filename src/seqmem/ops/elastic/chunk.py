@@ -80,7 +80,8 @@ def trapezoidal_attention(
         mem_kinds: per block, what ``mem_valid`` shows of its memory: 0 none of it, 1 all of it, 2 a part, when the
             caller knows it on the host (the block mixers do: it follows from the block's index).  Else (None) it is
             read from ``mem_valid``, a device-to-host copy that waits for the device on CUDA.  Not checked against
-            ``mem_valid`` (the check would be that copy): a kind that disagrees gives a wrong answer.
+            ``mem_valid`` (the check would be that copy): a kind that disagrees gives a wrong answer (the block
+            mixers' kinds are checked against their masks by the tests).
 
     Returns:
         ``(batch, blocks, lq, heads, dim)``.
@@ -98,13 +99,9 @@ def trapezoidal_attention(
         # queries starting inside a block, or few queries against many memory tokens (a decode step at a block
         # start would otherwise pay for the M zero-query rows of the causal square)
         return _masked(q, k, v, k_mem, v_mem, mem_valid, offset, scale)
-    nb = q.shape[1]
     if k_mem is None:
         return causal_blocks(q, k, v, scale)
-    kind = mem_kinds
-    if kind is None:
-        full = mem_valid.flatten(2).transpose(0, 1).reshape(nb, -1)  # (blocks, batch · M)
-        kind = torch.where(full.all(1), 1, torch.where(full.any(1), 2, 0)).tolist()  # 0 none, 1 all, 2 a part
+    kind = mem_kinds if mem_kinds is not None else block_kinds(mem_valid)
 
     def run(g: int, pieces: tuple[Tensor, ...]) -> Tensor:
         qj, kj, vj, kmj, vmj, validj = pieces
@@ -115,6 +112,14 @@ def trapezoidal_attention(
         return _masked(qj, kj, vj, kmj, vmj, validj, 0, scale)
 
     return by_runs(kind, (q, k, v, k_mem, v_mem, mem_valid), run)
+
+
+def block_kinds(mem_valid: Tensor) -> list[int]:
+    """Per block, what ``mem_valid`` (batch, blocks, M) shows of its memory: 0 none of it, 1 all of it, 2 a part (in
+    every row together); a read of the device."""
+    nb = mem_valid.shape[1]
+    full = mem_valid.flatten(2).transpose(0, 1).reshape(nb, -1)  # (blocks, batch · M)
+    return torch.where(full.all(1), 1, torch.where(full.any(1), 2, 0)).tolist()
 
 
 def block_runs(values: list) -> list[tuple]:
