@@ -145,6 +145,7 @@ def test_syncs_lists_the_reads_of_the_device_by_line(tmp_path, capsys):
     js = tmp_path / "s.json"
     methods = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")
     before = {n: getattr(torch.Tensor, n) for n in methods}
+    own = {n for n in methods if n in vars(torch.Tensor)}
     assert main(["bench", "syncs", "--mixers", "memorizing", "--lengths", "64", "--d-model", "32", "--heads", "2",
                  "--mixer-option", "block_len=8", "--mixer-option", "n_queue=12", "--json", str(js)]) == 0
     mem = json.loads(js.read_text())["results"][0]
@@ -157,6 +158,7 @@ def test_syncs_lists_the_reads_of_the_device_by_line(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| where | count |" in out and "1 warm-up call(s) not counted, one counted call" in out
     assert all(getattr(torch.Tensor, n) is f for n, f in before.items())  # the spy is gone after the call
+    assert {n for n in methods if n in vars(torch.Tensor)} == own
     with pytest.raises(SystemExit) as e:
         main(["bench", "syncs", "--mixers", "vla", "--repeats", "3"])
     assert e.value.code == 2

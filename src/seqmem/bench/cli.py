@@ -114,8 +114,8 @@ def add_parser(sub: Any) -> None:
                                        "(a wait for the GPU on CUDA), by source line")
     _common(sy, repeats=1, warmup=1, impl="fast", timed=False)
     sy.add_argument("--decode", action="store_true",
-                    help="count one decode step (a token with the state after --lengths tokens, no gradients) "
-                         "instead of a training step")
+                    help="count one decode step (a token with the state after --lengths tokens and the --warmup "
+                         "steps, no gradients) instead of a training step")
     sy.set_defaults(func=cmd_syncs)
 
     tr = bsub.add_parser("train", help="seconds and tokens/s of one training step (fwd+bwd+AdamW) of a small LM "

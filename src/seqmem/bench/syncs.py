@@ -51,6 +51,7 @@ def _spy(found: Counter) -> Iterator[None]:
     """Count, by the line that made them, the tensor value reads made while inside, and the tensors built from
     host values with a ``device`` (``torch.tensor`` / ``torch.as_tensor``: a blocking copy on CUDA)."""
     saved = {name: getattr(torch.Tensor, name) for name in _READS}
+    own = {name for name in _READS if name in vars(torch.Tensor)}  # the rest are inherited: removed again after
     made = {name: getattr(torch, name) for name in _MAKERS}
 
     def note(name: str) -> None:
@@ -78,7 +79,10 @@ def _spy(found: Counter) -> Iterator[None]:
         yield
     finally:
         for name, orig in saved.items():
-            setattr(torch.Tensor, name, orig)
+            if name in own:
+                setattr(torch.Tensor, name, orig)
+            else:
+                delattr(torch.Tensor, name)
         for name, orig in made.items():
             setattr(torch, name, orig)
 
@@ -86,8 +90,8 @@ def _spy(found: Counter) -> Iterator[None]:
 def host_reads(args: Any, device: torch.device, dtype: torch.dtype, name: str, seq_len: int,
                impl: str = "fast", decode: bool = False) -> dict[str, Any]:
     """The host reads of one forward+backward of mixer ``name`` at ``seq_len`` tokens (``decode``: of one decode
-    step, a token with the state after ``seq_len`` tokens, without gradients), after ``args.warmup`` (default 1)
-    warm calls, whose reads are not counted (caches, compilation):
+    step, a token with the state after ``seq_len`` tokens and the warm steps, without gradients), after
+    ``args.warmup`` (default 1) warm calls, whose reads are not counted (caches, compilation):
     ``{"mixer", "seq_len", "decode", "total", "reads": [{"where", "count"}, ...] (most first), "how"}``."""
     m = build(name, args, impl, device, dtype)
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
