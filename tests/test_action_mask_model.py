@@ -84,3 +84,22 @@ def test_refusals():
         model(ids, action_mask=mask[:, :-1])
     with pytest.raises(ValueError, match="only 0 and 1"):
         model(ids, action_mask=mask.long() * 2)
+
+
+def test_a_non_bool_mask_is_value_checked_once_per_model_call():
+    """An integer or float 0/1 mask is checked where it enters (one read of the device) and handed on as bool, so
+    the two SKA layers and their ops add no read of their own (they checked it again, three reads per layer)."""
+    from collections import Counter
+
+    from seqmem.bench.syncs import _spy
+
+    model = hybrid()
+    ids, mask = ids_and_mask()
+    with_bool: Counter = Counter()
+    with _spy(with_bool):
+        want, _ = model(ids, action_mask=mask)
+    found: Counter = Counter()
+    with _spy(found):
+        got, _ = model(ids, action_mask=mask.double())
+    assert torch.equal(got, want)
+    assert sum(found.values()) == sum(with_bool.values()) + 1, (found, with_bool)

@@ -222,7 +222,8 @@ class SKAMixer(Mixer):
             raise ValueError(f"{type(self).__name__}: action_mask cannot be combined with cu_seqlens (packed "
                              "sequences); run the sequences as a batch")
         self._check_input(x)
-        self._mask_arg = check_action_mask(action_mask, tuple(x.shape[:2]), x.device, type(self).__name__)
+        # as bool after the check (one read of a non-bool mask): the op's check of a bool mask reads nothing
+        self._mask_arg = check_action_mask(action_mask, tuple(x.shape[:2]), x.device, type(self).__name__).bool()
         try:
             return super().forward(x, state, output_final_state=output_final_state)
         finally:

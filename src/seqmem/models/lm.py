@@ -393,7 +393,9 @@ class LanguageModel(nn.Module):
             if attention_mask is not None or position_ids is not None or cu_seqlens is not None:
                 raise ValueError("action_mask cannot be combined with attention_mask, position_ids or cu_seqlens "
                                  "(padding or packing)")
-            check_action_mask(action_mask, tuple(input_ids.shape), input_ids.device, "LanguageModel")
+            # checked once here, then handed on as bool: the layers' and ops' checks of a bool mask read nothing
+            action_mask = check_action_mask(action_mask, tuple(input_ids.shape), input_ids.device,
+                                            "LanguageModel").bool()
         if state is not None and (not isinstance(state, list) or len(state) != len(self.blocks)):
             raise ValueError(f"state must be the list of {len(self.blocks)} per-layer states returned by the model")
         if positions is not None and (not isinstance(positions, Tensor) or positions.dtype != torch.bool
