@@ -262,6 +262,39 @@ def test_trains_after_a_call_in_inference_mode(name, cfg, impl):
     y.square().sum().backward()
 
 
+POS_CASES = [c for c in CASES if get_entry(c.values[0]).cls.pos_on_host]
+
+
+@pytest.mark.parametrize("name,cfg", POS_CASES)
+def test_a_decode_step_knows_its_position_on_the_host(name, cfg):
+    """A layer with ``pos_on_host`` remembers the position of the state it returned, so a step given that state back
+    reads no position from the device (a wait for the GPU per layer per token on CUDA); a state whose ``pos`` is
+    another tensor, or was modified in place, is read as before, with the same result."""
+    from collections import Counter
+
+    from seqmem.bench.syncs import _spy
+
+    def position_reads(found: Counter) -> int:
+        return sum(c for k, c in found.items() if k.startswith("__int__ seqmem/mixers/base.py:"))
+
+    m = make(name, cfg)
+    x = inputs(m, t=12)
+    _, st = m(x[:, :5])
+    found: Counter = Counter()
+    with _spy(found):
+        for i in range(5, 9):
+            y, st = m(x[:, i : i + 1], st)
+    assert position_reads(found) == 0, found
+    assert m._pos_memo[2] == int(st["pos"][0]) == 9
+    for other in ({**st, "pos": st["pos"].clone()}, {**st, "pos": st["pos"].add_(0)}):  # another tensor; in place
+        found = Counter()
+        with _spy(found):
+            y2, _ = m(x[:, 9:10], other)
+        assert position_reads(found) == 1, found
+    y3, _ = make(name, cfg)(x[:, 9:10], {**st, "pos": st["pos"].clone()})  # a fresh layer reads it
+    assert_rel_close(y2, y3, 0.0, f"{name}: the step from a read position")
+
+
 @pytest.mark.parametrize("name,cfg", CASES)
 def test_numpy_scalars_are_options_like_python_numbers(name, cfg):
     """Options read from a NumPy array or config (``np.int64(16)``, ``np.float64(1e-3)``) build the layer Python

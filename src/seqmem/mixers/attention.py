@@ -59,6 +59,7 @@ class Attention(Mixer):
     """Causal multi-head softmax attention with rotary positions; optional sliding window."""
 
     contract_configs: ClassVar[list[dict]] = [{}, {"window": 8}]
+    pos_on_host: ClassVar[bool] = True  # a decode step reads its position from the host (Mixer._state_pos)
     length_options: ClassVar[dict[str, str]] = {"window": "window"}
     # window None = full causal attention; rope_base ≤ 1 gives inverse frequencies ≥ 1 (base 1: every pair turns
     # by the same angle t, positions only mod 2π)
@@ -108,7 +109,7 @@ class Attention(Mixer):
             start = 0
         else:
             k_cache, v_cache = state["k"], state["v"]
-            start = int(state["pos"][0])
+            start = self._state_pos(state)
             want = self._cache_len(start)
             if k_cache.shape[2] != want or v_cache.shape[2] != want:
                 rule = ("every past token" if self.window is None

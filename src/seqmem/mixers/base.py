@@ -100,6 +100,12 @@ def count_state(state: State | None) -> int:
     return total
 
 
+def _version(x: Tensor) -> int | None:
+    """The in-place version counter of ``x`` (``None`` for inference-mode tensors, which have none: there the same
+    object is the key)."""
+    return None if x.is_inference() else x._version
+
+
 def own_memory(state: State) -> State:
     """``state`` with every tensor that is a view into a larger buffer, or not contiguous, replaced by a contiguous
     copy of its own numbers (the others as they are: no copy).  A state built by slicing a whole call's buffers
@@ -388,6 +394,32 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
         self.n_heads = check_positive_int("n_heads", n_heads)
         self.impl = check_choice("impl", impl, IMPLS)
 
+    #: the mixer reads a given state's position (tokens seen) through :meth:`_state_pos` and its returned state's
+    #: ``"pos"`` is that position plus the call's tokens: the layer then remembers the position of the state it
+    #: returned, on the host, and a decode step that passes that state back reads nothing from the device
+    pos_on_host: ClassVar[bool] = False
+
+    def _state_pos(self, state: State) -> int:
+        """The position of a given ``state``: known on the host when it is the state this layer returned last (its
+        ``pos`` tensor the same object, not modified in place since; an inference-mode tensor has no version
+        counter, so there the same object counts), else read from the device (one wait for the GPU on CUDA).  For
+        mixers with :attr:`pos_on_host`."""
+        d = self.__dict__
+        if d.get("_pos_known") is not None:
+            return d["_pos_known"]
+        p = int(state["pos"][0])
+        if "_pos_known" in d:  # inside forward's own call (not a packed segment, not a probe): what it started at
+            d["_pos_known"] = p
+        return p
+
+    def _remembered_pos(self, state: State) -> int | None:
+        """The host position remembered for ``state`` (see :attr:`pos_on_host`), or None."""
+        memo = self.__dict__.get("_pos_memo")
+        pos = state.get("pos") if isinstance(state, dict) else None
+        if memo is None or pos is None or memo[0] is not pos or memo[1] != _version(pos):
+            return None
+        return memo[2]
+
     def __setattr__(self, name: str, value: Any) -> None:
         # impl is checked whenever it is set, not only at construction: a typo set later (m.impl = "Fast") ran
         # the fast form without a word
@@ -456,12 +488,16 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
             self._check_state(state, x)
         if _CHECK_FINITE:
             self._check_finite_inputs(x, state)
+        start = None  # the given state's position where it is known on the host (pos_on_host)
         if bounds is None:
             self._final_state_wanted = output_final_state  # a mixer may skip computing a state nobody reads
+            if self.pos_on_host and not torch.compiler.is_compiling():
+                self.__dict__["_pos_known"] = 0 if state is None else self._remembered_pos(state)
             try:
                 y, new_state = self._dispatch(x, state)
             finally:
                 self._final_state_wanted = True
+                start = self.__dict__.pop("_pos_known", None)
         else:
             y, new_state = self._forward_varlen(x, state, bounds, output_final_state)
         if output_final_state and not torch.compiler.is_compiling():
@@ -470,6 +506,9 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
                 new_state = [own_memory(s) for s in new_state]
             elif new_state is not None:
                 new_state = own_memory(new_state)
+                if start is not None and isinstance(new_state.get("pos"), Tensor):
+                    pos = new_state["pos"]
+                    self.__dict__["_pos_memo"] = (pos, _version(pos), start + x.shape[1])
         if _CHECK_FINITE:
             bad = _nonfinite_count(y)
             if bad:

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmem.mixers.attention import rope_angles
-from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int, own_memory
+from seqmem.mixers.base import Mixer, State, _version, check_choice, check_positive_int, own_memory
 from seqmem.ops.elastic import trapezoidal_attention
 from seqmem.ops.elastic.naive import trapezoidal_attention_token
 from seqmem.ops.hippo import SAMPLINGS, hippo_compress, legs_block, legs_reconstruction_matrix, sample_fractions
@@ -88,11 +88,6 @@ def _apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
 Ctx = dict[str, Tensor]
 
 
-def _version(x: Tensor) -> int | None:
-    """The in-place version counter of ``x`` (``None`` for inference-mode tensors, which have none)."""
-    return None if x.is_inference() else x._version
-
-
 @register(
     "block_attention",
     facts=dict(
@@ -109,6 +104,7 @@ class BlockAttention(Mixer):
     ``rope_base=5e5``); every committed Elastic result used the default."""
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [{"block_len": 8}]
+    pos_on_host: ClassVar[bool] = True  # a decode step reads its position from the host (Mixer._state_pos)
     length_options: ClassVar[dict[str, str]] = {"block_len": "block"}
     # fast form: a piece of t queries starting c > 0 tokens into a block runs as the padded causal square when
     # t >= max(square_min_queries, c), else as one masked SDPA call of the t queries
@@ -186,7 +182,7 @@ class BlockAttention(Mixer):
             mem = self._mem_init(b, x)
         else:
             kc, vc = state["k"], state["v"]
-            start = int(state["pos"][0])
+            start = self._state_pos(state)
             mem = {k: state[k] for k in self._mem_keys()}
             if kc.shape[1] != start % self.block_len or vc.shape[1] != start % self.block_len:
                 raise ValueError(

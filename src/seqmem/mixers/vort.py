@@ -143,6 +143,7 @@ class VORT(Mixer):
         "n_features": ">0", "local_window": ">=0", "decay_rate": ">0", "n_exp": ">0", "chunk_size": ">0",
         "eps0": ">=0",
     }
+    pos_on_host: ClassVar[bool] = True  # a decode step reads its position from the host (Mixer._state_pos)
     contract_configs: ClassVar[list[dict]] = [
         {"chunk_size": 8, "local_window": 8, "n_soe": 6, "horizon": 64, "n_features": 8},
         {
@@ -469,7 +470,7 @@ class VORT(Mixer):
     def _forward(self, x: Tensor, state: State | None) -> tuple[Tensor, State]:
         b, t, _ = x.shape
         h, dh = self.n_heads, self.head_dim
-        start = 0 if state is None else int(state["pos"][0])
+        start = 0 if state is None else self._state_pos(state)
         if state is not None:
             self._check_cache_lengths(state, start)
         q, k, v = self.qkv(x).view(b, t, 3, h, dh).unbind(2)
