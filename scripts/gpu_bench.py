@@ -144,18 +144,12 @@ def _with_backend(backend: str) -> Any:
 def warm_up(name: str, backend: str, ns: argparse.Namespace, device: Any, dtype: Any, n: int) -> float:
     """One untimed, uncapped forward+backward of ``name`` with ``backend`` at length ``n``: the kernels'
     compilation and autotuning, paid before anything is timed.  Returns its seconds."""
-    import torch
-
     from seqmem.bench.common import synchronize
-    from seqmem.bench.speed import _step_fn, build
+    from seqmem.bench.speed import training_step
 
     with _with_backend(backend):
         t0 = time.perf_counter()
-        m = build(name, ns, "fast", device, dtype)
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(ns.batch, n, ns.d_model, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
-        g = torch.randn(ns.batch, n, ns.d_model, generator=gen).to(device=device, dtype=dtype)
-        _step_fn(m, x, g)()
+        training_step(ns, device, dtype, name, n)()
         synchronize(device)
         return time.perf_counter() - t0
 

@@ -12,7 +12,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from seqmem.bench.common import synchronize
-from seqmem.bench.speed import _step_fn, build
+from seqmem.bench.speed import training_step
 
 
 def _own_us(e: Any, cuda: bool) -> float:
@@ -30,12 +30,7 @@ def profile_mixer(args: Any, device: torch.device, dtype: torch.dtype, name: str
                   impl: str = "fast", top: int = 15) -> dict[str, Any]:
     """Profile one forward+backward call after ``args.warmup`` unprofiled ones; return the top entries by own time
     (operators on the CPU, GPU kernels on CUDA: ``timed`` says which) and their call count."""
-    m = build(name, args, impl, device, dtype)
-    gen = torch.Generator(device="cpu").manual_seed(args.seed)
-    x = torch.randn(args.batch, seq_len, args.d_model, generator=gen).to(device=device, dtype=dtype)
-    x.requires_grad_(True)
-    g = torch.randn(args.batch, seq_len, args.d_model, generator=gen).to(device=device, dtype=dtype)
-    step = _step_fn(m, x, g)
+    step = training_step(args, device, dtype, name, seq_len, impl)
     for _ in range(getattr(args, "warmup", 1)):
         step()
     cuda = device.type == "cuda"

@@ -61,6 +61,18 @@ def _step_fn(m: torch.nn.Module, x: torch.Tensor, g: torch.Tensor) -> Callable[[
     return step
 
 
+def training_step(args: Any, device: torch.device, dtype: torch.dtype, name: str, seq_len: int,
+                  impl: str = "fast") -> Callable[[], None]:
+    """Mixer ``name`` built (:func:`build`) and one forward+backward of it on random ``(args.batch, seq_len)``
+    inputs and output gradients (seeded by ``args.seed``), as a function of no arguments."""
+    m = build(name, args, impl, device, dtype)
+    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    x = torch.randn(args.batch, seq_len, args.d_model, generator=gen).to(device=device, dtype=dtype)
+    x.requires_grad_(True)
+    g = torch.randn(args.batch, seq_len, args.d_model, generator=gen).to(device=device, dtype=dtype)
+    return _step_fn(m, x, g)
+
+
 def _linears_fn(m: torch.nn.Module, batch: int, n: int, device: torch.device, dtype: torch.dtype,
                 gen: torch.Generator) -> Callable[[], None] | None:
     """Forward+backward of the layer's ``nn.Linear`` projections alone, on inputs of the layer's length.

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from seqmem.bench.common import synchronize
-from seqmem.bench.speed import _step_fn, build
+from seqmem.bench.speed import build, training_step
 
 _READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")
 _MAKERS = ("tensor", "as_tensor")
@@ -93,10 +93,10 @@ def host_reads(args: Any, device: torch.device, dtype: torch.dtype, name: str, s
     step, a token with the state after ``seq_len`` tokens and the warm steps, without gradients), after
     ``args.warmup`` (default 1) warm calls, whose reads are not counted (caches, compilation):
     ``{"mixer", "seq_len", "decode", "total", "reads": [{"where", "count"}, ...] (most first), "how"}``."""
-    m = build(name, args, impl, device, dtype)
-    gen = torch.Generator(device="cpu").manual_seed(args.seed)
     warm = getattr(args, "warmup", 1)
     if decode:
+        m = build(name, args, impl, device, dtype)
+        gen = torch.Generator(device="cpu").manual_seed(args.seed)
         x = torch.randn(args.batch, seq_len + warm + 1, args.d_model, generator=gen).to(device=device, dtype=dtype)
         with torch.no_grad():
             state = m(x[:, :seq_len])[1]
@@ -108,10 +108,7 @@ def host_reads(args: Any, device: torch.device, dtype: torch.dtype, name: str, s
                 state = m(x[:, pos[0] : pos[0] + 1], state)[1]
             pos[0] += 1
     else:
-        x = torch.randn(args.batch, seq_len, args.d_model, generator=gen).to(device=device, dtype=dtype)
-        x.requires_grad_(True)
-        g = torch.randn(args.batch, seq_len, args.d_model, generator=gen).to(device=device, dtype=dtype)
-        step = _step_fn(m, x, g)
+        step = training_step(args, device, dtype, name, seq_len, impl)
     for _ in range(warm):
         step()
     synchronize(device)
