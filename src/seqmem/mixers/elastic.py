@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from seqmem.mixers.attention import rope_angles
 from seqmem.mixers.base import Mixer, State, _version, check_choice, check_positive_int, own_memory
+from seqmem.ops._common import cached_constants
 from seqmem.ops.elastic import trapezoidal_attention
 from seqmem.ops.elastic.naive import trapezoidal_attention_token
 from seqmem.ops.hippo import SAMPLINGS, hippo_compress, legs_block, legs_reconstruction_matrix, sample_fractions
@@ -396,21 +397,20 @@ class Elastic(BlockAttention):
     def _recon(self, like: Tensor) -> Tensor:
         key = (self.sampling, self.alpha, self.eps, like.dtype, like.device)
         if key not in self._R:
-            with torch.inference_mode(False), torch.no_grad():  # not an inference tensor: a later backward saves it
-                self._R = {
-                    key: legs_reconstruction_matrix(self.hippo_n, self._fractions, like.dtype, like.device)
-                }
-        return self._R[key]
+            self._R = {}  # one entry: the current sampling's
+        return cached_constants(self._R, key, lambda: legs_reconstruction_matrix(
+            self.hippo_n, self._fractions, like.dtype, like.device))
 
     def _block_mats(self, blk: int, like: Tensor) -> tuple[Tensor, Tensor]:
         key = (blk, like.dtype, like.device)
-        if key not in self._bank:
-            if len(self._bank) > 64:
-                self._bank.clear()
-            with torch.inference_mode(False), torch.no_grad():  # normal tensors, as in _recon
-                P, K = legs_block(self.hippo_n, self.block_len, blk, device=like.device)  # float64 closed forms
-                self._bank[key] = (P.to(like.dtype), K.to(like.dtype))
-        return self._bank[key]
+        if key not in self._bank and len(self._bank) > 64:
+            self._bank.clear()
+
+        def build() -> tuple[Tensor, Tensor]:
+            P, K = legs_block(self.hippo_n, self.block_len, blk, device=like.device)  # float64 closed forms
+            return P.to(like.dtype), K.to(like.dtype)
+
+        return cached_constants(self._bank, key, build)
 
     def prepare_compile(self, seq_len: int) -> None:
         """Build, before ``torch.compile`` traces a forward over ``seq_len`` tokens, the fixed matrices it reads:

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
+from seqmem.ops._common import cached_constants
 from seqmem.ops._common import compute_dtype as _compute_dtype
 from seqmem.ops._common import full_precision as _full_precision
 from seqmem.ops.fractional import CONSTRUCTIONS, gl_weights, soe_coefficients
@@ -427,13 +428,9 @@ class VORT(Mixer):
                     torch.tensor(c_now, dtype=dtype, device=device))
         # eager: the tensors once per dtype and device (each torch.tensor(list, device=cuda) is a blocking copy, a
         # wait for the GPU, per forward); the ops only read them
-        key = (dtype, torch.device(device))
-        if key not in self._soe_tensors:
-            with torch.inference_mode(False), torch.no_grad():  # not inference tensors: a later backward saves them
-                self._soe_tensors[key] = (torch.tensor(c, dtype=dtype, device=device),
-                                          torch.tensor(xi, dtype=dtype, device=device),
-                                          torch.tensor(c_now, dtype=dtype, device=device))
-        return self._soe_tensors[key]
+        return cached_constants(self._soe_tensors, (dtype, torch.device(device)), lambda: (
+            torch.tensor(c, dtype=dtype, device=device), torch.tensor(xi, dtype=dtype, device=device),
+            torch.tensor(c_now, dtype=dtype, device=device)))
 
     @torch.compiler.disable
     def _fixed_soe_values(self, dtype: torch.dtype) -> tuple[list[float], list[float], float]:

@@ -6,6 +6,7 @@ import contextlib
 import math
 import numbers
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -142,6 +143,16 @@ def check_same_device(op: str, **tensors: Tensor | None) -> None:
     devs = {n: t.device for n, t in tensors.items() if t is not None}
     if len(set(devs.values())) > 1:
         raise ValueError(f"{op}: all tensors must be on one device, got {devs}")
+
+
+def cached_constants(cache: dict, key: Any, build: Callable[[], Any]) -> Any:
+    """``cache[key]``, made by ``build()`` on first use with autograd off and outside inference mode: tensors kept
+    across calls (matrices, nodes, weights computed once) are plain constants, which a later backward may save even
+    when the call that built them ran under ``torch.inference_mode`` (an inference tensor cannot be saved)."""
+    if key not in cache:
+        with torch.inference_mode(False), torch.no_grad():
+            cache[key] = build()
+    return cache[key]
 
 
 def compute_dtype(*tensors: Tensor | None) -> torch.dtype:

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from seqmem.io import check_int
+from seqmem.ops._common import cached_constants
 
 __all__ = [
     "CONSTRUCTIONS",
@@ -155,14 +156,10 @@ def _soe_node_tensors(n_terms: int, horizon: int, eps: float, dtype: torch.dtype
         return (torch.tensor(xi_f, dtype=dtype, device=device), torch.tensor(om_f, dtype=dtype, device=device),
                 lam_min, lam_max)
     key = (n_terms, horizon, eps, dtype, torch.device(device))
-    if key not in _NODE_TENSORS:
-        if len(_NODE_TENSORS) >= 256:  # a bound (a model uses a handful of keys)
-            _NODE_TENSORS.clear()
-        with torch.inference_mode(False), torch.no_grad():  # normal tensors even when first built in inference
-            # mode (an inference tensor cannot be saved for a later backward)
-            _NODE_TENSORS[key] = (torch.tensor(xi_f, dtype=dtype, device=device),
-                                  torch.tensor(om_f, dtype=dtype, device=device))
-    xi, om = _NODE_TENSORS[key]
+    if key not in _NODE_TENSORS and len(_NODE_TENSORS) >= 256:  # a bound (a model uses a handful of keys)
+        _NODE_TENSORS.clear()
+    xi, om = cached_constants(_NODE_TENSORS, key, lambda: (torch.tensor(xi_f, dtype=dtype, device=device),
+                                                           torch.tensor(om_f, dtype=dtype, device=device)))
     return xi, om, lam_min, lam_max
 
 
