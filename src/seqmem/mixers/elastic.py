@@ -45,6 +45,7 @@ from seqmem.mixers.attention import rope_angles
 from seqmem.mixers.base import Mixer, State, _version, check_choice, check_positive_int, own_memory
 from seqmem.ops._common import cached_constants
 from seqmem.ops.elastic import trapezoidal_attention
+from seqmem.ops.elastic.chunk import visible_kind
 from seqmem.ops.elastic.naive import trapezoidal_attention_token
 from seqmem.ops.hippo import SAMPLINGS, hippo_compress, legs_block, legs_reconstruction_matrix, sample_fractions
 from seqmem.registry import register
@@ -53,11 +54,6 @@ from seqmem.registry import register
 def _rotate(x: Tensor, c2: Tensor, s2: Tensor) -> Tensor:
     h = x.shape[-1] // 2
     return torch.addcmul(x * c2, torch.cat([x[..., h:], x[..., :h]], -1), s2)
-
-
-def _kind(visible: int, n_mem: int) -> int:
-    """:func:`trapezoidal_attention`'s ``mem_kinds`` entry of a block that reads ``visible`` of ``n_mem`` tokens."""
-    return 0 if visible == 0 else 1 if visible == n_mem else 2
 
 
 class _Rotate(torch.autograd.Function):
@@ -284,7 +280,7 @@ class BlockAttention(Mixer):
         kinds = None
         if "k" in ctx:  # what each block sees of its memory, from the block index (see _mem_visible)
             M = ctx["k"].shape[2]
-            kinds = [_kind(self._mem_visible(b0 + j, M), M) for j in range(q_rot.shape[1])]
+            kinds = [visible_kind(self._mem_visible(b0 + j, M), M) for j in range(q_rot.shape[1])]
         return trapezoidal_attention(q_rot, k_rot, v, ctx.get("k"), ctx.get("v"), ctx.get("valid"), offset=off,
                                      mem_kinds=kinds)
 

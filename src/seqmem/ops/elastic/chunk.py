@@ -114,6 +114,11 @@ def trapezoidal_attention(
     return by_runs(kind, (q, k, v, k_mem, v_mem, mem_valid), run)
 
 
+def visible_kind(visible: int, n_mem: int) -> int:
+    """The ``mem_kinds`` entry of a block that sees ``visible`` of its ``n_mem`` memory tokens."""
+    return 0 if visible == 0 else 1 if visible == n_mem else 2
+
+
 def block_kinds(mem_valid: Tensor) -> list[int]:
     """Per block, what ``mem_valid`` (batch, blocks, M) shows of its memory: 0 none of it, 1 all of it, 2 a part (in
     every row together); a read of the device."""
