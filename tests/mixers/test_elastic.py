@@ -369,8 +369,8 @@ def test_fast_forward_and_backward_read_nothing_back_from_the_device(name, opts)
     to the host (on CUDA such a copy waits for every kernel queued before it): no read of a tensor's value and no
     tensor built from host values (``seqmem.bench.syncs``'s spy) in a training step over several blocks, a piece
     continuing the state the layer returned (inside a block), or in decoding one token per call across a block's
-    end (Memorizing's and Melodi's take the per-token form there), once a first call has built what it keeps.  The values are the same as with the masks read
-    back (the reference form and the op's own tests check that)."""
+    end (Memorizing's and Melodi's take the per-token form there), once a first call has built what it keeps.  The
+    values are the same as with the masks read back (the reference form and the op's own tests check that)."""
     from collections import Counter
 
     from seqmem.bench.syncs import _spy
