@@ -47,7 +47,7 @@ from seqmem.ops._common import cached_constants
 from seqmem.ops.elastic import trapezoidal_attention
 from seqmem.ops.elastic.chunk import visible_kind
 from seqmem.ops.elastic.naive import trapezoidal_attention_token
-from seqmem.ops.hippo import SAMPLINGS, hippo_compress, legs_block, legs_reconstruction_matrix, sample_fractions
+from seqmem.ops.hippo import SAMPLINGS, hippo_compress, legs_blocks, legs_reconstruction_matrix, sample_fractions
 from seqmem.registry import register
 
 
@@ -370,7 +370,6 @@ class Elastic(BlockAttention):
         super().__init__(d_model, **block_options)
         self.hippo_n = check_positive_int("hippo_n", hippo_n)
         self.mem_tokens = self.hippo_n if mem_tokens is None else check_positive_int("mem_tokens", mem_tokens)
-        self._bank: dict[tuple, tuple[Tensor, Tensor]] = {}
         # decoding: the memory tokens of the current block, reused while the same memory tensor comes back (and the
         # sample points are those they were built with: set_sampling clears it)
         self._ctx_cache: tuple[Tensor, int | None, int, Any, Ctx] | None = None
@@ -397,16 +396,11 @@ class Elastic(BlockAttention):
         return cached_constants(self._R, key, lambda: legs_reconstruction_matrix(
             self.hippo_n, self._fractions, like.dtype, like.device))
 
-    def _block_mats(self, blk: int, like: Tensor) -> tuple[Tensor, Tensor]:
-        key = (blk, like.dtype, like.device)
-        if key not in self._bank and len(self._bank) > 64:
-            self._bank.clear()
-
-        def build() -> tuple[Tensor, Tensor]:
-            P, K = legs_block(self.hippo_n, self.block_len, blk, device=like.device)  # float64 closed forms
-            return P.to(like.dtype), K.to(like.dtype)
-
-        return cached_constants(self._bank, key, build)
+    def _block_mats(self, first: int, count: int, like: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """``(P_b, K̄_b)`` of Eq. 6 for blocks ``first .. first + count − 1`` in ``like``'s dtype and device: float64
+        closed forms computed once and kept, shared by every layer of the same ``hippo_n`` and ``block_len``
+        (:func:`seqmem.ops.hippo.legs_blocks`)."""
+        return legs_blocks(self.hippo_n, self.block_len, first, count, like.dtype, like.device)
 
     def prepare_compile(self, seq_len: int) -> None:
         """Build, before ``torch.compile`` traces a forward over ``seq_len`` tokens, the fixed matrices it reads:
@@ -415,8 +409,7 @@ class Elastic(BlockAttention):
         frame of its own (dynamo's recompile limit at 8 blocks); prebuilt, the traced forward only reads them."""
         like = self.qkv.weight
         self._recon(like)
-        for blk in range(-(-seq_len // self.block_len)):
-            self._block_mats(blk, like)
+        self._block_mats(0, -(-seq_len // self.block_len), like)
 
     def _mem_keys(self) -> set[str]:
         return {"mem"}
@@ -461,7 +454,7 @@ class Elastic(BlockAttention):
         C = mem["mem"]
         Cs = [C]
         if done:
-            mats = [self._block_mats(b0 + j, C) for j in range(done)]
+            mats = self._block_mats(b0, done, C)
             Kbar = torch.stack([Kb for _, Kb in mats])  # (done, N, L); K̄ [K_raw, V] = [K̄ K_raw, K̄ V]
             kf, vf = ((z if done == nb else z[:, :done]).reshape(b, done, L, -1) for z in (Kp, Vp))
             inputs = torch.cat([Kbar @ kf, Kbar @ vf], -1).unbind(1)  # done × (b, N, 2 d_model)
@@ -490,7 +483,7 @@ class Elastic(BlockAttention):
             pos = torch.full((b,), blk * L, dtype=torch.long, device=C.device)
             C = hippo_compress(Fb, self.hippo_n, mode="recurrent", initial_state={"c": C, "t": pos})
         else:  # Eq. 6, the whole block in two matmuls
-            P, K = self._block_mats(blk, C)
+            (P, K), = self._block_mats(blk, 1, C)
             C = P @ C + K @ Fb
         return {"mem": C}
 
