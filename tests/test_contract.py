@@ -274,8 +274,9 @@ def test_a_decode_step_knows_its_position_on_the_host(name, cfg):
 
     from seqmem.bench.syncs import _spy
 
-    def position_reads(found: Counter) -> int:
-        return sum(c for k, c in found.items() if k.startswith("__int__ seqmem/mixers/base.py:"))
+    def position_reads(found: Counter) -> int:  # the mixer's own read (Mixer._state_pos), or its op's (SKA, Lattice)
+        return sum(c for k, c in found.items()
+                   if k.startswith(("__int__ seqmem/mixers/base.py:", "tolist seqmem/ops/")))
 
     m = make(name, cfg)
     x = inputs(m, t=12)

@@ -564,3 +564,56 @@ def test_table3_mean_row_is_not_the_row_mean():
     assert [round(m, 2) for m in five] == [52.98, 75.58, 80.16]
     assert all(abs(p - m) > 0.4 for p, m in zip(printed, six))
     assert all(abs(p - m) > 0.6 for p, m in zip(printed, five))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_jittered_cholesky_is_the_same_without_reading_the_status(monkeypatch, dtype):
+    """Off the CPU the Cholesky fallback (App. F: ``G̃ + 1e-4 I`` where the factorisation fails) is computed for
+    every matrix and selected, instead of reading whether any failed (a wait for the GPU per training forward and
+    per decoded token).  Both ways give the same factors and gradients, bitwise, with and without failures."""
+    from seqmem.ops.ska import naive
+
+    torch.manual_seed(0)
+    X = torch.randn(6, 5, 5, dtype=dtype)
+    G = X @ X.mT + 1e-2 * torch.eye(5, dtype=dtype)
+    G[1] = -G[1]  # not positive definite: falls back (and fails there too, as before)
+    G[4] = G[4] - torch.linalg.eigvalsh(G[4])[0] * torch.eye(5, dtype=dtype)  # singular: the jitter rescues it
+    for batch in (G, G[[0, 2, 3, 5]]):  # with failures, and without any
+        results = []
+        for read_on in (("cpu",), ()):
+            monkeypatch.setattr(naive, "READ_STATUS_ON", read_on)
+            Gi = batch.clone().requires_grad_(True)
+            L = naive.jittered_cholesky(Gi)
+            (L.nan_to_num() * torch.arange(25, dtype=dtype).view(5, 5)).sum().backward()
+            results.append((L.detach(), Gi.grad))
+        for a, b in zip(*results):
+            assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
+    assert torch.isfinite(naive.jittered_cholesky(G[4:5])).all()
+
+
+def test_ska_decode_step_reads_nothing_from_the_device(monkeypatch):
+    """A decode step of the SKA mixer given the state it returned reads neither the position (the layer remembers
+    it) nor, off the CPU, the Cholesky status (on the CPU only that status, a free read there), with the same
+    outputs either way."""
+    from collections import Counter
+
+    from seqmem import build_mixer
+    from seqmem.bench.syncs import _spy
+    from seqmem.ops.ska import naive
+
+    torch.manual_seed(0)
+    m = build_mixer("ska", 16, n_heads=2, chunk_size=4)
+    x = torch.randn(1, 10, 16)
+    outs = []
+    for read_on in (("cpu",), ()):
+        monkeypatch.setattr(naive, "READ_STATUS_ON", read_on)
+        _, st = m(x[:, :6])
+        found: Counter = Counter()
+        ys = []
+        with _spy(found):
+            for i in range(6, 10):
+                y, st = m(x[:, i : i + 1], st)
+                ys.append(y)
+        outs.append(torch.cat(ys, 1))
+        assert all("ska/naive.py" in k and k.startswith("__bool__") for k in found) and (read_on or not found), found
+    assert torch.equal(*outs)

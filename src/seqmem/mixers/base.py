@@ -394,9 +394,10 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
         self.n_heads = check_positive_int("n_heads", n_heads)
         self.impl = check_choice("impl", impl, IMPLS)
 
-    #: the mixer reads a given state's position (tokens seen) through :meth:`_state_pos` and its returned state's
-    #: ``"pos"`` is that position plus the call's tokens: the layer then remembers the position of the state it
-    #: returned, on the host, and a decode step that passes that state back reads nothing from the device
+    #: the mixer reads a given state's position (tokens seen) through :meth:`_state_pos` (or hands its op
+    #: :meth:`_known_pos`) and its returned state's ``"pos"`` is that position plus the call's tokens: the layer then
+    #: remembers the position of the state it returned, on the host, and a decode step that passes that state back
+    #: reads nothing from the device
     pos_on_host: ClassVar[bool] = False
 
     def _state_pos(self, state: State) -> int:
@@ -411,6 +412,12 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
         if "_pos_known" in d:  # inside forward's own call (not a packed segment, not a probe): what it started at
             d["_pos_known"] = p
         return p
+
+    def _known_pos(self) -> int | None:
+        """Inside forward's own call: the given state's position where it is known on the host without a read (0
+        from the start, the remembered one for the state this layer returned last), else None — for a mixer whose
+        op reads and checks the position itself when it is not known (:attr:`pos_on_host`)."""
+        return self.__dict__.get("_pos_known")
 
     def _remembered_pos(self, state: State) -> int | None:
         """The host position remembered for ``state`` (see :attr:`pos_on_host`), or None."""

@@ -297,6 +297,7 @@ class LatticeMinibatchMixer(LatticeMixer):
     """
 
     single_token_impl: ClassVar[str] = "reference"  # decode step: the per-token form is cheaper at T = 1
+    pos_on_host: ClassVar[bool] = True  # a decode step hands its op the remembered position (Mixer._known_pos)
 
     contract_configs: ClassVar[list[dict[str, Any]]] = [
         {"chunk_size": 8},
@@ -339,9 +340,10 @@ class LatticeMinibatchMixer(LatticeMixer):
         q, k, v, gamma, _, cq, ck = self._features(x, state)
         # from the start the op needs no position (pos None is 0, known on the host: no read of the device)
         op_state = {"S": state["S"], "A": state["A"], "pos": None if fresh else state["pos"]}
+        known = None if fresh else self._known_pos()  # the state this layer returned last: no read either
         y, st = lattice_minibatch(
-            q, k, v, gamma, op_state, objective=self.objective,
-            chunk_size=self.chunk_size, mode=self._op_mode(),
+            q, k, v, gamma, op_state, objective=self.objective, chunk_size=self.chunk_size, mode=self._op_mode(),
+            _offset=None if known is None else known % self.chunk_size,
         )  # fmt: skip
         y = y.reshape(B, T, -1) * F.gelu(self.gate_proj(x))
         return self.o_proj(y), {**st, "conv_q": cq, "conv_k": ck}

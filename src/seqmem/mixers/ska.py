@@ -90,6 +90,7 @@ class SKAMixer(Mixer):
 
     single_token_impl: ClassVar[str] = "reference"  # decode step: the per-token form is cheaper at T = 1
     takes_action_mask: ClassVar[bool] = True  # forward(..., action_mask=): App. F eq. (53)
+    pos_on_host: ClassVar[bool] = True  # a decode step hands its op the remembered position (Mixer._known_pos)
 
     # The paper's sequence-max normalisation (norm="seqmax") is deliberately NOT in the contract configs: it
     # divides
@@ -271,6 +272,7 @@ class SKAMixer(Mixer):
             initial_state=state,
             mode=self._op_mode(),
             mask=getattr(self, "_mask", None),
+            _pos0=None if state is None else self._known_pos(),  # None: the op reads it (once)
         )
         y = self.w_o((self.eta * o.reshape(B, T, H * P)).to(x.dtype))
         return y, new_state

@@ -35,6 +35,7 @@ def lattice_minibatch(
     objective: str = "dec",
     chunk_size: int = 16,
     mode: str = "chunk",
+    _offset: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Mini-batch Lattice (NOSR with every gradient of a chunk taken at the chunk-start state; see docs/lattice.md).
 
@@ -55,13 +56,17 @@ def lattice_minibatch(
     causal (C×C) products and cumulative sums (:func:`_chunk_block`), O(C·(d + m) + d·m) work per token and
     head; only the chunk-end state is a (d, m) matrix (a one-token block, as in decoding, forms its one state).
     ``mode="recurrent"`` runs the per-token reference (``naive.py``) after the same input checks.
+
+    ``_offset`` (internal): the given state's position modulo ``chunk_size`` where the caller knows it on the host
+    (the mixer, for the state it returned last); ``initial_state["pos"]`` is then not read (on CUDA a read is a
+    wait for the GPU).
     """
     check_mode("lattice_minibatch", mode)
     state = state_dict("lattice_minibatch", initial_state)
     if state is not None and set(state) == {"S"}:  # the former bare S⁰: a zero update at position 0
         state = {"S": state["S"], "A": None, "pos": None}
     check_state_keys("lattice_minibatch", state, STATE_KEYS)
-    S0, A, offset = _state_parts(q, k, v, state, chunk_size)
+    S0, A, offset = _state_parts(q, k, v, state, chunk_size, _offset)
     if k.shape[1] == 0:  # an empty piece: no output, the state unchanged (checked as any other)
         B, _, H, m, d = _lattice_minibatch_checks(q, k, v, gamma, S0, objective, chunk_size, A, offset)
         dt = promoted_dtype(q, k, v, gamma, S0, A)
@@ -75,7 +80,7 @@ def lattice_minibatch(
     return y, {"S": S0, "A": A, "pos": pos + k.shape[1]}
 
 
-def _state_parts(q, k, v, state, chunk_size) -> tuple[Tensor | None, Tensor | None, int]:
+def _state_parts(q, k, v, state, chunk_size, known: int | None = None) -> tuple[Tensor | None, Tensor | None, int]:
     """``(S⁰, A, offset in the current chunk)`` of a state dict (None: identity slots, zero update, offset 0)."""
     if state is None:
         return None, None, 0
@@ -90,6 +95,8 @@ def _state_parts(q, k, v, state, chunk_size) -> tuple[Tensor | None, Tensor | No
         raise ValueError(f"lattice_minibatch: all tensors must be on one device, got {{'k': {k.device!r}, "
                          f"\"initial_state['pos']\": {pos.device!r}}}")
     check_int("chunk_size", chunk_size, prefix="lattice_minibatch: ")
+    if known is not None:  # known on the host: not read
+        return state["S"], state["A"], known
     offs = (pos % chunk_size).tolist()  # one read of the device
     if any(o != offs[0] for o in offs):
         raise ValueError("lattice_minibatch: all sequences of a batch must be at the same position in their chunk")

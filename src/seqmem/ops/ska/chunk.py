@@ -26,7 +26,7 @@ from seqmem.ops._common import (
     full_precision,
     values_checked,
 )
-from seqmem.ops.ska.naive import ska_naive
+from seqmem.ops.ska.naive import jittered_cholesky, ska_naive
 
 __all__ = [
     "ska_sequence_decode",
@@ -70,13 +70,7 @@ def ska_spectral_scale(A: Tensor, iters: int = 6) -> Tensor:
 def _cholesky(Gt: Tensor) -> Tensor:
     """Cholesky of the symmetrised ``G̃`` with the paper's jittered fallback ``G̃ + 1e-4 I`` where it
     fails."""
-    Gt = 0.5 * (Gt + Gt.mT)
-    L, info = torch.linalg.cholesky_ex(Gt)
-    if bool((info > 0).any()):
-        eye = torch.eye(Gt.shape[-1], dtype=Gt.dtype, device=Gt.device)
-        Lj, _ = torch.linalg.cholesky_ex(Gt + 1e-4 * eye)
-        L = torch.where((info > 0)[..., None, None], Lj, L)
-    return L
+    return jittered_cholesky(0.5 * (Gt + Gt.mT))
 
 
 def _solve_lower(L: Tensor, B: Tensor) -> Tensor:
@@ -242,6 +236,7 @@ def spectral_koopman_attention(
     initial_state: dict | None = None,
     mode: str = "chunk",
     mask: Tensor | None = None,
+    _pos0: int | None = None,
 ) -> tuple[Tensor, dict]:
     """Chunk-causal SKA (eqs. 7–10 + App. F), ``q, k`` (B, T, H, r), ``v`` (B, T, H, P) → ``(o (B,T,H,P), state)``.
 
@@ -271,6 +266,9 @@ def spectral_koopman_attention(
     over every key (App. F normalises in step 2, before the masked accumulation of step 3).  Causal: a token's
     output uses the mask of earlier chunks only.  In the state, ``"z_prev"`` is then ``m_{t-1} z_{t-1}`` (the
     previous key if it was in, else 0), so a split sequence with its mask split alike equals one call.
+
+    ``_pos0`` (internal): the given state's position where the caller knows it on the host (the SKA mixer, for the
+    state it returned last); ``initial_state["pos"]`` is then not read (on CUDA a read is a wait for the GPU).
     """
     _validate(q, k, v, chunk_size, power, eps, norm, spec_iters, operator_form, mode, gamma, eta,
               initial_state if isinstance(initial_state, dict) else None)
@@ -279,10 +277,13 @@ def spectral_koopman_attention(
     pos0 = 0  # the stream's position: a given state's, read from the device once
     if initial_state is not None:
         _check_state(initial_state, *k.shape, v.shape[-1])
-        ps = initial_state["pos"].reshape(-1).tolist()
-        if any(p != ps[0] for p in ps):
-            raise ValueError("spectral_koopman_attention: all sequences in a batch must be at the same position")
-        pos0 = ps[0] if ps else 0
+        if _pos0 is None:
+            ps = initial_state["pos"].reshape(-1).tolist()
+            if any(p != ps[0] for p in ps):
+                raise ValueError("spectral_koopman_attention: all sequences in a batch must be at the same position")
+            pos0 = ps[0] if ps else 0
+        else:  # the caller knows it on the host (the SKA mixer: the state it returned last), not read again
+            pos0 = _pos0
     # computed in the promoted dtype of q, k and v, at least float32 (o in v's dtype)
     out_dtype = v.dtype
     cdt = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.promote_types(v.dtype, torch.float32))

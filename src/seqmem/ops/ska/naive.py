@@ -22,6 +22,24 @@ from torch import Tensor
 __all__ = ["ska_readout_appf", "ska_sequence_decode_naive", "ska_sequence_operator_naive"]
 
 
+#: device types on which :func:`jittered_cholesky` reads whether any factorisation failed (and computes the jittered
+#: one only then); elsewhere it always computes both and selects, without the read (on CUDA a read is a wait for
+#: every kernel queued before it)
+READ_STATUS_ON = ("cpu",)
+
+
+def jittered_cholesky(Gs: Tensor) -> Tensor:
+    """Lower Cholesky factor of the symmetric ``Gs`` (..., r, r), with App. F's fallback: that of ``Gs + 1e-4 I``
+    for each matrix whose factorisation fails.  The same values whether or not the failure status is read
+    (:data:`READ_STATUS_ON`)."""
+    L, info = torch.linalg.cholesky_ex(Gs)
+    failed = info > 0
+    if Gs.device.type in READ_STATUS_ON and not bool(failed.any()):
+        return L
+    eye = torch.eye(Gs.shape[-1], dtype=Gs.dtype, device=Gs.device)
+    return torch.where(failed[..., None, None], torch.linalg.cholesky_ex(Gs + 1e-4 * eye)[0], L)
+
+
 def ska_readout_appf(
     Gt: Tensor, M: Tensor, Cv: Tensor, q: Tensor, power: int = 2, gamma: Tensor | float = 1.0,
     eta: Tensor | float = 1.0, spec_iters: int = 6, operator_form: str = "whitened",
@@ -32,12 +50,8 @@ def ska_readout_appf(
     ``Gt`` = ``G + εI`` (..., r, r), ``M`` (..., r, r), ``Cv`` (..., P, r), ``q`` (..., r, n) (n queries);
     returns (..., P, n).  Same signature and result as :func:`seqmem.ops.ska_readout` (the collapsed form)."""
     r = Gt.shape[-1]
-    eye = torch.eye(r, dtype=Gt.dtype, device=Gt.device)
     # 4. G̃ = L Lᵀ (symmetrised); where the factorisation fails, that of G̃ + 1e-4 I                       (App. F)
-    Gs = 0.5 * (Gt + Gt.mT)
-    L, info = torch.linalg.cholesky_ex(Gs)
-    if bool((info > 0).any()):
-        L = torch.where((info > 0)[..., None, None], torch.linalg.cholesky_ex(Gs + 1e-4 * eye)[0], L)
+    L = jittered_cholesky(0.5 * (Gt + Gt.mT))
     # 5. A_w = L⁻¹ M L⁻ᵀ                                                                                  (eq. 22)
     Aw = torch.linalg.solve_triangular(L.mT, torch.linalg.solve_triangular(L, M, upper=False), upper=True, left=False)
     # 6. Â = γ A_w / max(σ_max, 1): σ_max of A_w (or of M G̃⁻¹, "unwhitened") by detached power iterations  (eq. 12)
