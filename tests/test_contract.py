@@ -274,9 +274,10 @@ def test_a_decode_step_knows_its_position_on_the_host(name, cfg):
 
     from seqmem.bench.syncs import _spy
 
-    def position_reads(found: Counter) -> int:  # the mixer's own read (Mixer._state_pos), or its op's (SKA, Lattice)
+    def position_reads(found: Counter) -> int:  # Mixer._state_pos / _known_pos, or the op's own (SKA, Lattice)
         return sum(c for k, c in found.items()
-                   if k.startswith(("__int__ seqmem/mixers/base.py:", "tolist seqmem/ops/")))
+                   if k.startswith(("__int__ seqmem/mixers/base.py:", "tolist seqmem/mixers/base.py:",
+                                    "tolist seqmem/ops/")))
 
     m = make(name, cfg)
     x = inputs(m, t=12)
@@ -294,6 +295,19 @@ def test_a_decode_step_knows_its_position_on_the_host(name, cfg):
         assert position_reads(found) == 1, found
     y3, _ = make(name, cfg)(x[:, 9:10], {**st, "pos": st["pos"].clone()})  # a fresh layer reads it
     assert_rel_close(y2, y3, 0.0, f"{name}: the step from a read position")
+    found = Counter()
+    _, s2 = m(x[:, 9:10], {**st, "pos": st["pos"].clone()})  # a state this layer did not return: read once ...
+    with _spy(found):
+        for i in range(10, 12):  # ... and remembered for the state that step returned
+            _, s2 = m(x[:, i : i + 1], s2)
+    assert position_reads(found) == 0, found
+    with torch.inference_mode():  # a pos made in inference mode has no version counter: an edit is still seen
+        _, s3 = m(x[:, :5])
+        s3["pos"].add_(0)  # in place (a changed value would not match the rest of the state)
+        found = Counter()
+        with _spy(found):
+            _, s4 = m(x[:, 5:6], s3)
+        assert position_reads(found) == 1 and int(s4["pos"][0]) == 6, (found, s4["pos"])
 
 
 @pytest.mark.parametrize("name,cfg", CASES)

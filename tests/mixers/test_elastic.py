@@ -459,3 +459,21 @@ def test_legs_blocks_refuses_bad_arguments() -> None:
         with pytest.raises(ValueError, match="must be"):
             legs_blocks(3, 2, first, count, torch.float32)
     assert legs_blocks(3, 2, 5, 0, torch.float32) == []
+
+
+def test_legs_blocks_evicts_nothing_while_traced(monkeypatch) -> None:
+    """While ``torch.compile`` traces, the kept blocks are only read and none is evicted (an eviction there made a
+    compiled forward rebuild them inside its graph); the next eager call trims the bank back to its size."""
+    from seqmem.ops.hippo import chunk as hippo_chunk
+
+    hippo_chunk.clear_legs_blocks()
+    monkeypatch.setattr(hippo_chunk, "BLOCKS_KEPT_MIN", 4)
+    hippo_chunk.legs_blocks(3, 2, 0, 4, torch.float32)
+    bank = hippo_chunk._BLOCKS[(3, 2, torch.float32, torch.device("cpu"))][0]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    hippo_chunk.legs_blocks(3, 2, 4, 1, torch.float32)
+    assert list(bank) == [0, 1, 2, 3, 4]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    hippo_chunk.legs_blocks(3, 2, 5, 1, torch.float32)
+    assert list(bank) == [2, 3, 4, 5]
+    hippo_chunk.clear_legs_blocks()

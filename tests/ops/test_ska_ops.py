@@ -589,6 +589,12 @@ def test_jittered_cholesky_is_the_same_without_reading_the_status(monkeypatch, d
         for a, b in zip(*results):
             assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
     assert torch.isfinite(naive.jittered_cholesky(G[4:5])).all()
+    for read_on in (("cpu",), ()):  # a zero pivot the jitter rescues: a finite factor and a finite gradient (the
+        monkeypatch.setattr(naive, "READ_STATUS_ON", read_on)  # gradient went through the failed factor too: NaN)
+        Gi = torch.ones(2, 2, dtype=dtype, requires_grad=True)
+        L = naive.jittered_cholesky(Gi)
+        L.sum().backward()
+        assert torch.isfinite(L).all() and torch.isfinite(Gi.grad).all(), (L, Gi.grad)
 
 
 def test_ska_decode_step_reads_nothing_from_the_device(monkeypatch):

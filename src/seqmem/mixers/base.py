@@ -402,9 +402,10 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
 
     def _state_pos(self, state: State) -> int:
         """The position of a given ``state``: known on the host when it is the state this layer returned last (its
-        ``pos`` tensor the same object, not modified in place since; an inference-mode tensor has no version
-        counter, so there the same object counts), else read from the device (one wait for the GPU on CUDA).  For
-        mixers with :attr:`pos_on_host`."""
+        ``pos`` tensor the same object, not modified in place since: a ``pos`` made in inference mode, which has
+        no version counter, is returned as a normal tensor, whose counter sees an edit made in inference mode too),
+        else read from the device (one wait for the GPU on CUDA) and remembered.  For mixers with
+        :attr:`pos_on_host`."""
         d = self.__dict__
         if d.get("_pos_known") is not None:
             return d["_pos_known"]
@@ -413,11 +414,24 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
             d["_pos_known"] = p
         return p
 
-    def _known_pos(self) -> int | None:
-        """Inside forward's own call: the given state's position where it is known on the host without a read (0
-        from the start, the remembered one for the state this layer returned last), else None — for a mixer whose
-        op reads and checks the position itself when it is not known (:attr:`pos_on_host`)."""
-        return self.__dict__.get("_pos_known")
+    def _known_pos(self, state: State, modulo: int | None = None) -> int | None:
+        """Inside forward's own call, for a mixer whose op reads and checks the position itself: the given
+        ``state``'s position on the host — remembered for the state this layer returned last, else read here once
+        (its rows must agree, modulo ``modulo`` where given: the first row's is returned) and remembered for the
+        state this call returns.  None where it is not known and not read here (a packed segment, a probe, a traced
+        call, a ``pos`` that is not a 1-D int64 tensor, rows that disagree): the op then reads it, and reports what
+        is wrong with it."""
+        d = self.__dict__
+        if d.get("_pos_known") is not None or "_pos_known" not in d:
+            return d.get("_pos_known")
+        pos = state.get("pos") if isinstance(state, dict) else None
+        if not (isinstance(pos, Tensor) and pos.dtype == torch.long and pos.dim() == 1 and pos.numel() > 0):
+            return None
+        rows = pos.tolist()  # one read of the device
+        if any((r - rows[0]) % (modulo or 1 << 62) for r in rows):
+            return None
+        d["_pos_known"] = rows[0]
+        return rows[0]
 
     def _remembered_pos(self, state: State) -> int | None:
         """The host position remembered for ``state`` (see :attr:`pos_on_host`), or None."""
@@ -515,6 +529,9 @@ class Mixer(nn.Module, metaclass=FlaNamesMeta):
                 new_state = own_memory(new_state)
                 if start is not None and isinstance(new_state.get("pos"), Tensor):
                     pos = new_state["pos"]
+                    if pos.is_inference():  # no version counter: a normal tensor's sees an in-place edit
+                        with torch.inference_mode(False):
+                            pos = new_state["pos"] = pos.clone()
                     self.__dict__["_pos_memo"] = (pos, _version(pos), start + x.shape[1])
         if _CHECK_FINITE:
             bad = _nonfinite_count(y)

@@ -340,7 +340,7 @@ class LatticeMinibatchMixer(LatticeMixer):
         q, k, v, gamma, _, cq, ck = self._features(x, state)
         # from the start the op needs no position (pos None is 0, known on the host: no read of the device)
         op_state = {"S": state["S"], "A": state["A"], "pos": None if fresh else state["pos"]}
-        known = None if fresh else self._known_pos()  # the state this layer returned last: no read either
+        known = None if fresh else self._known_pos(state, self.chunk_size)  # None: the op reads it
         y, st = lattice_minibatch(
             q, k, v, gamma, op_state, objective=self.objective, chunk_size=self.chunk_size, mode=self._op_mode(),
             _offset=None if known is None else known % self.chunk_size,

@@ -272,7 +272,7 @@ class SKAMixer(Mixer):
             initial_state=state,
             mode=self._op_mode(),
             mask=getattr(self, "_mask", None),
-            _pos0=None if state is None else self._known_pos(),  # None: the op reads it (once)
+            _pos0=None if state is None else self._known_pos(state),  # None: the op reads it
         )
         y = self.w_o((self.eta * o.reshape(B, T, H * P)).to(x.dtype))
         return y, new_state

@@ -31,13 +31,18 @@ READ_STATUS_ON = ("cpu",)
 def jittered_cholesky(Gs: Tensor) -> Tensor:
     """Lower Cholesky factor of the symmetric ``Gs`` (..., r, r), with App. F's fallback: that of ``Gs + 1e-4 I``
     for each matrix whose factorisation fails.  The same values whether or not the failure status is read
-    (:data:`READ_STATUS_ON`)."""
-    L, info = torch.linalg.cholesky_ex(Gs)
-    failed = info > 0
-    if Gs.device.type in READ_STATUS_ON and not bool(failed.any()):
-        return L
+    (:data:`READ_STATUS_ON`).  The factor returned is one factorisation of ``Gs + 1e-4·failed·I``, so the gradient
+    of a rescued matrix is that of its jittered factor (selecting between two factors sent a zero gradient
+    through the failed one, whose zero pivot made it NaN)."""
+    if Gs.device.type in READ_STATUS_ON:
+        L, info = torch.linalg.cholesky_ex(Gs)
+        failed = info > 0
+        if not bool(failed.any()):
+            return L
+    else:
+        failed = torch.linalg.cholesky_ex(Gs.detach())[1] > 0
     eye = torch.eye(Gs.shape[-1], dtype=Gs.dtype, device=Gs.device)
-    return torch.where(failed[..., None, None], torch.linalg.cholesky_ex(Gs + 1e-4 * eye)[0], L)
+    return torch.linalg.cholesky_ex(Gs + (1e-4 * failed.to(Gs.dtype))[..., None, None] * eye)[0]
 
 
 def ska_readout_appf(
