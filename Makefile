@@ -21,7 +21,9 @@ compare: setup-demo
 # The paper headline campaigns (calibrations first; resumable, tens of CPU-hours in all): scripts/headlines.sh.
 headlines: setup-demo
 	YES=$(if $(YESFLAG),1) bash scripts/headlines.sh all
+# the default suite in one worker process per core (pytest-xdist; TEST_JOBS=1 for one process)
+TEST_JOBS ?= auto
 test: setup
-	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest -n $(TEST_JOBS)
 lint: setup
 	.venv/bin/ruff check src tests

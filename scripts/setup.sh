@@ -2,7 +2,7 @@
 # One-time (idempotent) set-up of a virtual environment (default .venv) for seqmem.
 #
 #   bash scripts/setup.sh demo    # torch + seqmem (editable) with the plot extra (matplotlib): what `make demo` needs
-#   bash scripts/setup.sh test    # the above + the dev and hf extras (pytest, hypothesis, ruff, scipy, triton, transformers)
+#   bash scripts/setup.sh test    # the above + the dev and hf extras (pytest, pytest-xdist, hypothesis, ruff, scipy, triton, transformers)
 #   bash scripts/setup.sh plain   # torch + `pip install .` (not editable, no extras): what a user's install gets
 #
 # torch is installed FIRST and on its own, so that installing seqmem never pulls a build chosen by pip's default:

@@ -162,14 +162,14 @@ def test_syncs_lists_the_reads_of_the_device_by_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench", "syncs", "--mixers", "vla", "--repeats", "3"])
     assert e.value.code == 2
-    # a decode step: attention knows its position on the host (the state it returned), lattice_minibatch's op reads
-    # the position in its chunk once
+    # a decode step: attention and lattice_minibatch know their position on the host (the state they returned; the
+    # mixer hands lattice_minibatch's op the position in its chunk)
     assert main(["bench", "syncs", "--decode", "--mixers", "attention,lattice_minibatch,vort_fixed_alpha",
                  "--lengths", "16", "--d-model", "32", "--heads", "2", "--json", str(js)]) == 0
     res = {r["mixer"]: r for r in json.loads(js.read_text())["results"]}
     assert all(r["decode"] for r in res.values())
     assert res["attention"]["total"] == 0 and res["attention"]["reads"] == []
-    assert sum("minibatch.py" in r["where"] for r in res["lattice_minibatch"]["reads"]) == 1
+    assert not any("minibatch.py" in r["where"] for r in res["lattice_minibatch"]["reads"])
     assert not any("torch.tensor" in r["where"] for r in res["vort_fixed_alpha"]["reads"])  # cached per device
     assert "one decode step after 16 tokens" in capsys.readouterr().out
 

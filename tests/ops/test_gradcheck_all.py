@@ -31,6 +31,8 @@ EXEMPT: dict[str, str] = {
     "legs_input_kernel": "HiPPO input kernel from integer positions, computed in numpy",
     "legs_block": "(P_i, K̄_i) from integers, computed in numpy",
     "legs_block_bank": "stacked legs_block for integer block indices",
+    "legs_blocks": "legs_block for integer block indices, kept across calls",
+    "clear_legs_blocks": "frees legs_blocks' kept matrices",
     "sample_fractions": "numpy sample points from a rule name and a count",
     "legs_reconstruction_matrix": "Legendre table at numpy sample fractions",
     "orthonormal_slots": "random orthonormal matrices from integer sizes and a generator",

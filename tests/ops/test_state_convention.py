@@ -61,6 +61,8 @@ NO_STATE: dict[str, str] = {
     "legs_input_kernel": "one HiPPO input kernel",
     "legs_block": "one block's (P, K̄)",
     "legs_block_bank": "a bank of legs_block",
+    "legs_blocks": "legs_block of consecutive blocks, kept across calls",
+    "clear_legs_blocks": "frees legs_blocks' kept matrices",
     "sample_fractions": "sample points of a retrieval rule",
     "legs_reconstruction_matrix": "Legendre table at sample points",
     "hippo_reconstruct": "reads given coefficients (no sequence)",
