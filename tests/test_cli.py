@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from seqmem.cli import main
 
@@ -232,3 +233,43 @@ def test_eval_harness_checks_its_arguments_before_evaluating(tmp_path, capsys, m
     capsys.readouterr()
     assert main([*base, "--json", str(tmp_path / "r2.json")]) == 1
     assert json.loads(capsys.readouterr().out)["results"] == {"t": {"acc": 0.5}}
+
+
+def test_starting_seqmem_does_not_import_torch_dynamo():
+    """Importing the CLI and every mixer leaves ``torch._dynamo`` unimported: it costs about as much CPU time as
+    importing torch (``torch.compiler.disable`` imported it at import time; ``ops._common.compile_disabled`` makes
+    the disabled function at its first call after something else imported it), so commands that never compile or
+    run an optimizer start about twice as fast."""
+    code = ("import sys, seqmem.cli, seqmem, torch\n"
+            "m = seqmem.build_mixer('vort_fixed_alpha', 16, n_heads=2)\n"
+            "m(torch.randn(1, 4, 16))[0].sum().backward()\n"
+            "print('torch._dynamo' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "False", p.stderr
+
+
+def test_a_compile_disabled_function_gives_the_same_values_traced_or_not():
+    """``compile_disabled`` made lazily, also when first made inside a trace (one graph break more there)."""
+    from seqmem.ops._common import compile_disabled
+    from seqmem.train.loop import check_compiler
+
+    try:
+        check_compiler("cpu")
+    except ValueError as e:
+        pytest.skip(str(e))
+    calls = []
+
+    @compile_disabled
+    def floats(n: int) -> tuple[float, ...]:
+        calls.append(n)
+        return tuple(float(i) / n for i in range(n))
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return t * sum(floats(4))
+
+    t = torch.randn(3)
+    torch._dynamo.reset()
+    g = torch.compile(f, backend="eager")
+    for _ in range(2):
+        torch.testing.assert_close(g(t), f(t), rtol=0, atol=0)
+    assert calls and all(n == 4 for n in calls)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmem.mixers.base import Mixer, State, check_choice, check_positive_int
-from seqmem.ops._common import cached_constants
+from seqmem.ops._common import cached_constants, compile_disabled
 from seqmem.ops._common import compute_dtype as _compute_dtype
 from seqmem.ops._common import full_precision as _full_precision
 from seqmem.ops.fractional import CONSTRUCTIONS, gl_weights, soe_coefficients
@@ -432,7 +432,7 @@ class VORT(Mixer):
             torch.tensor(c, dtype=dtype, device=device), torch.tensor(xi, dtype=dtype, device=device),
             torch.tensor(c_now, dtype=dtype, device=device)))
 
-    @torch.compiler.disable
+    @compile_disabled
     def _fixed_soe_values(self, dtype: torch.dtype) -> tuple[list[float], list[float], float]:
         """:meth:`_channels` of the fixed α (a 0-d tensor of ``dtype``) as Python numbers (exact: ``dtype``'s
         values)."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import numbers
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -143,6 +145,25 @@ def check_same_device(op: str, **tensors: Tensor | None) -> None:
     devs = {n: t.device for n, t in tensors.items() if t is not None}
     if len(set(devs.values())) > 1:
         raise ValueError(f"{op}: all tensors must be on one device, got {devs}")
+
+
+def compile_disabled(fn: Callable) -> Callable:
+    """``torch.compiler.disable(fn)``, made at the first call after ``torch._dynamo`` is imported instead of at
+    import time: the decorator imports ``torch._dynamo``, which costs about as much CPU time as importing torch
+    (2.8 s vs 2.4-2.8 s here), and nothing is compiled before it is imported (commands that never compile or run an
+    optimizer start that much faster).  Made while ``torch.compile`` traces, the call is one graph break more on
+    that first trace; the values are the same either way."""
+    disabled: list[Callable] = []
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not disabled:
+            if "torch._dynamo" not in sys.modules:  # nothing can be tracing
+                return fn(*args, **kwargs)
+            disabled.append(torch.compiler.disable(fn))
+        return disabled[0](*args, **kwargs)
+
+    return call
 
 
 def cached_constants(cache: dict, key: Any, build: Callable[[], Any]) -> Any:

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from seqmem.io import check_int
-from seqmem.ops._common import cached_constants
+from seqmem.ops._common import cached_constants, compile_disabled
 
 __all__ = [
     "CONSTRUCTIONS",
@@ -131,7 +131,7 @@ def _soe_nodes(n_terms: int, horizon: int, eps: float) -> tuple[np.ndarray, np.n
     return xi, omega, lam_min, lam_max
 
 
-@torch.compiler.disable
+@compile_disabled
 def _soe_node_floats(
     n_terms: int, horizon: int, eps: float
 ) -> tuple[tuple[float, ...], tuple[float, ...], float, float]:
