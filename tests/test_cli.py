@@ -3,7 +3,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from seqmem.cli import main
 
@@ -250,6 +249,8 @@ def test_starting_seqmem_does_not_import_torch_dynamo():
 
 def test_a_compile_disabled_function_gives_the_same_values_traced_or_not():
     """``compile_disabled`` made lazily, also when first made inside a trace (one graph break more there)."""
+    import torch._dynamo
+
     from seqmem.ops._common import compile_disabled
     from seqmem.train.loop import check_compiler
 
