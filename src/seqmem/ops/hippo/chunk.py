@@ -16,7 +16,7 @@ from numpy.polynomial.legendre import leggauss
 from torch import Tensor
 
 from seqmem.io import check_int
-from seqmem.ops._common import check_choice, check_same_device, check_state_keys
+from seqmem.ops._common import cached_constants, check_choice, check_same_device, check_state_keys
 from seqmem.ops.hippo.naive import hippo_compress_naive
 
 __all__ = [
@@ -205,16 +205,16 @@ def legs_blocks(N: int, block_len: int, first: int, count: int, dtype: torch.dty
     bank, kept = _BLOCKS.setdefault(key, (OrderedDict(), [BLOCKS_KEPT_MIN]))
     kept[0] = max(kept[0], count)
     tracing = torch.compiler.is_compiling()
+
+    def build(i: int) -> tuple[Tensor, Tensor]:
+        P, K = legs_block(N, block_len, i, device=key[3])
+        return P.to(dtype), K.to(dtype)
+
     out = []
     for i in range(first, first + count):
-        mats = bank.get(i)
-        if mats is None:
-            with torch.inference_mode(False), torch.no_grad():
-                P, K = legs_block(N, block_len, i, device=key[3])
-                mats = bank[i] = (P.to(dtype), K.to(dtype))
-        elif not tracing:
+        if i in bank and not tracing:
             bank.move_to_end(i)
-        out.append(mats)
+        out.append(cached_constants(bank, i, functools.partial(build, i)))
     while not tracing and len(bank) > kept[0]:  # never while traced: a compiled forward's blocks stay
         bank.popitem(last=False)
     return out
